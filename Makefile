@@ -1,0 +1,50 @@
+# Two commands do all set-up on a fresh Linux machine: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+# Where there is no GPU, take the CPU build of torch (a plain `pip install torch` pulls CUDA).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+.PHONY: demo test lint bench clean install dev
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.torch: | $(BIN)/python
+ifeq ($(HAVE_GPU),yes)
+	$(BIN)/pip install -q "torch>=2.4"
+else
+	$(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" \
+	  || $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)
+endif
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+dev: $(VENV)/.dev
+
+demo: $(VENV)/.installed
+	$(BIN)/jimu train
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed
+	$(BIN)/jimu bench
+
+clean:
+	rm -rf $(VENV) runs bench .pytest_cache .ruff_cache

@@ -1,0 +1,216 @@
+"""Dataset registry and the preprocessing every dataset shares (split, subset, down-sample, shard)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from deepjimu.errors import JimuError
+
+__all__ = [
+    "DataOptions",
+    "DataSplits",
+    "RawData",
+    "dataset_names",
+    "load_dataset",
+    "register_dataset",
+]
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """What a loader needs to know; built from a RunConfig by :func:`DataOptions.from_config`."""
+
+    data_dir: Path = Path("data")
+    download: bool = False
+    data_url: str | None = None
+    seed: int = 0
+    val_fraction: float = 0.1
+    downsample: int = 1
+    classes: tuple[int, ...] | None = None
+    normalize: bool = False
+    synthetic_n: int = 10000
+    synthetic_features: int = 196
+    synthetic_classes: int = 10
+
+    @classmethod
+    def from_config(cls, cfg: object) -> DataOptions:
+        """Take the data fields of a :class:`~deepjimu.config.RunConfig`."""
+        classes = getattr(cfg, "classes", None)
+        return cls(
+            data_dir=Path(cfg.data_dir),  # type: ignore[attr-defined]
+            download=cfg.download,  # type: ignore[attr-defined]
+            data_url=cfg.data_url,  # type: ignore[attr-defined]
+            seed=cfg.seed,  # type: ignore[attr-defined]
+            val_fraction=cfg.val_fraction,  # type: ignore[attr-defined]
+            downsample=cfg.downsample,  # type: ignore[attr-defined]
+            classes=tuple(classes) if classes else None,
+            normalize=cfg.normalize,  # type: ignore[attr-defined]
+            synthetic_n=cfg.synthetic_n,  # type: ignore[attr-defined]
+            synthetic_features=cfg.synthetic_features,  # type: ignore[attr-defined]
+            synthetic_classes=cfg.synthetic_classes,  # type: ignore[attr-defined]
+        )
+
+
+@dataclass
+class RawData:
+    """What a loader returns: train and test arrays as the files hold them.
+
+    ``x`` arrays are float32 in [0, 1] (images) or real-valued (synthetic), shaped
+    ``[N, *feature_shape]``; ``y`` arrays are int64 class indices in ``[0, num_classes)``.
+    """
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+
+
+@dataclass
+class DataSplits:
+    """Train / validation / test tensors of one dataset, after preprocessing.
+
+    ``train_size`` is the size of the whole training split; after :meth:`shard` the
+    tensors hold only one rank's rows, but ``train_size`` stays the global count.
+    """
+
+    name: str
+    train_x: Tensor
+    train_y: Tensor
+    val_x: Tensor
+    val_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+    feature_shape: tuple[int, ...]
+    train_size: int
+
+    def shard(self, rank: int, world: int) -> DataSplits:
+        """This rank's rows of the training split (rows ``rank::world``); eval splits kept whole.
+
+        Example:
+            >>> d = load_dataset("digits").shard(1, 2)
+        """
+        if world == 1:
+            return self
+        return replace(
+            self,
+            train_x=self.train_x[rank::world].clone(),
+            train_y=self.train_y[rank::world].clone(),
+        )
+
+    def to(self, device: torch.device | str) -> DataSplits:
+        """All tensors moved to ``device``."""
+        return replace(
+            self,
+            train_x=self.train_x.to(device),
+            train_y=self.train_y.to(device),
+            val_x=self.val_x.to(device),
+            val_y=self.val_y.to(device),
+            test_x=self.test_x.to(device),
+            test_y=self.test_y.to(device),
+        )
+
+
+Loader = Callable[[DataOptions], RawData]
+_REGISTRY: dict[str, Loader] = {}
+
+
+def register_dataset(name: str) -> Callable[[Loader], Loader]:
+    """Decorator: make ``loader`` available as ``--dataset name``."""
+
+    def deco(loader: Loader) -> Loader:
+        _REGISTRY[name] = loader
+        return loader
+
+    return deco
+
+
+def dataset_names() -> list[str]:
+    """Registered dataset names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def load_dataset(name: str, opts: DataOptions | None = None) -> DataSplits:
+    """Load, validate and preprocess dataset ``name`` into train / val / test splits.
+
+    Args:
+        name: a registered name (see :func:`dataset_names`).
+        opts: data options; defaults read ``./data`` with seed 0.
+
+    Returns:
+        DataSplits with float32 features and int64 labels on the CPU.
+
+    Raises:
+        JimuError: unknown dataset, missing or corrupt files, bad class subset.
+    """
+    opts = opts or DataOptions()
+    if name not in _REGISTRY:
+        raise JimuError(f"unknown dataset {name!r} (known: {', '.join(dataset_names())})")
+    raw = _REGISTRY[name](opts)
+    return prepare(name, raw, opts)
+
+
+def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
+    """Subset classes, down-sample, split off validation, normalise: the shared preprocessing."""
+    train_x, train_y = (
+        torch.as_tensor(raw.train_x, dtype=torch.float32),
+        torch.as_tensor(raw.train_y),
+    )
+    test_x, test_y = torch.as_tensor(raw.test_x, dtype=torch.float32), torch.as_tensor(raw.test_y)
+    train_y, test_y = train_y.long(), test_y.long()
+    num_classes = raw.num_classes
+    if opts.classes is not None:
+        bad = [c for c in opts.classes if not 0 <= c < num_classes]
+        if bad:
+            raise JimuError(f"classes {bad} do not exist in {name} (classes: 0..{num_classes - 1})")
+        keep = torch.tensor(opts.classes)
+        remap = torch.full((num_classes,), -1, dtype=torch.long)
+        remap[keep] = torch.arange(len(keep))
+        tr, te = torch.isin(train_y, keep), torch.isin(test_y, keep)
+        train_x, train_y = train_x[tr], remap[train_y[tr]]
+        test_x, test_y = test_x[te], remap[test_y[te]]
+        num_classes = len(keep)
+    if opts.downsample > 1:
+        train_x, test_x = (
+            _downsample(train_x, opts.downsample, name),
+            _downsample(test_x, opts.downsample, name),
+        )
+    n_val = round(opts.val_fraction * len(train_y))
+    perm = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(opts.seed))
+    val_idx, tr_idx = perm[:n_val], perm[n_val:]
+    val_x, val_y = train_x[val_idx], train_y[val_idx]
+    train_x, train_y = train_x[tr_idx], train_y[tr_idx]
+    if len(train_y) == 0:
+        raise JimuError(f"{name}: no training samples left after preprocessing")
+    if opts.normalize:
+        mean, std = train_x.mean(0, keepdim=True), train_x.std(0, keepdim=True).clamp_min(1e-6)
+        train_x, val_x, test_x = (train_x - mean) / std, (val_x - mean) / std, (test_x - mean) / std
+    return DataSplits(
+        name=name,
+        train_x=train_x.contiguous(),
+        train_y=train_y.contiguous(),
+        val_x=val_x.contiguous(),
+        val_y=val_y.contiguous(),
+        test_x=test_x.contiguous(),
+        test_y=test_y.contiguous(),
+        num_classes=num_classes,
+        feature_shape=tuple(train_x.shape[1:]),
+        train_size=len(train_y),
+    )
+
+
+def _downsample(x: Tensor, k: int, name: str) -> Tensor:
+    """Average-pool images k x k (the papers' 2x per side: MNIST 28x28 -> 14x14 = 196 features)."""
+    if x.dim() != 4:
+        raise JimuError(f"downsample needs image data; {name} has flat features")
+    if x.shape[-1] < k or x.shape[-2] < k:
+        raise JimuError(f"downsample {k} is larger than the {name} images ({tuple(x.shape[-2:])})")
+    return F.avg_pool2d(x, k)

@@ -1,0 +1,118 @@
+"""Start a run: in this process, as N local workers under torch's elastic launcher, or inside torchrun."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from deepjimu.config import RunConfig, validate
+from deepjimu.data import DataOptions, load_dataset
+from deepjimu.errors import JimuError
+from deepjimu.worker import default_run_name, error_dir, worker_main
+
+__all__ = ["train", "under_torchrun"]
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher that sets RANK / WORLD_SIZE) started us."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def train(cfg: RunConfig) -> dict[str, Any] | None:
+    """Validate ``cfg``, start its workers, wait, and return rank 0's summary.
+
+    Locally, ``cfg.workers`` processes are started with
+    :func:`torch.distributed.launcher.api.elastic_launch` (one process runs in place);
+    under torchrun this process is one of the workers and joins its group.
+
+    Raises:
+        ConfigErrors: bad config (before any worker starts).
+        JimuError: bad data files, or a worker failed (its rank and error in one line).
+    """
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if cfg.workers is not None and cfg.workers != world:
+            raise JimuError(f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}")
+        cfg = validate(dataclasses.replace(cfg, workers=world))
+        return worker_main(cfg.to_dict(), None)
+    cfg = validate(cfg)
+    # read (and download) the data once here, so bad files fail before any worker starts
+    load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+    out_dir = _prepare_run_dir(cfg)
+    cfg_dict = {**cfg.to_dict(), "download": False}
+    assert cfg.workers is not None
+    shutil.rmtree(error_dir(out_dir), ignore_errors=True)
+    if cfg.workers == 1:
+        return worker_main(cfg_dict, str(out_dir))
+    return _launch_local(cfg_dict, cfg.workers, out_dir)
+
+
+def _prepare_run_dir(cfg: RunConfig) -> Path:
+    if cfg.resume:
+        return Path(cfg.resume)
+    out_dir = Path(cfg.runs_dir) / (cfg.name or default_run_name(cfg))
+    if (out_dir / "events.jsonl").exists() or (out_dir / "summary.json").exists():
+        raise JimuError(
+            f"run folder {out_dir} already holds a run; pick another --name or --resume it"
+        )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JimuError(f"cannot create run folder {out_dir}: {e.strerror}") from None
+    return out_dir
+
+
+def _launch_local(cfg_dict: dict[str, Any], workers: int, out_dir: Path) -> dict[str, Any] | None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # the agent's own log lines repeat what we report in one line below
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=workers,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=5,
+    )
+    try:
+        results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir))
+    except ChildFailedError as e:
+        raise JimuError(_failure_line(out_dir, e)) from None
+    return results.get(0)
+
+
+def _failure_line(out_dir: Path, err: Exception) -> str:
+    """One line naming the worker that failed first and its error."""
+    records = []
+    for f in error_dir(out_dir).glob("rank*.json"):
+        try:
+            records.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not records:
+        first = next(iter(getattr(err, "failures", {}).items()), None)
+        if first is None:
+            return f"a worker failed: {err}"
+        rank, failure = first
+        return f"worker {rank} failed (exit code {failure.exitcode}) without reporting an error"
+    # the worker that raised first is the cause; peers fail after it with connection errors
+    records.sort(key=lambda r: (not r["user_error"], r["time"]))
+    first = records[0]
+    log = out_dir / "worker-errors.log"
+    log.write_text("\n".join(f"--- rank {r['rank']}\n{r['traceback']}" for r in records))
+    if first["user_error"]:
+        return f"worker {first['rank']}: {first['message']}"
+    return f"worker {first['rank']} failed: {first['message']} (tracebacks in {log})"

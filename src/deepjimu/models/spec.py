@@ -1,0 +1,93 @@
+"""Parse model specs (``mlp:256x3``, ``lenet``, ``resnet``) and build the block sequence."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from deepjimu.errors import JimuError
+
+__all__ = ["ModelSpec", "build_model", "count_blocks", "parse_spec"]
+
+_SPEC_HELP = "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., lenet, resnet or resnet:BLOCKS"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed spec: ``kind`` and its numbers (hidden widths for mlp, blocks per stage for resnet)."""
+
+    kind: str
+    widths: tuple[int, ...] = ()
+    blocks_per_stage: int = 1
+
+
+def parse_spec(spec: str) -> ModelSpec:
+    """Parse a model spec string.
+
+    Example:
+        >>> parse_spec("mlp:256x3")
+        ModelSpec(kind='mlp', widths=(256, 256, 256), blocks_per_stage=1)
+
+    Raises:
+        JimuError: the spec is not one of the known forms.
+    """
+    s = spec.strip().lower()
+    if m := re.fullmatch(r"mlp:(\d+)x(\d+)", s):
+        width, depth = int(m[1]), int(m[2])
+        widths = (width,) * depth
+    elif m := re.fullmatch(r"mlp:(\d+(?:-\d+)*)", s):
+        widths = tuple(int(w) for w in m[1].split("-"))
+    elif s == "lenet":
+        return ModelSpec("lenet")
+    elif m := re.fullmatch(r"resnet(?::(\d+))?", s):
+        n = int(m[1]) if m[1] else 1
+        if n < 1:
+            raise JimuError(f"model {spec!r}: resnet needs >= 1 block per stage")
+        return ModelSpec("resnet", blocks_per_stage=n)
+    else:
+        raise JimuError(f"unknown model spec {spec!r} (expected {_SPEC_HELP})")
+    if not widths or min(widths) < 1:
+        raise JimuError(f"model {spec!r}: an mlp needs at least one hidden layer of width >= 1")
+    return ModelSpec("mlp", widths=widths)
+
+
+def count_blocks(spec: str) -> int:
+    """Number of blocks (cut points + 1) the spec builds, without building it."""
+    ms = parse_spec(spec)
+    if ms.kind == "mlp":
+        return len(ms.widths) + 1
+    if ms.kind == "lenet":
+        return 5
+    return 2 + 3 * ms.blocks_per_stage
+
+
+def build_model(
+    spec: str, feature_shape: tuple[int, ...], num_classes: int, seed: int = 0
+) -> nn.Sequential:
+    """Build the model of ``spec`` for inputs of ``feature_shape``; weights drawn from ``seed``.
+
+    Returns:
+        ``nn.Sequential`` whose children are the blocks. For ``mlp``, block l is
+        ``Sequential([Flatten,] Linear, ReLU)`` and the last block ``Sequential(Linear)``.
+
+    Raises:
+        JimuError: bad spec, or a convolutional model on flat features.
+    """
+    from deepjimu.models.cnn import lenet, resnet
+    from deepjimu.models.mlp import mlp
+
+    ms = parse_spec(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if ms.kind == "mlp":
+            return mlp(feature_shape, ms.widths, num_classes)
+        if len(feature_shape) != 3:
+            raise JimuError(
+                f"model {spec!r} needs image inputs (C, H, W); the data has shape {feature_shape}"
+            )
+        if ms.kind == "lenet":
+            return lenet(feature_shape, num_classes)
+        return resnet(feature_shape, num_classes, ms.blocks_per_stage)

@@ -1,0 +1,341 @@
+"""Run: what every strategy gets besides the model and data (rank, device, events, timers, checkpoints)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from deepjimu.comm import Comm, CommStats
+from deepjimu.config import RunConfig
+from deepjimu.errors import JimuError
+
+__all__ = ["Checkpoint", "Run", "atomic_write_bytes", "atomic_write_text", "peak_memory_mb"]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Text version of :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode())
+
+
+def _torch_save_atomic(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocator peak on a GPU, max RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: progress counters, the full model state and this rank's own state."""
+
+    step: int
+    epoch: int
+    model_state: dict[str, Any]
+    rank_state: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Run:
+    """Context of one training run on one rank.
+
+    Holds the rank/world/device, the :class:`~deepjimu.comm.Comm` byte counter, timers, the
+    event log (``events.jsonl``, written by rank 0 only) and checkpoints. Methods marked
+    *collective* must be called by every rank at the same point.
+
+    Args:
+        cfg: the validated config.
+        out_dir: the run folder (``runs/<name>``); every rank knows it, rank 0 writes it.
+        rank, world: this process in the default process group (0, 1 without one).
+        device: where this rank computes.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        out_dir: Path,
+        rank: int = 0,
+        world: int = 1,
+        device: torch.device | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.rank, self.world = rank, world
+        self.device = device or torch.device("cpu")
+        self.stats = CommStats()
+        self.comm = Comm(self.stats)
+        self.is_main = rank == 0
+        self._t0 = time.perf_counter()
+        self._last: list[float] = [0.0, 0.0, 0.0, 0.0]
+        self._last_log_time = self._t0
+        self._bar: Any = None
+        self.resumed: Checkpoint | None = None
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- timing -------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        """Seconds since the run started on this rank."""
+        return time.perf_counter() - self._t0
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that host timers measure it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Time a block as compute, minus the wait time counted inside it by Comm."""
+        wait0 = self.stats.wait_s
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self.stats.compute_s += time.perf_counter() - t0 - (self.stats.wait_s - wait0)
+
+    # ---- collectives for bookkeeping (not counted as training traffic) ----------------------
+    def barrier(self) -> None:
+        """Collective: wait for every rank."""
+        if self.world > 1:
+            dist.barrier()
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Collective: every rank's ``obj``, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Collective: ``obj`` of rank ``src`` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    # ---- events ---------------------------------------------------------------------------
+    def progress(self, total: int, desc: str) -> None:
+        """Start a progress bar on rank 0 (unless ``--quiet``) with ``total`` steps."""
+        if self.is_main and not self.cfg.quiet:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True, leave=True)
+
+    def progress_at(self, n: int) -> None:
+        """Move the progress bar to ``n`` (after a resume)."""
+        if self._bar is not None:
+            self._bar.n = n
+            self._bar.refresh()
+
+    def log(
+        self, step: int, epoch: int, samples: int = 0, train_s: float | None = None, **metrics: Any
+    ) -> dict[str, Any]:
+        """Collective: write one event with ``metrics`` merged over ranks plus the counters.
+
+        Each rank passes what it knows (e.g. the last pipeline stage passes ``loss``); a key
+        is taken from the lowest rank that gives it a value that is not None. Byte, compute
+        and wait figures are this interval's, gathered from every rank (``*_per_rank``);
+        ``bytes_sent`` / ``bytes_recv`` are their sums, ``compute_s`` / ``wait_s`` the
+        largest per-rank value (the critical path). ``samples`` is the number of training
+        samples processed since the last event and ``train_s`` the training time they took
+        (both as rank 0 sees them; without ``train_s`` the time since the last event).
+
+        Returns:
+            the event, on every rank (only rank 0 writes it).
+        """
+        now = time.perf_counter()
+        current = self.stats.as_list()
+        delta = [c - p for c, p in zip(current, self._last, strict=True)]
+        self._last = current
+        interval = train_s if train_s is not None else now - self._last_log_time
+        self._last_log_time = now
+        gathered = self.gather_objects(
+            {
+                "metrics": metrics,
+                "delta": delta,
+                "mem": peak_memory_mb(self.device),
+                "samples": samples,
+            }
+        )
+        merged: dict[str, Any] = {}
+        for g in gathered:
+            for k, v in g["metrics"].items():
+                if v is not None and k not in merged:
+                    merged[k] = v
+        per_rank = list(zip(*[g["delta"] for g in gathered], strict=True))
+        compute_busy = max(per_rank[2])
+        event: dict[str, Any] = {
+            "step": step,
+            "epoch": epoch,
+            "time_s": round(self.elapsed(), 6),
+            "loss": None,
+            "train_acc": None,
+            "val_acc": None,
+            "test_acc": None,
+            "samples_per_s": round(gathered[0]["samples"] / interval, 3) if interval else None,
+            "train_s": round(interval, 6),
+            "bytes_sent": int(sum(per_rank[0])),
+            "bytes_recv": int(sum(per_rank[1])),
+            "compute_s": round(compute_busy, 6),
+            "wait_s": round(max(per_rank[3]), 6),
+            "bytes_sent_per_rank": [int(b) for b in per_rank[0]],
+            "bytes_recv_per_rank": [int(b) for b in per_rank[1]],
+            "compute_s_per_rank": [round(x, 6) for x in per_rank[2]],
+            "wait_s_per_rank": [round(x, 6) for x in per_rank[3]],
+            "peak_mem_mb_per_rank": [round(g["mem"], 1) for g in gathered],
+        }
+        event.update({k: _jsonable(v) for k, v in merged.items()})
+        if not self.is_main:
+            return event
+        with open(self.out_dir / "events.jsonl", "a") as f:
+            f.write(json.dumps(event) + "\n")
+        if self._bar is not None:
+            post = {
+                k: f"{event[k]:.4f}"
+                for k in ("loss", "train_acc", "test_acc")
+                if event[k] is not None
+            }
+            self._bar.set_postfix(post, refresh=False)
+            self._bar.n = epoch
+            self._bar.refresh()
+        return event
+
+    def close(self) -> None:
+        """Close the progress bar."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / "checkpoint"
+
+    def last_checkpoint_text(self) -> str:
+        """Where the latest checkpoint is, or "none" (for error messages)."""
+        latest = self.checkpoint_dir / "latest"
+        return str(self.checkpoint_dir / latest.read_text().strip()) if latest.exists() else "none"
+
+    def save_checkpoint(
+        self,
+        step: int,
+        epoch: int,
+        model: nn.Module | None,
+        rank_state: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Collective: write a checkpoint atomically; the previous one stays until this is whole.
+
+        Rank 0 passes the full model (the others may pass None); every rank passes its own
+        ``rank_state`` (optimizer, ADMM variables, ...). Files go into a temporary folder
+        that is renamed into place once every rank has written, then ``latest`` is switched.
+        """
+        root = self.checkpoint_dir
+        final = root / f"step-{step:08d}"
+        tmp = root / f".tmp-step-{step:08d}"
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.barrier()
+        _torch_save_atomic(rank_state, tmp / f"rank{self.rank}.pt")
+        if self.is_main and model is not None:
+            _torch_save_atomic(_cpu_state(model), tmp / "model.pt")
+        self.barrier()
+        if self.is_main:
+            meta = {"step": step, "epoch": epoch, "world": self.world, "extra": extra or {}}
+            atomic_write_text(tmp / "meta.json", json.dumps(meta))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            atomic_write_text(root / "latest", final.name)
+            for old in root.glob("step-*"):
+                if old.name != final.name:
+                    shutil.rmtree(old, ignore_errors=True)
+        self.barrier()
+        return final
+
+    def load_checkpoint(self, run_dir: Path | None = None) -> Checkpoint | None:
+        """The latest complete checkpoint of ``run_dir`` (default: this run), or None if none.
+
+        Raises:
+            JimuError: the checkpoint is damaged or was written with another worker count.
+        """
+        root = Path(run_dir or self.out_dir) / "checkpoint"
+        latest = root / "latest"
+        if not latest.exists():
+            return None
+        folder = root / latest.read_text().strip()
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+            if meta["world"] != self.world:
+                raise JimuError(
+                    f"checkpoint {folder} was written by {meta['world']} workers; "
+                    f"resume with --workers {meta['world']} (workers: {self.world})"
+                )
+            model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+            rank_state = torch.load(
+                folder / f"rank{self.rank}.pt", map_location="cpu", weights_only=False
+            )
+        except JimuError:
+            raise
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise JimuError(f"checkpoint {folder} is damaged: {e}") from None
+        return Checkpoint(
+            meta["step"], meta["epoch"], model_state, rank_state, meta.get("extra", {})
+        )
+
+
+def _cpu_state(model: nn.Module) -> dict[str, Any]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        v = v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v

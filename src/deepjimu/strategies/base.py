@@ -1,0 +1,205 @@
+"""The Strategy interface, and the epoch loop shared by the gradient-based strategies."""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from deepjimu.config import RunConfig
+from deepjimu.data import DataSplits
+from deepjimu.errors import JimuError
+from deepjimu.run import Run
+
+__all__ = [
+    "FitResult",
+    "GradientStrategy",
+    "Strategy",
+    "count_correct",
+    "epoch_order",
+    "make_optimizer",
+    "split_steps",
+]
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` reports back: progress counters and strategy-specific figures."""
+
+    epochs: int
+    steps: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """One way of training an ``nn.Sequential`` over ``run.world`` workers.
+
+    A strategy trains ``model`` in place: when :meth:`fit` returns, rank 0's ``model``
+    holds the trained weights (strategies that split the model gather it there), so
+    evaluation, reports and checkpoints are the engine's, not the strategy's.
+
+    Class attributes tell the engine how to start and check a run:
+    ``default_workers`` / ``default_epochs``; ``splits_model`` (each worker owns
+    contiguous blocks, so workers <= blocks); ``max_workers`` (e.g. 1 for ``local``).
+    """
+
+    name: ClassVar[str]
+    default_workers: ClassVar[int] = 1
+    default_epochs: ClassVar[int] = 30
+    splits_model: ClassVar[bool] = False
+    shards_data: ClassVar[bool] = False
+    max_workers: ClassVar[int | None] = None
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    @classmethod
+    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+        """Strategy-specific config problems, one line each (checked before workers start)."""
+        return []
+
+    @abstractmethod
+    def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
+        """Train ``model`` on ``data``; log events and checkpoints through ``run``."""
+
+
+def make_optimizer(params: Any, cfg: RunConfig) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg`` (Adam, or SGD with momentum) over ``params``."""
+    assert cfg.lr is not None, "config not resolved"
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
+    """The shuffled sample order of ``epoch``: a function of (seed, epoch) only, so resume is exact."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def split_steps(order: Tensor, steps: int) -> list[Tensor]:
+    """``order`` cut into ``steps`` nearly equal consecutive batches."""
+    return list(torch.tensor_split(order, steps))
+
+
+@torch.no_grad()
+def count_correct(
+    model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096
+) -> tuple[int, float, int]:
+    """Correct predictions, summed cross-entropy and count of ``model`` on ``(x, y)``."""
+    was_training = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+        out = model(xb)
+        correct += int((out.argmax(1) == yb).sum())
+        loss += float(F.cross_entropy(out, yb, reduction="sum"))
+    model.train(was_training)
+    return correct, loss, len(y)
+
+
+class GradientStrategy(Strategy):
+    """Mini-batch backprop training: one epoch loop for local, ddp, model-parallel, pipeline.
+
+    Subclasses say how one step runs (:meth:`train_step`), which samples this rank sees
+    (:meth:`batches`), how accuracy is measured (:meth:`evaluate`) and what per-rank state
+    a checkpoint holds; the loop, logging, divergence check and checkpoints live here.
+    """
+
+    def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
+        """Prepare modules and optimizer (default: whole model on this rank)."""
+        self.model = model.to(run.device)
+        self.optimizer = make_optimizer(self.model.parameters(), self.cfg)
+
+    def steps_per_epoch(self, data: DataSplits) -> int:
+        return max(1, math.ceil(data.train_size / self.cfg.batch_size))
+
+    def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
+        """This rank's (x, y) batches of ``epoch``: its rows (all, or its shard), shuffled.
+
+        The step count comes from the global ``train_size``, so every rank of a sharded
+        strategy takes the same number of steps (DDP's all-reduces must pair up).
+        """
+        order = epoch_order(len(data.train_y), self.cfg.seed, epoch).to(data.train_x.device)
+        return [
+            (data.train_x[i], data.train_y[i])
+            for i in split_steps(order, self.steps_per_epoch(data))
+        ]
+
+    @abstractmethod
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor | None:
+        """One optimisation step; returns the batch loss where this rank knows it."""
+
+    def evaluate(self, data: DataSplits, run: Run) -> dict[str, float | None]:
+        """Accuracies of the current model (default: rank 0 runs the whole model)."""
+        if not run.is_main:
+            return {}
+        out: dict[str, float | None] = {}
+        for split in ("train", "val", "test"):
+            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+            if len(y):
+                correct, _, n = count_correct(self.model, x, y)
+                out[f"{split}_acc"] = correct / n
+        return out
+
+    def rank_state(self) -> dict[str, Any]:
+        """This rank's state for a checkpoint besides the model (default: the optimizer)."""
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_model(self, run: Run) -> nn.Module | None:
+        """Collective: the whole trained model on rank 0 (default: it is already there)."""
+        return self.model if run.is_main else None
+
+    def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
+        cfg = self.cfg
+        assert cfg.epochs is not None, "config not resolved"
+        self.setup(model, data, run)
+        start, step = 0, 0
+        if run.resumed is not None:
+            self.load_rank_state(run.resumed.rank_state)
+            start, step = run.resumed.epoch, run.resumed.step
+        run.progress(cfg.epochs, self.name)
+        run.progress_at(start)
+        samples, train_s = 0, 0.0
+        for epoch in range(start, cfg.epochs):
+            batches = self.batches(data, epoch, run)
+            losses: list[Tensor] = []
+            t0 = time.perf_counter()
+            with run.compute():
+                for x, y in batches:
+                    loss = self.train_step(x, y)
+                    if loss is not None:
+                        losses.append(loss.detach())
+            train_s += time.perf_counter() - t0
+            step += len(batches)
+            samples += data.train_size
+            done = epoch + 1
+            if done % cfg.eval_every == 0 or done == cfg.epochs:
+                mean_loss = float(torch.stack(losses).mean()) if losses else None
+                event = run.log(
+                    step,
+                    done,
+                    samples=samples,
+                    train_s=train_s,
+                    loss=mean_loss,
+                    **self.evaluate(data, run),
+                )
+                samples, train_s = 0, 0.0
+                if event["loss"] is not None and not math.isfinite(float(event["loss"])):
+                    raise JimuError(
+                        f"training diverged at epoch {done}: loss is {event['loss']}; "
+                        f"lower --lr (lr: {cfg.lr}); last good checkpoint: {run.last_checkpoint_text()}"
+                    )
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
+                run.save_checkpoint(step, done, self.full_model(run), self.rank_state())
+        run.close()
+        run.save_checkpoint(step, cfg.epochs, self.full_model(run), self.rank_state())
+        return FitResult(epochs=cfg.epochs, steps=step)
