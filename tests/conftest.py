@@ -13,5 +13,10 @@ from deepjimu.config import RunConfig
 def small_cfg(tmp_path: Path) -> RunConfig:
     """A quick digits run writing under ``tmp_path``."""
     return RunConfig(
-        strategy="local", model="mlp:32x2", epochs=2, quiet=True, runs_dir=str(tmp_path / "runs"), name="t"
+        strategy="local",
+        model="mlp:32x2",
+        epochs=2,
+        quiet=True,
+        runs_dir=str(tmp_path / "runs"),
+        name="t",
     )

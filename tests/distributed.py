@@ -23,7 +23,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: Any, args: tuple[Any, ...]) -> None:
+def _entry(
+    fn: Callable[..., Any], rank: int, world: int, port: int, out: Any, args: tuple[Any, ...]
+) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -57,7 +59,10 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, out, args), daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world, port, out, args), daemon=True)
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -67,7 +72,9 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
             try:
                 rank, ok, value = out.get(timeout=timeout)
             except queue.Empty:
-                raise AssertionError(f"distributed test hung for {timeout} s (results from ranks {sorted(results)})") from None
+                raise AssertionError(
+                    f"distributed test hung for {timeout} s (results from ranks {sorted(results)})"
+                ) from None
             if ok:
                 results[rank] = value
             else:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -95,24 +96,39 @@ def _launch_local(cfg_dict: dict[str, Any], workers: int, out_dir: Path) -> dict
 
 
 def _failure_line(out_dir: Path, err: Exception) -> str:
-    """One line naming the worker that failed first and its error."""
-    records = []
+    """One line naming the worker whose failure caused the others' and its error.
+
+    Peers of a failed worker fail next with connection errors, so the cause is, in order:
+    a user error (JimuError) that a worker reported; a worker that died without reporting
+    (killed by a signal, out of memory); else the earliest reported error.
+    """
+    records = {}
     for f in error_dir(out_dir).glob("rank*.json"):
         try:
-            records.append(json.loads(f.read_text()))
+            r = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
+        records[r["rank"]] = r
+    if records:
+        log = out_dir / "worker-errors.log"
+        log.write_text(
+            "\n".join(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))
+        )
+    users = sorted((r for r in records.values() if r["user_error"]), key=lambda r: r["time"])
+    if users:
+        return f"worker {users[0]['rank']}: {_first_line(users[0]['message'])}"
+    failures = getattr(err, "failures", {})
+    for rank, failure in sorted(failures.items()):
+        if rank not in records:
+            code = failure.exitcode
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            return f"worker {rank} died ({how}) without reporting an error"
     if not records:
-        first = next(iter(getattr(err, "failures", {}).items()), None)
-        if first is None:
-            return f"a worker failed: {err}"
-        rank, failure = first
-        return f"worker {rank} failed (exit code {failure.exitcode}) without reporting an error"
-    # the worker that raised first is the cause; peers fail after it with connection errors
-    records.sort(key=lambda r: (not r["user_error"], r["time"]))
-    first = records[0]
-    log = out_dir / "worker-errors.log"
-    log.write_text("\n".join(f"--- rank {r['rank']}\n{r['traceback']}" for r in records))
-    if first["user_error"]:
-        return f"worker {first['rank']}: {first['message']}"
-    return f"worker {first['rank']} failed: {first['message']} (tracebacks in {log})"
+        return f"a worker failed: {_first_line(str(err))}"
+    first = min(records.values(), key=lambda r: r["time"])
+    return f"worker {first['rank']} failed: {_first_line(first['message'])} (tracebacks in {out_dir / 'worker-errors.log'})"
+
+
+def _first_line(text: str) -> str:
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    return lines[0] if lines else "(no message)"

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import resource
 import shutil
 import tempfile
@@ -322,7 +323,7 @@ class Run:
             )
         except JimuError:
             raise
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
             raise JimuError(f"checkpoint {folder} is damaged: {e}") from None
         return Checkpoint(
             meta["step"], meta["epoch"], model_state, rank_state, meta.get("extra", {})

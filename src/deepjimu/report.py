@@ -1,0 +1,256 @@
+"""``jimu report``: a run's events as a table, its summary, and its loss / accuracy plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from deepjimu.errors import JimuError
+
+__all__ = [
+    "format_bytes",
+    "plot_run",
+    "read_config",
+    "read_events",
+    "read_summary",
+    "report",
+    "run_title",
+    "table",
+]
+
+_ACC_SPLITS = ("train_acc", "val_acc", "test_acc")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except OSError as e:
+        raise JimuError(f"{path} cannot be read: {e.strerror}") from None
+    except ValueError as e:
+        raise JimuError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise JimuError(f"{path} must hold a JSON object (got {type(value).__name__})")
+    return value
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The events of a run folder, one dict per line of ``events.jsonl``.
+
+    Args:
+        run_dir: a run folder (``runs/<name>``).
+
+    Returns:
+        the events in file order (blank lines skipped).
+
+    Raises:
+        JimuError: the folder or ``events.jsonl`` is missing, or a line is not a JSON object
+            (the message names the file and line).
+
+    Example:
+        >>> read_events(Path("runs/ddp-digits-20250101-120000"))[-1]["test_acc"]  # doctest: +SKIP
+        0.975
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise JimuError(f"run folder {run_dir} does not exist")
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        raise JimuError(f"{path} does not exist (has the run logged an epoch yet?)")
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise JimuError(f"{path} cannot be read: {e.strerror}") from None
+    events = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError as e:
+            raise JimuError(f"{path} line {i} is not valid JSON: {e}") from None
+        if not isinstance(event, dict):
+            raise JimuError(f"{path} line {i} must be a JSON object (got {line.strip()[:40]!r})")
+        events.append(event)
+    return events
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``summary.json`` of a run folder, or None when the run has not finished.
+
+    Raises:
+        JimuError: the file exists but is not a JSON object.
+    """
+    path = Path(run_dir) / "summary.json"
+    return _read_json(path) if path.exists() else None
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """``config.json`` of a run folder, or ``{}`` when it is missing.
+
+    Raises:
+        JimuError: the file exists but is not a JSON object.
+    """
+    path = Path(run_dir) / "config.json"
+    return _read_json(path) if path.exists() else {}
+
+
+def format_bytes(n: float | None) -> str:
+    """``n`` bytes in B / KB / MB / GB (powers of 1024), e.g. ``12.1 MB``; ``-`` for None."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):  # non-finite numbers are logged as strings ("nan")
+        return value
+    return format(value, spec)
+
+
+def table(events: list[dict[str, Any]]) -> str:
+    """A fixed-width text table of ``events``, one row per event.
+
+    Columns: epoch, time (s since the run started), loss, train / val / test accuracy,
+    training samples/s, bytes sent (all ranks), compute and wait seconds (slowest rank).
+    """
+    header = (
+        "epoch",
+        "time_s",
+        "loss",
+        "train",
+        "val",
+        "test",
+        "samples/s",
+        "sent",
+        "compute_s",
+        "wait_s",
+    )
+    rows = [header]
+    for e in events:
+        rows.append(
+            (
+                str(e.get("epoch", "-")),
+                _fmt(e.get("time_s"), ".1f"),
+                _fmt(e.get("loss"), ".4f"),
+                *(_fmt(e.get(k), ".4f") for k in _ACC_SPLITS),
+                _fmt(e.get("samples_per_s"), ".0f"),
+                format_bytes(e.get("bytes_sent")),
+                _fmt(e.get("compute_s"), ".3f"),
+                _fmt(e.get("wait_s"), ".3f"),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def _summary_lines(summary: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, value in summary.items():
+        if isinstance(value, float):
+            text = f"{value:.4f}"
+        elif key.startswith("bytes") and isinstance(value, int):
+            text = f"{value} ({format_bytes(value)})"
+        elif isinstance(value, list):
+            text = (
+                "[" + ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value) + "]"
+            )
+        else:
+            text = str(value)
+        lines.append(f"  {key}: {text}")
+    return lines
+
+
+def run_title(run_dir: Path, events: list[dict[str, Any]], summary: dict[str, Any] | None) -> str:
+    """``<strategy> x<workers> on <dataset> (<model>)`` from the summary, else the saved config."""
+    info = summary or read_config(run_dir)
+    workers = info.get("workers")
+    if workers is None and events:
+        workers = len(events[-1].get("peak_mem_mb_per_rank") or []) or None
+    return (
+        f"{info.get('strategy', '?')} x{workers if workers is not None else '?'} on "
+        f"{info.get('dataset', '?')} ({info.get('model', '?')})"
+    )
+
+
+def plot_run(run_dir: Path, events: list[dict[str, Any]], title: str) -> list[Path]:
+    """Write ``loss.png`` and ``accuracy.png`` (per epoch) into ``run_dir``.
+
+    Returns:
+        the paths written.
+    """
+    from matplotlib.figure import Figure
+
+    run_dir = Path(run_dir)
+
+    def numbers(key: str) -> tuple[list[float], list[float]]:
+        pts = [
+            (float(e["epoch"]), float(e[key]))
+            for e in events
+            if isinstance(e.get(key), (int, float)) and isinstance(e.get("epoch"), (int, float))
+        ]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    written = []
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    x, y = numbers("loss")
+    ax.plot(x, y, marker="o", markersize=3, label="training loss (mean over the epoch)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("cross-entropy loss (nats per sample)")
+    ax.set_title(f"Loss: {title}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written.append(run_dir / "loss.png")
+    fig.savefig(written[-1], dpi=110)
+
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    for key, label in zip(_ACC_SPLITS, ("train", "validation", "test"), strict=True):
+        x, y = numbers(key)
+        if x:
+            ax.plot(x, [100 * v for v in y], marker="o", markersize=3, label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy (% correct)")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"Accuracy: {title}")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    written.append(run_dir / "accuracy.png")
+    fig.savefig(written[-1], dpi=110)
+    return written
+
+
+def report(run_dir: Path, plots: bool = True) -> None:
+    """Print a run's event table and summary; write its plots unless ``plots`` is False.
+
+    Args:
+        run_dir: a run folder written by ``jimu train``.
+        plots: also write ``loss.png`` and ``accuracy.png`` into the folder.
+
+    Raises:
+        JimuError: missing folder or ``events.jsonl``, or a damaged JSON file (named).
+
+    Example:
+        >>> report(Path("runs/ddp-digits-20250101-120000"))  # doctest: +SKIP
+    """
+    run_dir = Path(run_dir)
+    events = read_events(run_dir)
+    summary = read_summary(run_dir)
+    title = run_title(run_dir, events, summary)
+    print(f"{title}: {run_dir}")
+    print(table(events))
+    if summary is None:
+        print("summary: none (the run has not finished)")
+    else:
+        print("summary:")
+        print("\n".join(_summary_lines(summary)))
+    if plots:
+        for path in plot_run(run_dir, events, title):
+            print(f"wrote {path}")

@@ -1,0 +1,92 @@
+"""Config: flags, TOML, validation with one line per bad field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deepjimu.config import ConfigErrors, RunConfig, coerce, load_config, read_toml, validate
+from deepjimu.errors import JimuError
+
+
+def test_validate_fills_strategy_defaults() -> None:
+    cfg = validate(RunConfig(strategy="local"))
+    assert (cfg.workers, cfg.epochs, cfg.lr) == (1, 30, 1e-3)
+    assert validate(RunConfig(strategy="ddp", optimizer="sgd")).lr == 0.05
+    assert validate(RunConfig(strategy="ddp")).workers == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"strategy": "nope"}, "unknown strategy 'nope'"),
+        ({"dataset": "nope"}, "unknown dataset 'nope'"),
+        ({"workers": 0}, "workers must be >= 1 (workers: 0)"),
+        ({"lr": -0.1}, "lr must be a positive number (lr: -0.1)"),
+        ({"lr": float("nan")}, "lr must be a positive number"),
+        ({"epochs": 0}, "epochs must be >= 1"),
+        ({"batch_size": 0}, "batch-size must be >= 1"),
+        ({"model": "mlp:abc"}, "unknown model spec 'mlp:abc'"),
+        ({"quantize": 4}, "quantize must be 0, 8 or 16"),
+        ({"rho": 0.0}, "rho must be a positive number"),
+        (
+            {"strategy": "local", "workers": 2},
+            "strategy local runs on at most 1 worker(s) (workers: 2)",
+        ),
+        (
+            {"strategy": "ddp", "workers": 4, "batch_size": 2},
+            "batch-size must be >= workers for ddp",
+        ),
+        ({"name": "a/b"}, "name must be a plain folder name"),
+        ({"classes": [1]}, "classes must name at least 2 classes"),
+        ({"device": "tpu"}, "device must be one of auto, cpu, cuda"),
+    ],
+)
+def test_each_bad_field_gives_one_line(changes: dict, expected: str) -> None:
+    base = {"strategy": "local"} | changes
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(**base))
+    assert len(e.value.problems) == 1, e.value.problems
+    assert expected in e.value.problems[0]
+    assert "\n" not in e.value.problems[0]
+
+
+def test_several_bad_fields_are_all_reported() -> None:
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy="local", workers=0, lr=-1.0, epochs=0))
+    assert len(e.value.problems) == 3
+
+
+def test_coerce_types_and_errors() -> None:
+    assert coerce("workers", "3", "flag") == 3
+    assert coerce("lr", "1e-3", "flag") == 1e-3
+    assert coerce("classes", "0,1,7", "flag") == [0, 1, 7]
+    assert coerce("quiet", "yes", "flag") is True
+    with pytest.raises(JimuError, match=r"flag: workers must be a int \(got 'two'\)"):
+        coerce("workers", "two", "flag")
+    with pytest.raises(JimuError, match="epochs must be a int"):
+        coerce("epochs", 2.5, "run.toml")
+
+
+def test_toml_flat_and_tables(tmp_path: Path) -> None:
+    p = tmp_path / "run.toml"
+    p.write_text('strategy = "ddp"\nbatch-size = 32\n[admm]\nrho = 0.5\nquantize = 8\n')
+    cfg = load_config({"batch_size": 16}, str(p))
+    assert (cfg.strategy, cfg.batch_size, cfg.rho, cfg.quantize) == ("ddp", 16, 0.5, 8)
+
+
+def test_toml_errors_name_the_file_and_key(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text('strategy = "ddp"\nwidth = 3\nworkers = "two"\n')
+    with pytest.raises(ConfigErrors) as e:
+        read_toml(p)
+    assert e.value.problems == [
+        f"{p}: unknown option 'width'",
+        f"{p}: workers must be a int (got 'two')",
+    ]
+    p.write_text("strategy = \n")
+    with pytest.raises(JimuError, match="is not valid TOML"):
+        read_toml(p)
+    with pytest.raises(JimuError, match="does not exist"):
+        read_toml(tmp_path / "missing.toml")
