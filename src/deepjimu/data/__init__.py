@@ -1,6 +1,6 @@
 """Datasets behind one registry; each returns train / validation / test splits with a fixed seed."""
 
-from deepjimu.data import digits, synthetic  # noqa: F401  (registers the datasets)
+from deepjimu.data import cifar, digits, idx, synthetic  # noqa: F401  (registers the datasets)
 from deepjimu.data.base import (
     DataOptions,
     DataSplits,

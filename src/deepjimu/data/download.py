@@ -1,0 +1,233 @@
+"""Fetch official dataset files over HTTP: MD5 verified, written atomically, one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from deepjimu.errors import JimuError
+
+__all__ = ["SOURCES", "Source", "extract_tar", "fetch", "file_md5", "source_url"]
+
+TIMEOUT_S = 30.0
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a dataset's files live and the MD5 of each official file (name -> hex digest)."""
+
+    base_url: str
+    md5: dict[str, str] = field(default_factory=dict)
+
+
+# The checksums are torchvision's (torchvision/datasets/mnist.py and cifar.py).
+SOURCES: dict[str, Source] = {
+    "mnist": Source(
+        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+        {
+            "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+            "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+            "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+        },
+    ),
+    "fashion-mnist": Source(
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+        {
+            "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+            "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+            "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+        },
+    ),
+    "kmnist": Source(
+        "http://codh.rois.ac.jp/kmnist/dataset/kmnist/",
+        {
+            "train-images-idx3-ubyte.gz": "bdb82020997e1d708af4cf47b453dcf7",
+            "train-labels-idx1-ubyte.gz": "e144d726b3acfaa3e44228e80efcd344",
+            "t10k-images-idx3-ubyte.gz": "5c965bf0a639b31b8f53240b1b52f4d7",
+            "t10k-labels-idx1-ubyte.gz": "7320c461ea6c1c855c0b718fb2a4b134",
+        },
+    ),
+    "cifar10": Source(
+        "https://www.cs.toronto.edu/~kriz/",
+        {"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"},
+    ),
+}
+
+
+def source_url(dataset: str, file_name: str, mirror: str | None = None) -> str:
+    """URL of ``file_name`` of ``dataset``: ``<mirror or official base>/<file_name>``.
+
+    Example:
+        >>> source_url("mnist", "t10k-labels-idx1-ubyte.gz", "http://127.0.0.1:8000/m")
+        'http://127.0.0.1:8000/m/t10k-labels-idx1-ubyte.gz'
+    """
+    base = mirror if mirror else SOURCES[dataset].base_url
+    return base.rstrip("/") + "/" + file_name
+
+
+def file_md5(path: Path) -> str:
+    """Hex MD5 of the file at ``path``, read in chunks."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(dataset: str, file_name: str, dest: Path, mirror: str | None = None) -> Path:
+    """Download one official file of ``dataset`` to ``dest``, verify its MD5, then move it in place.
+
+    The bytes go to a temporary file next to ``dest`` that is renamed only once the transfer
+    is complete and the checksum matches, so ``dest`` is either absent or whole: a failed,
+    interrupted or corrupt transfer leaves neither ``dest`` nor a temporary file behind.
+
+    Args:
+        dataset: a key of :data:`SOURCES`, whose table holds the expected MD5.
+        file_name: the file's name on the server (and in the table).
+        dest: where the verified file goes; its folder is created.
+        mirror: base URL that replaces the official one (``--data-url``).
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        JimuError: network or HTTP error, short transfer, or checksum mismatch (one line).
+
+    Example:
+        >>> fetch("mnist", "t10k-labels-idx1-ubyte.gz", Path("data/mnist/t10k-labels-idx1-ubyte.gz"))
+    """
+    expected = SOURCES[dataset].md5.get(file_name)
+    if expected is None:
+        raise JimuError(f"{dataset}: no checksum is known for {file_name}; refusing to download it")
+    url = source_url(dataset, file_name, mirror)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    except OSError as e:
+        raise JimuError(
+            f"{dest.parent}: cannot write the download there ({_one_line(e)})"
+        ) from None
+    print(f"downloading {url} -> {dest}", file=sys.stderr)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            got = _transfer(url, out)
+        actual = file_md5(Path(tmp))
+        if actual != expected:
+            raise JimuError(
+                f"{dest}: checksum mismatch after download from {url} "
+                f"(md5 {actual}, expected {expected}; {got} bytes)"
+            )
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return dest
+
+
+def _transfer(url: str, out: BinaryIO) -> int:
+    """Copy the body of ``url`` into the open binary file ``out``; the number of bytes."""
+    got = 0
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
+            length = resp.headers.get("Content-Length")
+            for block in iter(lambda: resp.read(_CHUNK), b""):
+                out.write(block)
+                got += len(block)
+    except urllib.error.HTTPError as e:
+        raise JimuError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        raise JimuError(f"download of {url} failed: {_one_line(e.reason)}") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise JimuError(
+            f"download of {url} was interrupted after {got} bytes "
+            f"({type(e).__name__}: {_one_line(e)}); run again"
+        ) from None
+    # http.client returns b"" when the server closes early instead of raising
+    if length is not None and length.isdigit() and got != int(length):
+        raise JimuError(
+            f"download of {url} was interrupted (got {got} of {int(length)} bytes); run again"
+        )
+    return got
+
+
+def extract_tar(archive: Path, dest: Path, top: str) -> Path:
+    """Extract folder ``top`` of a .tar.gz into ``dest``, refusing any unsafe member.
+
+    Only regular files and folders under ``top/`` are accepted: absolute paths, ``..``,
+    links and devices are errors. The archive is unpacked into a temporary folder next to
+    ``dest / top`` and renamed into place, so a failure leaves no half-extracted folder.
+
+    Returns:
+        ``dest / top``.
+
+    Raises:
+        JimuError: unreadable archive or unsafe / unexpected member (one line).
+    """
+    target = dest / top
+    tmp = Path(tempfile.mkdtemp(prefix=f".{top}.", suffix=".part", dir=dest))
+    try:
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                members = tar.getmembers()
+                for m in members:
+                    _check_member(archive, m, top)
+                for m in members:
+                    _extract_member(tar, m, tmp)
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise JimuError(
+                f"{archive}: cannot be extracted ({type(e).__name__}: {_one_line(e)})"
+            ) from None
+        if not (tmp / top).is_dir():
+            raise JimuError(f"{archive}: has no folder {top}/")
+        try:
+            os.replace(tmp / top, target)
+        except OSError:
+            if not target.is_dir():  # another process won the race: its copy is as good
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _check_member(archive: Path, m: tarfile.TarInfo, top: str) -> None:
+    parts = Path(m.name).parts
+    unsafe = (
+        m.name.startswith(("/", "\\"))
+        or ".." in parts
+        or not parts
+        or parts[0] != top
+        or not (m.isfile() or m.isdir())
+    )
+    if unsafe:
+        raise JimuError(f"{archive}: refusing unsafe or unexpected member {m.name!r}")
+
+
+def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, root: Path) -> None:
+    path = root.joinpath(*Path(m.name).parts)
+    if m.isdir():
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = tar.extractfile(m)
+    assert src is not None  # regular files always have a stream
+    with src, open(path, "wb") as out:
+        for block in iter(lambda: src.read(_CHUNK), b""):
+            out.write(block)
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())

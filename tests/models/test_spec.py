@@ -1,0 +1,105 @@
+"""Model specs: parsing, block counts, built shapes, one-line errors and seeded weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepjimu.errors import JimuError
+from deepjimu.models import build_model, count_blocks, parse_spec
+from deepjimu.models.spec import ModelSpec
+
+
+@pytest.mark.parametrize(
+    "spec, expect",
+    [
+        ("mlp:256x3", ModelSpec("mlp", widths=(256, 256, 256))),
+        ("mlp:100-50", ModelSpec("mlp", widths=(100, 50))),
+        ("mlp:7", ModelSpec("mlp", widths=(7,))),
+        (" MLP:8x2 ", ModelSpec("mlp", widths=(8, 8))),
+        ("lenet", ModelSpec("lenet")),
+        ("resnet", ModelSpec("resnet", blocks_per_stage=1)),
+        ("resnet:3", ModelSpec("resnet", blocks_per_stage=3)),
+    ],
+)
+def test_parse_spec(spec: str, expect: ModelSpec) -> None:
+    assert parse_spec(spec) == expect
+
+
+@pytest.mark.parametrize(
+    "spec, feature_shape, blocks",
+    [
+        ("mlp:256x3", (1, 8, 8), 4),
+        ("mlp:100-50", (196,), 3),
+        ("lenet", (1, 8, 8), 5),
+        ("lenet", (1, 28, 28), 5),
+        ("resnet", (3, 32, 32), 5),
+        ("resnet:2", (3, 32, 32), 8),
+    ],
+)
+def test_build_model_shapes_and_blocks(
+    spec: str, feature_shape: tuple[int, ...], blocks: int
+) -> None:
+    model = build_model(spec, feature_shape, num_classes=7)
+    assert count_blocks(spec) == blocks == len(model)
+    x = torch.rand(2, *feature_shape)
+    assert model.eval()(x).shape == (2, 7)
+    # blocks chain: feeding each block's output to the next gives the same result
+    h = x
+    for block in model:
+        h = block(h)
+    torch.testing.assert_close(h, model(x))
+
+
+def test_mlp_layer_widths() -> None:
+    model = build_model("mlp:100-50", (1, 14, 14), num_classes=10)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(196, 100), (100, 50), (50, 10)]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "mlp",
+        "mlp:",
+        "mlp:0x3",
+        "mlp:256x0",
+        "mlp:10-0",
+        "mlp:axb",
+        "cnn",
+        "",
+        "resnet:0",
+        "lenet:2",
+    ],
+)
+def test_bad_spec_is_one_line_error(spec: str) -> None:
+    with pytest.raises(JimuError) as err:
+        count_blocks(spec)
+    msg = str(err.value)
+    assert "\n" not in msg and repr(spec) in msg
+    with pytest.raises(JimuError):
+        build_model(spec, (1, 8, 8), 10)
+
+
+@pytest.mark.parametrize("spec", ["lenet", "resnet"])
+def test_conv_model_on_flat_features_is_an_error(spec: str) -> None:
+    with pytest.raises(JimuError, match=r"needs image inputs .* \(196,\)") as err:
+        build_model(spec, (196,), 10)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spec, shape", [("mlp:32x2", (1, 8, 8)), ("resnet", (3, 32, 32))])
+def test_same_seed_same_weights(spec: str, shape: tuple[int, ...]) -> None:
+    a, b = build_model(spec, shape, 10, seed=3), build_model(spec, shape, 10, seed=3)
+    c = build_model(spec, shape, 10, seed=4)
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa if sa[k].is_floating_point())
+
+
+def test_build_model_leaves_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    build_model("mlp:16x2", (4,), 2, seed=9)
+    assert torch.equal(torch.rand(3), before)
