@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import socket
@@ -38,7 +39,11 @@ def _entry(
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         result = fn(rank, world, *args)
-        out.put((rank, True, result))
+        # plain bytes: torch's queue would share tensors through this process's file
+        # descriptors, which are gone once it exits
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        out.put((rank, True, buf.getvalue()))
     except BaseException:
         out.put((rank, False, traceback.format_exc()))
         raise SystemExit(1) from None
@@ -76,7 +81,7 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
                     f"distributed test hung for {timeout} s (results from ranks {sorted(results)})"
                 ) from None
             if ok:
-                results[rank] = value
+                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
             else:
                 errors.append(f"rank {rank} failed:\n{value}")
                 break

@@ -12,6 +12,9 @@ __all__ = ["FitResult", "GradientStrategy", "Strategy", "get_strategy", "strateg
 _REGISTRY: dict[str, str] = {
     "local": "deepjimu.strategies.local:LocalStrategy",
     "ddp": "deepjimu.strategies.ddp:DDPStrategy",
+    "model-parallel": "deepjimu.strategies.model_parallel:ModelParallelStrategy",
+    "pipeline": "deepjimu.strategies.pipeline:PipelineStrategy",
+    "admm": "deepjimu.strategies.admm.strategy:AdmmStrategy",
 }
 
 

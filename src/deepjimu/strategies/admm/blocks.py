@@ -1,0 +1,223 @@
+"""LayerBlock: the pdADMM variables of the contiguous layers one worker owns, and their steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from deepjimu.strategies.admm import updates as U
+from deepjimu.strategies.admm.quantize import project
+
+__all__ = ["AdmmParams", "LayerBlock"]
+
+
+@dataclass
+class AdmmParams:
+    """Hyper-parameters of one pdADMM iteration.
+
+    ``bits`` (8 or 16) puts every p and q on a quantization grid (pdADMM-G-Q), so the
+    values that cross a worker boundary are exactly representable by their integer codes.
+    ``tau`` is a proximal weight keeping W near its previous value (used by mini-batch
+    mode, where one batch must not overwrite what the others taught W).
+    """
+
+    rho: float = 1.0
+    nu: float = 1.0
+    bits: int = 0
+    tau: float = 0.0
+    zlast_iters: int = 50
+
+
+class LayerBlock:
+    """Layers ``lo .. hi-1`` of an L-layer MLP: W, b, p, z, q, u in samples-first layout.
+
+    ``p[l]`` is the input of layer l (``p[0]`` is the data and never updated), ``q[l]`` the
+    output of layer l and ``u[l]`` the dual of the link ``p[l+1] = q[l]`` (l < L-1). At a
+    block boundary the block keeps copies: ``q_left``/``u_left`` of layer lo-1 (received /
+    kept in step locally) and ``p_right`` of layer hi (received). Methods are the phases of
+    one Jacobi iteration; they compute and never communicate.
+
+    Args:
+        lo, hi, L: owned layers and the total layer count.
+        W, b: the owned layers' weights [n_l, n_{l-1}] and biases [n_l].
+        params: rho, nu, quantization bits, ...
+    """
+
+    def __init__(
+        self, lo: int, hi: int, L: int, W: list[Tensor], b: list[Tensor], params: AdmmParams
+    ) -> None:
+        assert 0 <= lo < hi <= L and len(W) == len(b) == hi - lo
+        self.lo, self.hi, self.L = lo, hi, L
+        self.params = params
+        self.W, self.b = (
+            dict(zip(range(lo, hi), W, strict=True)),
+            dict(zip(range(lo, hi), b, strict=True)),
+        )
+        self.p: dict[int, Tensor] = {}
+        self.z: dict[int, Tensor] = {}
+        self.q: dict[int, Tensor] = {}
+        self.u: dict[int, Tensor] = {}
+        self.q_left: Tensor | None = None
+        self.u_left: Tensor | None = None
+        self.p_right: Tensor | None = None
+        self.zlast_hits = 0
+
+    @property
+    def layers(self) -> range:
+        return range(self.lo, self.hi)
+
+    def _grid(self, t: Tensor) -> Tensor:
+        return project(t, self.params.bits) if self.params.bits else t
+
+    # ---- initialisation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def init_forward(self, p_in: Tensor) -> Tensor:
+        """Set z, q, p by a forward pass from the block input; u = 0. Returns the block output.
+
+        ``p_in`` is the data (lo = 0) or the previous block's output (then also ``q_left``).
+        """
+        self.p[self.lo] = p_in if self.lo == 0 else self._grid(p_in)
+        if self.lo > 0:
+            self.q_left, self.u_left = self.p[self.lo], torch.zeros_like(p_in)
+        out = p_in
+        for l in self.layers:
+            a = self.p[l] @ self.W[l].T + self.b[l]
+            self.z[l] = a
+            if l == self.L - 1:
+                return a
+            self.q[l] = self._grid(torch.relu(a))
+            self.u[l] = torch.zeros_like(a)
+            out = self.q[l]
+            if l + 1 < self.hi:
+                self.p[l + 1] = out
+        return out
+
+    # ---- one iteration: p -> (W, b) -> z -> q -> u ------------------------------------------
+    def _q_prev(self, l: int) -> tuple[Tensor, Tensor]:
+        if l == self.lo:
+            assert self.q_left is not None and self.u_left is not None
+            return self.q_left, self.u_left
+        return self.q[l - 1], self.u[l - 1]
+
+    def _p_next(self, l: int) -> Tensor:
+        if l + 1 == self.hi:
+            assert self.p_right is not None, "p_right must be received before the q step"
+            return self.p_right
+        return self.p[l + 1]
+
+    @torch.no_grad()
+    def step_p(self) -> None:
+        """p-subproblem of every owned layer l >= 1 (exact solve, then the grid projection)."""
+        rho, nu = self.params.rho, self.params.nu
+        for l in self.layers:
+            if l == 0:
+                continue
+            q_prev, u_prev = self._q_prev(l)
+            self.p[l] = self._grid(
+                U.update_p(self.W[l], self.b[l], self.z[l], q_prev, u_prev, rho, nu)
+            )
+
+    @torch.no_grad()
+    def step_wbz(self, y: Tensor | None) -> None:
+        """(W, b) jointly exact, then z; ``a = p W^T + b`` is computed once per layer and reused."""
+        nu, tau = self.params.nu, self.params.tau
+        for l in self.layers:
+            self.W[l], self.b[l] = U.update_Wb(self.p[l], self.z[l], self.W[l], nu, tau=tau)
+            a = self.p[l] @ self.W[l].T + self.b[l]
+            if l == self.L - 1:
+                assert y is not None, "the last layer needs the labels"
+                sol = U.update_z_last(a, y, self.z[l], nu, max_iter=self.params.zlast_iters)
+                self.z[l] = sol.z
+                self.zlast_hits += int(not sol.converged)
+            else:
+                self.z[l] = U.update_z_hidden(a, self.q[l], self.z[l])
+
+    @torch.no_grad()
+    def step_qu(self) -> None:
+        """q (then its grid projection) and u of every owned layer l < L-1."""
+        rho, nu = self.params.rho, self.params.nu
+        for l in self.layers:
+            if l == self.L - 1:
+                continue
+            p_next = self._p_next(l)
+            self.q[l] = self._grid(U.update_q(p_next, self.u[l], self.z[l], rho, nu))
+            self.u[l] = U.update_u(self.u[l], p_next, self.q[l], rho)
+
+    @torch.no_grad()
+    def step_left_dual(self) -> None:
+        """Keep u_{lo-1} in step with the left neighbour, from p_lo and the received q_{lo-1}.
+
+        Both sides of the boundary hold p_lo and q_{lo-1} after the exchange and apply the same
+        update to the same values, so u never has to be sent.
+        """
+        assert self.q_left is not None and self.u_left is not None
+        self.u_left = U.update_u(self.u_left, self.p[self.lo], self.q_left, self.params.rho)
+
+    # ---- what crosses a boundary ------------------------------------------------------------
+    def first_p(self) -> Tensor:
+        """p_lo, sent to the left neighbour."""
+        return self.p[self.lo]
+
+    def last_q(self) -> Tensor:
+        """q_{hi-1}, sent to the right neighbour."""
+        return self.q[self.hi - 1]
+
+    # ---- diagnostics --------------------------------------------------------------------------
+    @torch.no_grad()
+    def objective_and_residual(self, y: Tensor | None) -> tuple[float, float]:
+        """This block's share of the augmented Lagrangian and of ||p_{l+1} - q_l||^2.
+
+        The link l -> l+1 is counted by the owner of layer l (it holds p_right for its last
+        layer), so the shares of all blocks sum to the whole objective.
+        """
+        rho, nu = self.params.rho, self.params.nu
+        obj, res = 0.0, 0.0
+        for l in self.layers:
+            a = self.p[l] @ self.W[l].T + self.b[l]
+            if l == self.L - 1:
+                assert y is not None
+                obj += float(U.last_layer_objective(a, self.z[l], y, nu))
+                continue
+            p_next = self._p_next(l)
+            obj += float(U.layer_lagrangian(a, self.z[l], self.q[l], self.u[l], p_next, rho, nu))
+            res += float(((p_next - self.q[l]) ** 2).sum())
+        return obj, res
+
+    @torch.no_grad()
+    def forward(self, x: Tensor) -> Tensor:
+        """The network function of the owned layers (ReLU between layers, none after the last)."""
+        for l in self.layers:
+            x = x @ self.W[l].T + self.b[l]
+            if l < self.L - 1:
+                x = torch.relu(x)
+        return x
+
+    def loss(self, logits: Tensor, y: Tensor) -> float:
+        """Mean cross-entropy, as the gradient strategies report it."""
+        return float(F.cross_entropy(logits, y))
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every variable and the step-size state, for a checkpoint (tensors moved to the CPU)."""
+
+        def cpu(d: dict[int, Tensor]) -> dict[int, Tensor]:
+            return {k: v.cpu() for k, v in d.items()}
+
+        opt = {k: getattr(self, k) for k in ("q_left", "u_left", "p_right")}
+        return {
+            "W": cpu(self.W), "b": cpu(self.b), "p": cpu(self.p), "z": cpu(self.z), "q": cpu(self.q),
+            "u": cpu(self.u), **{k: None if v is None else v.cpu() for k, v in opt.items()},
+            "rho": self.params.rho, "nu": self.params.nu,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        """Restore :meth:`state_dict` onto ``device``."""
+        for k in ("W", "b", "p", "z", "q", "u"):
+            setattr(self, k, {int(i): v.to(device) for i, v in state[k].items()})
+        for k in ("q_left", "u_left", "p_right"):
+            setattr(self, k, None if state[k] is None else state[k].to(device))
+        self.params.rho, self.params.nu = state["rho"], state["nu"]

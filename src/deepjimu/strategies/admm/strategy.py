@@ -1,0 +1,238 @@
+"""``admm``: gradient-free layer-parallel training (pdADMM), each worker solving its layer block."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from deepjimu.config import RunConfig
+from deepjimu.data import DataSplits
+from deepjimu.errors import JimuError
+from deepjimu.models import parse_spec
+from deepjimu.run import Run
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.driver import (
+    Exchange,
+    distributed_iteration,
+    init_blocks_forward,
+    serial_iteration,
+)
+from deepjimu.strategies.base import FitResult, Strategy, epoch_order, split_steps
+from deepjimu.strategies.partition import (
+    StagePlan,
+    block_shapes,
+    gather_model,
+    partition,
+    staged_count_correct,
+)
+
+__all__ = ["AdmmStrategy", "layer_costs", "linear_layers"]
+
+
+def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
+    """The one ``nn.Linear`` of each block of an MLP built by :func:`deepjimu.models.build_model`."""
+    out = []
+    for i, block in enumerate(model):
+        linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
+        if len(linears) != 1:
+            raise JimuError(f"admm needs one Linear per block (block {i} has {len(linears)})")
+        out.append(linears[0])
+    return out
+
+
+def layer_costs(widths: list[int], n_samples: int) -> list[float]:
+    """Estimated flops of one pdADMM iteration per layer, from its sizes n_{l-1} x n_l and N.
+
+    p-step: the n_{l-1} x n_{l-1} Cholesky and 2 N n_l n_{l-1}; (W, b): the Gram matrix
+    N n_{l-1}^2 and z^T p; a = p W^T: N n_l n_{l-1}. Layer 1 has no p-step.
+    """
+    costs = []
+    for l in range(len(widths) - 1):
+        n_in, n_out = widths[l], widths[l + 1]
+        c = n_samples * (2 * n_in * n_out + n_in * n_in) + n_in**3 / 3
+        if l > 0:
+            c += 2 * n_samples * n_in * n_out + n_in**3 / 3
+        costs.append(float(c))
+    return costs
+
+
+class AdmmStrategy(Strategy):
+    """pdADMM (Wang et al., ICDM 2020): the p = q links between layers are dualised, so every
+    layer's subproblems are solved in parallel from the previous iterate of its neighbours.
+
+    Worker r owns a contiguous block of layers chosen to balance the estimated cost, and
+    exchanges only p (to the left) and q (to the right) with its neighbours each iteration;
+    the duals u are kept in step on both sides. With ``--quantize 8|16`` every p and q lies on
+    a grid (pdADMM-G-Q) and crosses the wire as integer codes. ``--admm-batch B`` trains on
+    mini-batches (see :meth:`_fit_minibatch`); the default is the paper's full batch, where
+    one epoch is one iteration over all N samples.
+    """
+
+    name = "admm"
+    default_workers = 2
+    default_epochs = 30
+    splits_model = True
+
+    @classmethod
+    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+        if parse_spec(cfg.model).kind != "mlp":
+            return [f"admm trains MLPs (mlp:WIDTHxDEPTH); model {cfg.model!r} is not one"]
+        return []
+
+    def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
+        cfg = self.cfg
+        assert cfg.epochs is not None
+        linears = linear_layers(model)
+        L = len(linears)
+        widths = [linears[0].in_features] + [m.out_features for m in linears]
+        batch = cfg.admm_batch or len(data.train_y)
+        costs = layer_costs(widths, batch)
+        sizes = partition(costs, run.world)
+        self.plan = StagePlan(tuple(sizes), run.world, how="estimated cost")
+        lo, hi = self.plan.bounds(run.rank)
+        if run.is_main and not cfg.quiet:
+            share = [sum(costs[slice(*self.plan.bounds(r))]) / sum(costs) for r in range(run.world)]
+            mode = f"mini-batch {cfg.admm_batch}" if cfg.admm_batch else "full batch"
+            print(f"{self.plan.summary('admm')}, cost share {[round(s, 2) for s in share]}, {mode}")
+        self.model, self.run, self.linears = model, run, linears
+        self.shapes = block_shapes(model, data.train_x[:1])
+        params = AdmmParams(rho=cfg.rho, nu=cfg.nu, bits=cfg.quantize, tau=1.0)
+        W = [linears[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
+        b = [linears[l].bias.detach().to(run.device).clone() for l in range(lo, hi)]
+        self.block = LayerBlock(lo, hi, L, W, b, params)
+        self.exchange = Exchange(run.comm, cfg.quantize, run.device)
+        x = data.train_x.flatten(1)
+        y = data.train_y if hi == L else None
+        start = 0
+        if run.resumed is not None:
+            self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
+            start = run.resumed.epoch
+        elif not cfg.admm_batch:
+            with run.compute():
+                init_blocks_forward(
+                    self.block, x if lo == 0 else None, len(x), self.exchange, run.rank, run.world
+                )
+        run.progress(cfg.epochs, self.name)
+        run.progress_at(start)
+        self.history: list[float] = []
+        steps = 0
+        for epoch in range(start, cfg.epochs):
+            t0 = time.perf_counter()
+            with run.compute():
+                if cfg.admm_batch:
+                    steps += self._minibatch_epoch(x, data.train_y, epoch)
+                else:
+                    self._iterate(y)
+                    steps += 1
+            train_s = time.perf_counter() - t0
+            done = epoch + 1
+            if done % cfg.eval_every == 0 or done == cfg.epochs:
+                self._log(done, data, train_s * cfg.eval_every)
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
+                self._checkpoint(done)
+        run.close()
+        self._checkpoint(cfg.epochs)
+        return FitResult(
+            epochs=cfg.epochs,
+            steps=steps,
+            extra={"admm_blocks": sizes, "zlast_cap_hits": self.block.zlast_hits},
+        )
+
+    # ---- iterations -----------------------------------------------------------------------------
+    def _iterate(self, y: Tensor | None) -> None:
+        if self.run.world == 1:
+            assert y is not None
+            serial_iteration(self.block, y)
+        else:
+            distributed_iteration(self.block, y, self.exchange, self.run.rank, self.run.world)
+
+    def _minibatch_epoch(self, x: Tensor, y: Tensor, epoch: int) -> int:
+        """One pass over mini-batches; the auxiliary variables live only for their batch.
+
+        For each batch: a forward pass sets p, z, q (u = 0) from the current weights, then
+        ``inner`` pdADMM iterations (one per layer, so the labels' pull reaches layer 1) update
+        all variables; W keeps what earlier batches taught it through the proximal weight tau.
+        Memory holds one batch of auxiliary variables, whatever N is.
+        """
+        cfg, run, block = self.cfg, self.run, self.block
+        order = epoch_order(len(y), cfg.seed, epoch)
+        batches = split_steps(order, max(1, math.ceil(len(y) / cfg.admm_batch)))
+        inner = block.L
+        for idx in batches:
+            idx = idx.to(x.device)
+            xb = x[idx] if block.lo == 0 else None
+            yb = y[idx] if block.hi == block.L else None
+            init_blocks_forward(block, xb, len(idx), self.exchange, run.rank, run.world)
+            for _ in range(inner):
+                self._iterate(yb)
+        return len(batches)
+
+    # ---- logging, divergence, rho schedule ----------------------------------------------------------
+    def _write_back(self) -> None:
+        with torch.no_grad():
+            for l in self.block.layers:
+                self.linears[l].weight.copy_(self.block.W[l])
+                self.linears[l].bias.copy_(self.block.b[l])
+
+    def _log(self, done: int, data: DataSplits, train_s: float) -> None:
+        cfg, run = self.cfg, self.run
+        self._write_back()
+        metrics: dict[str, Any] = {}
+        for split in ("train", "val", "test"):
+            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+            if len(y):
+                scored = staged_count_correct(self.model, self.plan, run, self.shapes, x, y)
+                if scored is not None:
+                    correct, loss_sum, n = scored
+                    metrics[f"{split}_acc"] = correct / n
+                    if split == "train":
+                        metrics["loss"] = loss_sum / n
+        objective, residual = 0.0, 0.0
+        if not cfg.admm_batch:
+            shares = run.gather_objects(self.block.objective_and_residual(self.block_labels(data)))
+            objective, residual = sum(s[0] for s in shares), math.sqrt(sum(s[1] for s in shares))
+            metrics |= {"admm_objective": objective, "admm_residual": residual}
+        metrics |= {"rho": self.block.params.rho, "nu": self.block.params.nu}
+        samples = len(data.train_y) * cfg.eval_every
+        event = run.log(done, done, samples=samples, train_s=train_s, **metrics)
+        bad = [
+            k
+            for k in ("loss", "admm_objective")
+            if event.get(k) is not None and not _finite(event[k])
+        ]
+        if not cfg.admm_batch and objective > 1e30:
+            bad.append("admm_objective")
+        if bad:
+            raise JimuError(
+                f"admm diverged at iteration {done}: {bad[0]} is {event[bad[0]]} "
+                f"(rho: {self.block.params.rho}, nu: {self.block.params.nu}); "
+                f"last good checkpoint: {run.last_checkpoint_text()}"
+            )
+        if cfg.rho_growth > 1 and not cfg.admm_batch:
+            self._schedule(residual)
+
+    def block_labels(self, data: DataSplits) -> Tensor | None:
+        return data.train_y if self.block.hi == self.block.L else None
+
+    def _schedule(self, residual: float) -> None:
+        """Grow rho when the primal residual has not fallen by 1% over the last 10 logs."""
+        self.history.append(residual)
+        if len(self.history) > 10 and residual > 0.99 * min(self.history[-11:-1]):
+            self.block.params.rho *= self.cfg.rho_growth
+            self.history.clear()
+
+    def _checkpoint(self, done: int) -> None:
+        self._write_back()
+        full = gather_model(self.model, self.plan, self.run)
+        self.run.save_checkpoint(done, done, full, {"block": self.block.state_dict()})
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False

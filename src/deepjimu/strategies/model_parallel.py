@@ -1,0 +1,191 @@
+"""``model-parallel``: the model's blocks split over workers, run one stage after the other (the naive baseline).
+
+Stage i receives its input activations from rank i - 1, runs its blocks and sends the output
+to rank i + 1; the last rank computes the loss; gradients travel back the same way. With no
+micro-batching only one rank computes at any time, so each rank idles for a fraction
+(n - 1) / n of a step: that is the bubble the ``pipeline`` strategy shrinks.
+
+:class:`ModelParallelStrategy` also holds what every split-model strategy shares (the stage
+plan, per-rank optimizer, staged evaluation, gathering the model, idle-time bookkeeping);
+``pipeline`` extends it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from deepjimu.config import RunConfig
+from deepjimu.data import DataSplits
+from deepjimu.errors import JimuError
+from deepjimu.run import Run
+from deepjimu.strategies.base import GradientStrategy, make_optimizer
+from deepjimu.strategies.partition import (
+    StagePlan,
+    balance_by_size,
+    balance_by_time,
+    block_shapes,
+    gather_model,
+    parse_balance,
+    staged_count_correct,
+)
+
+__all__ = ["ModelParallelStrategy", "bubble_fraction"]
+
+
+def bubble_fraction(n: int, m: int, v: int = 1) -> float:
+    """Theoretical idle fraction of a fill-drain pipeline: (n - 1) / (v m + n - 1).
+
+    Args:
+        n: pipeline ranks.
+        m: micro-batches per step (1: no micro-batching).
+        v: stages per rank (interleaved schedules).
+
+    Example:
+        >>> round(bubble_fraction(4, 4), 3)
+        0.429
+    """
+    return (n - 1) / (v * m + n - 1)
+
+
+class ModelParallelStrategy(GradientStrategy):
+    """Blocks split over the workers as contiguous stages (``--balance``), one batch at a time.
+
+    Every rank holds the whole dataset and takes the same batches as ``local``; the first rank
+    feeds the inputs, the last one knows the labels. Each rank's optimizer covers only its
+    own blocks. Evaluation runs the same stages forward (uncounted bookkeeping messages).
+    """
+
+    name = "model-parallel"
+    default_workers = 2
+    splits_model = True
+
+    @classmethod
+    def chunks(cls, cfg: RunConfig) -> int:
+        """Stages per rank (1 here; interleaved pipelines hold several)."""
+        return 1
+
+    @classmethod
+    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+        stages = (cfg.workers or cls.default_workers) * cls.chunks(cfg)
+        if cfg.balance in ("time", "size") or n_blocks < stages:
+            return []
+        try:
+            parse_balance(cfg.balance, n_blocks, stages)
+        except JimuError as e:
+            return [str(e)]
+        return []
+
+    # ---- setup ------------------------------------------------------------------------------
+    def profile_rows(self, data: DataSplits) -> int:
+        """Rows of the sample that ``--balance time`` profiles: what one stage runs at once."""
+        return min(self.cfg.batch_size, data.train_size)
+
+    def plan_stages(self, model: nn.Sequential, data: DataSplits, run: Run) -> StagePlan:
+        """The stage plan of ``--balance``; with ``time`` rank 0 measures and broadcasts it."""
+        n = run.world * self.chunks(self.cfg)
+        how = self.cfg.balance
+        if how == "time":
+            sizes = None
+            if run.is_main:
+                sample = data.train_x[: self.profile_rows(data)].to(run.device)
+                sizes = balance_by_time(model, sample, n)
+            sizes = run.broadcast_object(sizes)
+        elif how == "size":
+            sizes = balance_by_size(model, n)
+        else:
+            sizes, how = parse_balance(how, len(model), n), "list"
+        return StagePlan(tuple(sizes), run.world, how)
+
+    def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
+        self.run, self.model = run, model
+        self.shapes = block_shapes(model, data.train_x[:1].cpu())
+        self.plan = self.plan_stages(model, data, run)
+        if run.is_main and not self.cfg.quiet:
+            print(self.plan.summary(self.name), flush=True)
+        for b in self.plan.blocks_of(run.rank):
+            model[b].to(run.device)
+        self.stages = {s: model[slice(*self.plan.bounds(s))] for s in self.plan.stages_of(run.rank)}
+        params = [p for stage in self.stages.values() for p in stage.parameters()]
+        self.optimizer = make_optimizer(params, self.cfg) if params else None  # type: ignore[assignment]
+        self._busy_s, self._wait_s = 0.0, 0.0
+
+    # ---- one step ---------------------------------------------------------------------------
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor | None:
+        wait0, t0 = self.run.stats.wait_s, time.perf_counter()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_backward(x, y)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        self._busy_s += time.perf_counter() - t0
+        self._wait_s += self.run.stats.wait_s - wait0
+        return loss
+
+    def forward_backward(self, x: Tensor, y: Tensor) -> Tensor | None:
+        """Forward through the stages, loss on the last rank, gradients back; returns the loss there."""
+        run, comm, s = self.run, self.run.comm, self.run.rank
+        last = self.plan.n_stages - 1
+        lo, _ = self.plan.bounds(s)
+        if s == 0:
+            a = x
+        else:
+            shape, dtype = self.shapes[lo]
+            buf = torch.empty((len(y), *shape), dtype=dtype, device=run.device)
+            a = comm.recv(buf, s - 1).requires_grad_()
+        out = self.stages[s](a)
+        loss = None
+        if s == last:
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+        else:
+            comm.send(out.detach(), s + 1)
+            out.backward(comm.recv(torch.empty_like(out), s + 1))
+        if s > 0:
+            assert a.grad is not None
+            comm.send(a.grad, s - 1)
+        return loss
+
+    # ---- what the engine asks for -------------------------------------------------------------
+    def bubble_theory(self) -> float:
+        """The idle fraction the schedule predicts for equal stage times."""
+        return bubble_fraction(self.run.world, 1)
+
+    def evaluate(self, data: DataSplits, run: Run) -> dict[str, Any]:
+        """Collective: accuracies by a staged forward, plus the measured and theoretical idle fraction.
+
+        ``idle_frac`` is the time a rank waited on messages over its time in training steps
+        since the last event, averaged over ranks (``idle_frac_per_rank`` lists them);
+        ``bubble_theory`` is the schedule's prediction for equal stages.
+        """
+        out: dict[str, Any] = {}
+        for split in ("train", "val", "test"):
+            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+            if len(y):
+                scored = staged_count_correct(self.model, self.plan, run, self.shapes, x, y)
+                if scored is not None:
+                    out[f"{split}_acc"] = scored[0] / scored[2]
+        idle = self._wait_s / self._busy_s if self._busy_s else None
+        self._busy_s, self._wait_s = 0.0, 0.0
+        per_rank = run.gather_objects(idle)
+        if run.is_main and None not in per_rank:
+            out["idle_frac"] = round(sum(per_rank) / len(per_rank), 6)
+            out["idle_frac_per_rank"] = [round(v, 6) for v in per_rank]
+            out["bubble_theory"] = round(self.bubble_theory(), 6)
+            out["stage_blocks"] = list(self.plan.sizes)
+        return out
+
+    def rank_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_model(self, run: Run) -> nn.Module | None:
+        """Collective: rank 0's model with every rank's trained blocks loaded."""
+        return gather_model(self.model, self.plan, run)

@@ -1,0 +1,326 @@
+"""Work assignment for strategies that split the model: which rank owns which blocks, and moving them.
+
+The planning half is pure (:func:`partition`, :func:`parse_balance`, :class:`StagePlan`); the
+profiling half measures blocks (:func:`balance_by_time`, :func:`balance_by_size`); the
+transport half moves a split model's tensors between ranks (:func:`gather_model`,
+:func:`staged_count_correct`).
+
+Messages of :func:`gather_model` and :func:`staged_count_correct` are bookkeeping (checkpoints,
+evaluation), like :meth:`deepjimu.run.Run.gather_objects`: they go through a private
+:class:`~deepjimu.comm.Comm` whose counters are discarded, so ``bytes_sent`` / ``wait_s`` of a
+run measure training traffic only, comparable with ``local`` and ``ddp`` (whose evaluation
+sends nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from deepjimu.comm import Comm, CommStats
+from deepjimu.errors import JimuError
+from deepjimu.run import Run
+
+__all__ = [
+    "StagePlan",
+    "balance_by_size",
+    "balance_by_time",
+    "block_shapes",
+    "gather_model",
+    "parse_balance",
+    "partition",
+    "staged_count_correct",
+]
+
+Shape = tuple[tuple[int, ...], torch.dtype]
+
+
+def partition(costs: Sequence[float], k: int) -> list[int]:
+    """Cut ``costs`` into ``k`` non-empty contiguous parts so that the largest part sum is smallest.
+
+    Exact dynamic programme over (items, parts), O(k n^2). Among optimal cuts the one with the
+    latest cut points wins (earlier parts take more), so the result is deterministic.
+
+    Args:
+        costs: non-negative cost of each block, in model order.
+        k: number of parts (stages).
+
+    Returns:
+        the part sizes (``len == k``, ``sum == len(costs)``, each >= 1).
+
+    Raises:
+        JimuError: ``k`` < 1, more parts than costs, or a negative cost.
+
+    Example:
+        >>> partition([1, 1, 1, 3], 2)
+        [3, 1]
+    """
+    n = len(costs)
+    if k < 1 or k > n:
+        raise JimuError(f"cannot cut {n} blocks into {k} non-empty stages")
+    if any(c < 0 for c in costs):
+        raise JimuError(f"block costs must be >= 0 (costs: {list(costs)})")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + float(c))
+    inf = float("inf")
+    # best[j][i]: smallest largest-part of the first i items in j parts; cut[j][i]: start of part j
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for s in range(j - 1, i):
+                value = max(best[j - 1][s], prefix[i] - prefix[s])
+                if value <= best[j][i]:
+                    best[j][i], cut[j][i] = value, s
+    sizes, i = [], n
+    for j in range(k, 0, -1):
+        s = cut[j][i]
+        sizes.append(i - s)
+        i = s
+    return sizes[::-1]
+
+
+def parse_balance(text: str, n_blocks: int, k: int) -> list[int]:
+    """Parse ``--balance N,N,...``: the number of blocks of each of ``k`` stages.
+
+    Args:
+        text: comma-separated block counts, e.g. ``"2,2"``.
+        n_blocks: blocks in the model.
+        k: number of stages.
+
+    Returns:
+        the block counts.
+
+    Raises:
+        JimuError: one line naming the problem and the values, e.g.
+            ``balance must sum to the number of blocks (blocks: 4, sum of balance: 3)``.
+
+    Example:
+        >>> parse_balance("3,1", 4, 2)
+        [3, 1]
+    """
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise JimuError(
+            f"balance must be time, size or block counts per stage like 2,2 (balance: {text!r})"
+        ) from None
+    if len(sizes) != k:
+        raise JimuError(
+            f"balance must give one block count per stage (stages: {k}, entries: {len(sizes)})"
+        )
+    if min(sizes) < 1:
+        raise JimuError(f"balance entries must be >= 1 (balance: {text})")
+    if sum(sizes) != n_blocks:
+        raise JimuError(
+            f"balance must sum to the number of blocks (blocks: {n_blocks}, sum of balance: {sum(sizes)})"
+        )
+    return sizes
+
+
+@torch.no_grad()
+def block_shapes(model: nn.Sequential, sample: Tensor) -> list[Shape]:
+    """Per-sample shape and dtype of the input of every block, then of the output.
+
+    Runs ``sample`` (a batch of one row is enough) through ``model`` in eval mode, so no
+    batch-norm statistics change and no random numbers are drawn.
+
+    Returns:
+        ``len(model) + 1`` pairs ``(shape without the batch dimension, dtype)``.
+    """
+    was_training = model.training
+    model.eval()
+    x, shapes = sample, [(tuple(sample.shape[1:]), sample.dtype)]
+    for block in model:
+        x = block(x)
+        shapes.append((tuple(x.shape[1:]), x.dtype))
+    model.train(was_training)
+    return shapes
+
+
+def balance_by_time(model: nn.Sequential, sample: Tensor, k: int, repeats: int = 3) -> list[int]:
+    """Stage sizes from the measured forward + backward time of each block on ``sample``.
+
+    Profiles a copy of ``model`` (its weights, statistics and ``.grad`` stay untouched) under a
+    forked RNG, so profiling does not change what training does afterwards. Each block's time is
+    the median of ``repeats`` runs after one warm-up.
+
+    Returns:
+        ``k`` block counts (see :func:`partition`).
+    """
+    probe = copy.deepcopy(model).to(sample.device)
+    devices = [sample.device] if sample.device.type == "cuda" else []
+    times: list[list[float]] = [[] for _ in probe]
+    with torch.random.fork_rng(devices=devices):
+        for r in range(repeats + 1):
+            x = sample
+            for i, block in enumerate(probe):
+                x = x.detach().requires_grad_(x.is_floating_point())
+                t0 = time.perf_counter()
+                y = block(x)
+                y.backward(torch.ones_like(y))
+                if sample.device.type == "cuda":
+                    torch.cuda.synchronize(sample.device)
+                if r > 0:
+                    times[i].append(time.perf_counter() - t0)
+                x = y
+    costs = [sorted(t)[len(t) // 2] for t in times]
+    return partition(costs, k)
+
+
+def balance_by_size(model: nn.Sequential, k: int) -> list[int]:
+    """Stage sizes from the parameter memory of each block (bytes of weights and buffers).
+
+    Returns:
+        ``k`` block counts (see :func:`partition`).
+    """
+    costs = [
+        sum(t.numel() * t.element_size() for t in block.state_dict().values()) for block in model
+    ]
+    return partition(costs, k)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Which blocks each stage holds and which rank runs each stage.
+
+    Stage ``s`` holds blocks ``bounds(s)`` and runs on rank ``s % world`` (with more stages than
+    ranks, as in interleaved schedules, rank r holds stages r, r + world, ...).
+
+    Example:
+        >>> plan = StagePlan((2, 2), world=2, how="time")
+        >>> plan.blocks_of(1), plan.summary("pipeline")
+        ([2, 3], 'pipeline: 2 stages, blocks [2, 2], balance by time')
+    """
+
+    sizes: tuple[int, ...]
+    world: int
+    how: str
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.sizes)
+
+    def bounds(self, stage: int) -> tuple[int, int]:
+        """Blocks ``[lo, hi)`` of ``stage``."""
+        lo = sum(self.sizes[:stage])
+        return lo, lo + self.sizes[stage]
+
+    def rank_of(self, stage: int) -> int:
+        """The rank that runs ``stage``."""
+        return stage % self.world
+
+    def stages_of(self, rank: int) -> list[int]:
+        """The stages ``rank`` runs, in order."""
+        return list(range(rank, self.n_stages, self.world))
+
+    def blocks_of(self, rank: int) -> list[int]:
+        """The block indices ``rank`` owns, in order."""
+        return [b for s in self.stages_of(rank) for b in range(*self.bounds(s))]
+
+    def summary(self, name: str) -> str:
+        """One line, e.g. ``pipeline: 2 stages, blocks [2, 2], balance by time``."""
+        per_rank = f" on {self.world} ranks" if self.n_stages != self.world else ""
+        return (
+            f"{name}: {self.n_stages} stages{per_rank}, blocks {list(self.sizes)}, "
+            f"balance by {self.how}"
+        )
+
+
+def _bookkeeping_comm() -> Comm:
+    """A Comm whose counters are dropped: checkpoint and evaluation traffic is not training."""
+    return Comm(CommStats())
+
+
+def gather_model(model: nn.Sequential, plan: StagePlan, run: Run) -> nn.Sequential | None:
+    """Collective: load every rank's owned blocks into rank 0's ``model``.
+
+    Each rank sends the state (parameters and buffers) of the blocks it owns; rank 0 copies
+    them into its own, stale copies of those blocks, in place, so ``model`` on rank 0 is the
+    whole trained network afterwards. The messages are not counted as training traffic.
+
+    Args:
+        model: the full ``nn.Sequential`` every rank was given (ranks train their blocks in it).
+        plan: who owns which block.
+        run: this rank's run (rank, world, device).
+
+    Returns:
+        ``model`` on rank 0, None elsewhere.
+    """
+    if run.world == 1:
+        return model
+    comm = _bookkeeping_comm()
+    for stage in range(plan.n_stages):
+        owner = plan.rank_of(stage)
+        if owner == 0 or run.rank not in (0, owner):
+            continue
+        for b in range(*plan.bounds(stage)):
+            for t in model[b].state_dict().values():
+                if run.rank == owner:
+                    comm.send(t.detach().contiguous(), 0)
+                else:
+                    buf = torch.empty(t.shape, dtype=t.dtype, device=run.device)
+                    t.copy_(comm.recv(buf, owner))
+    return model if run.is_main else None
+
+
+@torch.no_grad()
+def staged_count_correct(
+    model: nn.Sequential,
+    plan: StagePlan,
+    run: Run,
+    shapes: Sequence[Shape],
+    x: Tensor,
+    y: Tensor,
+    batch: int = 4096,
+) -> tuple[int, float, int] | None:
+    """Collective: correct predictions, summed cross-entropy and count of the split model.
+
+    Stage s runs its blocks on each chunk of ``x`` and sends the activations to stage s + 1
+    (not counted as training traffic); the rank of the last stage scores them against ``y``.
+    Every rank passes the same ``x`` and ``y``.
+
+    Args:
+        model: the full ``nn.Sequential``; only this rank's blocks are run.
+        plan: who owns which block.
+        run: this rank's run.
+        shapes: :func:`block_shapes` of ``model`` (to size the receive buffers).
+        x, y: the samples and labels to score.
+        batch: rows per chunk.
+
+    Returns:
+        ``(correct, loss_sum, count)`` on the last stage's rank, None elsewhere.
+    """
+    comm = _bookkeeping_comm()
+    mine = plan.stages_of(run.rank)
+    last = plan.n_stages - 1
+    was_training = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+        a = xb
+        for s in mine:
+            lo, hi = plan.bounds(s)
+            if s > 0 and plan.rank_of(s - 1) != run.rank:
+                shape, dtype = shapes[lo]
+                a = comm.recv(
+                    torch.empty((len(xb), *shape), dtype=dtype, device=run.device),
+                    plan.rank_of(s - 1),
+                )
+            for block in model[lo:hi]:
+                a = block(a)
+            if s == last:
+                correct += int((a.argmax(1) == yb).sum())
+                loss += float(F.cross_entropy(a, yb, reduction="sum"))
+            elif plan.rank_of(s + 1) != run.rank:
+                comm.send(a.contiguous(), plan.rank_of(s + 1))
+    model.train(was_training)
+    return (correct, loss, len(y)) if plan.rank_of(last) == run.rank else None

@@ -1,0 +1,411 @@
+"""Each pdADMM update against an independent numerical minimisation of its objective."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deepjimu.strategies.admm.updates import (
+    LayerVars,
+    WStep,
+    augmented_lagrangian,
+    last_layer_objective,
+    layer_lagrangian,
+    primal_residual,
+    update_b,
+    update_p,
+    update_q,
+    update_u,
+    update_W,
+    update_Wb,
+    update_z_hidden,
+    update_z_last,
+)
+
+N = 7
+DT = torch.float64
+
+
+def _randn(*shape: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(*shape, dtype=DT, generator=generator)
+
+
+def _argmin(f: Callable[..., torch.Tensor], *x0: torch.Tensor) -> list[torch.Tensor]:
+    """Minimise f with L-BFGS to high precision (independent of the closed forms)."""
+    xs = [x.detach().clone().requires_grad_(True) for x in x0]
+    opt = torch.optim.LBFGS(
+        xs,
+        lr=1,
+        max_iter=5000,
+        tolerance_grad=1e-13,
+        tolerance_change=1e-18,
+        history_size=50,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = f(*xs)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return [x.detach() for x in xs]
+
+
+def _grad(f: Callable[..., torch.Tensor], *x: torch.Tensor) -> list[torch.Tensor]:
+    xs = [t.detach().clone().requires_grad_(True) for t in x]
+    return list(torch.autograd.grad(f(*xs), xs))
+
+
+def _fit(p: torch.Tensor, W: torch.Tensor, b: torch.Tensor, z: torch.Tensor, nu: float):
+    return (nu / 2) * ((z - p @ W.T - b) ** 2).sum()
+
+
+def test_update_p_is_the_minimiser() -> None:
+    g = torch.Generator().manual_seed(0)
+    n_in, n_out, rho, nu = 4, 3, 0.7, 1.3
+    W, b, z = (
+        _randn(n_out, n_in, generator=g),
+        _randn(n_out, generator=g),
+        _randn(N, n_out, generator=g),
+    )
+    q_prev, u_prev = _randn(N, n_in, generator=g), _randn(N, n_in, generator=g)
+
+    def phi(p: torch.Tensor) -> torch.Tensor:
+        r = p - q_prev
+        return _fit(p, W, b, z, nu) + (u_prev * r).sum() + (rho / 2) * (r**2).sum()
+
+    p = update_p(W, b, z, q_prev, u_prev, rho, nu)
+    (expected,) = _argmin(phi, torch.zeros(N, n_in, dtype=DT))
+    torch.testing.assert_close(p, expected, rtol=1e-8, atol=1e-8)
+    assert _grad(phi, p)[0].abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.2, 0.4)])
+def test_update_W_exact_is_the_minimiser(mu: float, tau: float) -> None:
+    g = torch.Generator().manual_seed(1)
+    n_in, n_out, nu = 5, 3, 0.8
+    p, b, z = (
+        _randn(N, n_in, generator=g),
+        _randn(n_out, generator=g),
+        _randn(N, n_out, generator=g),
+    )
+    W_old = _randn(n_out, n_in, generator=g)
+
+    def objective(W: torch.Tensor) -> torch.Tensor:
+        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
+
+    W = update_W(p, b, z, W_old, nu, mu=mu, tau=tau)
+    (expected,) = _argmin(objective, W_old)
+    torch.testing.assert_close(W, expected, rtol=1e-8, atol=1e-8)
+    assert _grad(objective, W)[0].abs().max() < 1e-10
+    torch.testing.assert_close(update_W(p, b, z, W_old, nu, mu=mu, tau=tau, ptp=p.T @ p), W)
+
+
+def test_update_W_exact_with_singular_gram_is_the_minimum_norm_minimiser() -> None:
+    g = torch.Generator().manual_seed(2)
+    n_in, n_out, nu = 4, 3, 1.0
+    p = _randn(N, n_in, generator=g)
+    p[:, 2] = 0  # a dead input feature makes p^T p singular
+    b, z, W_old = (
+        _randn(n_out, generator=g),
+        _randn(N, n_out, generator=g),
+        _randn(n_out, n_in, generator=g),
+    )
+    W = update_W(p, b, z, W_old, nu)
+    assert torch.isfinite(W).all()
+    assert _grad(lambda w: _fit(p, w, b, z, nu), W)[0].abs().max() < 1e-10
+    assert W[:, 2].abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_update_W_linearized_never_increases_the_objective(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    n_in, n_out, nu = 5, 4, 2.0
+    mu, tau = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.3), (0.1, 0.1), (1.0, 2.0)][seed]
+    p, b, z = (
+        _randn(N, n_in, generator=g),
+        _randn(n_out, generator=g),
+        _randn(N, n_out, generator=g),
+    )
+    W_old = _randn(n_out, n_in, generator=g)
+
+    def objective(W: torch.Tensor) -> torch.Tensor:
+        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
+
+    W = update_W(p, b, z, W_old, nu, mu=mu, tau=tau, method=WStep.LINEARIZED)
+    assert objective(W) < objective(W_old)
+    W_exact = update_W(p, b, z, W_old, nu, mu=mu, tau=tau)
+    assert objective(W_exact) <= objective(W) + 1e-12
+    reused = update_W(
+        p, b, z, W_old, nu, mu=mu, tau=tau, method="linearized", ptp=p.T @ p, a=p @ W_old.T + b
+    )
+    torch.testing.assert_close(reused, W)
+
+
+def test_update_W_linearized_step_is_not_too_short() -> None:
+    # On a 1-sample problem the fit is a rank-one quadratic: theta = its exact curvature, so
+    # one linearised step lands on the minimiser. A looser theta would not.
+    g = torch.Generator().manual_seed(3)
+    p, b, z = _randn(1, 3, generator=g), _randn(2, generator=g), _randn(1, 2, generator=g)
+    W_old = _randn(2, 3, generator=g)
+    W = update_W(p, b, z, W_old, 1.5, method=WStep.LINEARIZED)
+    torch.testing.assert_close(p @ W.T + b, z)
+
+
+def test_update_b_is_the_minimiser() -> None:
+    g = torch.Generator().manual_seed(4)
+    p, W, z = _randn(N, 4, generator=g), _randn(3, 4, generator=g), _randn(N, 3, generator=g)
+    b = update_b(z, p @ W.T)
+    (expected,) = _argmin(lambda b_: _fit(p, W, b_, z, 0.9), torch.zeros(3, dtype=DT))
+    torch.testing.assert_close(b, expected, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5)])
+def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float) -> None:
+    g = torch.Generator().manual_seed(5)
+    n_in, n_out, nu = 4, 3, 1.1
+    p = _randn(N, n_in, generator=g) + 2.0  # non-centred input: W and b are coupled
+    z, W_old, b_old = (
+        _randn(N, n_out, generator=g),
+        _randn(n_out, n_in, generator=g),
+        _randn(n_out, generator=g),
+    )
+
+    def objective(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
+
+    W, b = update_Wb(p, z, W_old, nu, mu=mu, tau=tau)
+    W_expected, b_expected = _argmin(objective, W_old, b_old)
+    torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
+    W_seq = update_W(p, b_old, z, W_old, nu, mu=mu, tau=tau)
+    b_seq = update_b(z, p @ W_seq.T)
+    assert objective(W, b) <= objective(W_seq, b_seq) + 1e-12
+    W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ptp=p.T @ p)
+    torch.testing.assert_close((W2, b2), (W, b))
+
+
+def _z_hidden_objective(z, a, q, z_old):
+    return (z - a) ** 2 + (q - torch.relu(z)) ** 2 + (z - z_old) ** 2
+
+
+def test_update_z_hidden_matches_elementwise_grid_search() -> None:
+    g = torch.Generator().manual_seed(6)
+    a, q, z_old = (2 * _randn(N, 5, generator=g) for _ in range(3))
+    z = update_z_hidden(a, q, z_old)
+    assert (z > 0).any() and (z < 0).any()  # both branches are exercised
+
+    grid = torch.linspace(-12, 12, 240_001, dtype=DT)  # spacing 1e-4
+    f_grid = _z_hidden_objective(
+        grid[:, None], a.reshape(1, -1), q.reshape(1, -1), z_old.reshape(1, -1)
+    )
+    best = f_grid.min(dim=0)
+    f_closed = _z_hidden_objective(z, a, q, z_old).reshape(-1)
+    assert (f_closed <= best.values + 1e-12).all()
+    assert (f_closed >= best.values - 1e-7).all()  # no better point exists off the grid
+    torch.testing.assert_close(z.reshape(-1), grid[best.indices], rtol=0, atol=1e-4)
+
+
+def test_update_z_hidden_beats_local_minimisation_from_many_starts() -> None:
+    g = torch.Generator().manual_seed(7)
+    a, q, z_old = (2 * _randn(N, 4, generator=g) for _ in range(3))
+    z = update_z_hidden(a, q, z_old)
+    f_closed = _z_hidden_objective(z, a, q, z_old).sum()
+    for start in (-5.0, -0.5, 0.5, 5.0):
+        (local,) = _argmin(
+            lambda t: _z_hidden_objective(t, a, q, z_old).sum(), torch.full_like(a, start)
+        )
+        assert f_closed <= _z_hidden_objective(local, a, q, z_old).sum() + 1e-10
+
+
+@pytest.mark.parametrize("prox", [False, True])
+@pytest.mark.parametrize("nu", [1.0, 1e-2])
+def test_update_z_last_is_the_minimiser(prox: bool, nu: float) -> None:
+    g = torch.Generator().manual_seed(8)
+    C = 4
+    a, z_old = 3 * _randn(N, C, generator=g), _randn(N, C, generator=g)
+    y = torch.randint(0, C, (N,), generator=g)
+
+    def objective(z: torch.Tensor) -> torch.Tensor:
+        f = F.cross_entropy(z, y, reduction="sum") + (nu / 2) * ((z - a) ** 2).sum()
+        return f + (nu / 2) * ((z - z_old) ** 2).sum() if prox else f
+
+    result = update_z_last(a, y, z_old, nu, prox=prox, tol=1e-10)
+    assert result.converged and result.iterations <= 10  # Newton: quadratic convergence
+    assert _grad(objective, result.z)[0].abs().max() < 1e-10
+    (expected,) = _argmin(objective, z_old)
+    torch.testing.assert_close(result.z, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_update_z_last_small_nu_and_float32_converge() -> None:
+    g = torch.Generator().manual_seed(9)
+    a, z_old = torch.randn(50, 10, generator=g), torch.randn(50, 10, generator=g)
+    y = torch.randint(0, 10, (50,), generator=g)
+    result = update_z_last(a, y, z_old, 1e-4)
+    assert result.converged and result.iterations <= 15
+    assert result.z.dtype == torch.float32
+
+
+def test_update_z_last_reports_the_iteration_cap() -> None:
+    g = torch.Generator().manual_seed(10)
+    a, z_old = _randn(N, 3, generator=g), _randn(N, 3, generator=g)
+    y = torch.randint(0, 3, (N,), generator=g)
+    result = update_z_last(a, y, z_old, 1e-3, tol=1e-12, max_iter=1)
+    assert not result.converged and result.iterations == 1
+    objective = last_layer_objective(a, result.z, y, 1e-3)
+    assert objective < last_layer_objective(a, z_old, y, 1e-3)
+
+
+def test_update_q_is_the_minimiser() -> None:
+    g = torch.Generator().manual_seed(11)
+    p_next, u, z = (_randn(N, 3, generator=g) for _ in range(3))
+    rho, nu = 0.6, 1.7
+
+    def objective(q: torch.Tensor) -> torch.Tensor:
+        r = p_next - q
+        return (
+            (nu / 2) * ((q - torch.relu(z)) ** 2).sum() + (u * r).sum() + (rho / 2) * (r**2).sum()
+        )
+
+    (expected,) = _argmin(objective, torch.zeros_like(p_next))
+    torch.testing.assert_close(update_q(p_next, u, z, rho, nu), expected, rtol=1e-8, atol=1e-8)
+
+
+def test_update_u_is_dual_ascent() -> None:
+    layers, y, rho, nu = _three_layer_problem(12)
+    before = augmented_lagrangian(layers, y, rho, nu)
+    r = layers[1].p - layers[0].q
+    layers[0].u = update_u(layers[0].u, layers[1].p, layers[0].q, rho)
+    # The Lagrangian is linear in u with gradient p_next - q.
+    torch.testing.assert_close(
+        augmented_lagrangian(layers, y, rho, nu) - before, rho * (r**2).sum()
+    )
+
+
+def _three_layer_problem(seed: int) -> tuple[list[LayerVars], torch.Tensor, float, float]:
+    g = torch.Generator().manual_seed(seed)
+    sizes = [5, 4, 4, 3]
+    layers = []
+    for n_in, n_out in itertools.pairwise(sizes):
+        layers.append(
+            LayerVars(
+                p=_randn(N, n_in, generator=g),
+                W=_randn(n_out, n_in, generator=g),
+                b=_randn(n_out, generator=g),
+                z=_randn(N, n_out, generator=g),
+                q=_randn(N, n_out, generator=g),
+                u=_randn(N, n_out, generator=g),
+            )
+        )
+    layers[-1].q = layers[-1].u = None
+    y = torch.randint(0, sizes[-1], (N,), generator=g)
+    return layers, y, 0.9, 0.5
+
+
+def test_augmented_lagrangian_matches_problem_2() -> None:
+    layers, y, rho, nu = _three_layer_problem(13)
+    expected = F.cross_entropy(layers[2].z, y, reduction="sum")
+    for layer, right in zip(layers, [*layers[1:], None], strict=True):
+        expected = expected + (nu / 2) * ((layer.z - layer.p @ layer.W.T - layer.b) ** 2).sum()
+        if right is not None:
+            r = right.p - layer.q
+            expected = expected + (nu / 2) * ((layer.q - layer.z.clamp(min=0)) ** 2).sum()
+            expected = expected + (layer.u * r).sum() + (rho / 2) * (r**2).sum()
+    torch.testing.assert_close(augmented_lagrangian(layers, y, rho, nu), expected)
+    a0 = layers[0].p @ layers[0].W.T + layers[0].b
+    term = layer_lagrangian(a0, layers[0].z, layers[0].q, layers[0].u, layers[1].p, rho, nu)
+    assert term > 0
+    residual = ((layers[1].p - layers[0].q) ** 2).sum() + ((layers[2].p - layers[1].q) ** 2).sum()
+    torch.testing.assert_close(primal_residual(layers), residual.sqrt())
+
+
+def _apply_and_compare(layers, y, rho, nu, step) -> None:
+    before = augmented_lagrangian(layers, y, rho, nu)
+    step(layers)
+    after = augmented_lagrangian(layers, y, rho, nu)
+    assert after <= before + 1e-12, (before.item(), after.item())
+    assert after < before - 1e-6  # the step does something
+
+
+def _p_step(layers: list[LayerVars], rho: float, nu: float) -> None:
+    new = [
+        update_p(layer.W, layer.b, layer.z, left.q, left.u, rho, nu)
+        for left, layer in itertools.pairwise(layers)
+    ]
+    for layer, p in zip(layers[1:], new, strict=True):
+        layer.p = p
+
+
+def _w_step(layers: list[LayerVars], nu: float, method: WStep) -> None:
+    for layer in layers:
+        layer.W = update_W(layer.p, layer.b, layer.z, layer.W, nu, method=method)
+
+
+def _wb_step(layers: list[LayerVars], nu: float) -> None:
+    for layer in layers:
+        layer.W, layer.b = update_Wb(layer.p, layer.z, layer.W, nu)
+
+
+def _b_step(layers: list[LayerVars]) -> None:
+    for layer in layers:
+        layer.b = update_b(layer.z, layer.p @ layer.W.T)
+
+
+def _z_step(layers: list[LayerVars], y: torch.Tensor, nu: float) -> None:
+    for layer in layers[:-1]:
+        layer.z = update_z_hidden(layer.p @ layer.W.T + layer.b, layer.q, layer.z)
+    last = layers[-1]
+    last.z = update_z_last(last.p @ last.W.T + last.b, y, last.z, nu).z
+
+
+def _q_step(layers: list[LayerVars], rho: float, nu: float) -> None:
+    for layer, right in itertools.pairwise(layers):
+        layer.q = update_q(right.p, layer.u, layer.z, rho, nu)
+
+
+@pytest.mark.parametrize("step", ["p", "W exact", "W linearized", "Wb", "b", "z", "q"])
+def test_augmented_lagrangian_does_not_increase(step: str) -> None:
+    layers, y, rho, nu = _three_layer_problem(14)
+    steps = {
+        "p": lambda ls: _p_step(ls, rho, nu),
+        "W exact": lambda ls: _w_step(ls, nu, WStep.EXACT),
+        "W linearized": lambda ls: _w_step(ls, nu, WStep.LINEARIZED),
+        "Wb": lambda ls: _wb_step(ls, nu),
+        "b": _b_step,
+        "z": lambda ls: _z_step(ls, y, nu),
+        "q": lambda ls: _q_step(ls, rho, nu),
+    }
+    _apply_and_compare(layers, y, rho, nu, steps[step])
+
+
+def test_iterations_drive_the_primal_residual_down() -> None:
+    layers, y, rho, nu = _three_layer_problem(15)
+    assert primal_residual(layers) > 3
+    for _ in range(15):
+        _p_step(layers, rho, nu)
+        _wb_step(layers, nu)
+        _z_step(layers, y, nu)
+        _q_step(layers, rho, nu)
+        for layer, right in itertools.pairwise(layers):
+            layer.u = update_u(layer.u, right.p, layer.q, rho)
+    assert primal_residual(layers) < 0.1
+
+
+def test_shape_and_parameter_errors_name_the_bad_values() -> None:
+    W, b, z = torch.zeros(3, 4), torch.zeros(3), torch.zeros(N, 3)
+    with pytest.raises(ValueError, match=r"q_prev must have shape \[7, 4\] \(got \[7, 3\]\)"):
+        update_p(W, b, z, torch.zeros(N, 3), torch.zeros(N, 4), 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"rho must be > 0 \(rho: 0.0\)"):
+        update_p(W, b, z, torch.zeros(N, 4), torch.zeros(N, 4), 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"tau must be >= 0 \(tau: -1.0\)"):
+        update_W(torch.zeros(N, 4), b, z, W, 1.0, tau=-1.0)
+    with pytest.raises(ValueError, match="'bad' is not a valid WStep"):
+        update_W(torch.zeros(N, 4), b, z, W, 1.0, method="bad")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"y must have shape \[7\]"):
+        update_z_last(z, torch.zeros(6, dtype=torch.long), z, 1.0)

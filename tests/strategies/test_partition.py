@@ -1,0 +1,118 @@
+"""Tests of the stage planner: exact block partition, --balance parsing, profiling, StagePlan."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from deepjimu.errors import JimuError
+from deepjimu.models import build_model
+from deepjimu.strategies.partition import (
+    StagePlan,
+    balance_by_size,
+    balance_by_time,
+    block_shapes,
+    parse_balance,
+    partition,
+)
+
+
+def _brute_force(costs: list[float], k: int) -> float:
+    """The smallest largest-part sum over every way to cut ``costs`` into k non-empty parts."""
+    n, best = len(costs), math.inf
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        edges = (0, *cuts, n)
+        best = min(best, max(sum(costs[a:b]) for a, b in itertools.pairwise(edges)))
+    return best
+
+
+def test_partition_is_optimal_on_random_costs() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        k = rng.randint(1, n)
+        costs = [rng.choice([0.0, rng.random(), float(rng.randint(1, 5))]) for _ in range(n)]
+        sizes = partition(costs, k)
+        assert len(sizes) == k and sum(sizes) == n and min(sizes) >= 1
+        edges = [0, *itertools.accumulate(sizes)]
+        worst = max(sum(costs[a:b]) for a, b in itertools.pairwise(edges))
+        assert math.isclose(worst, _brute_force(costs, k), rel_tol=1e-9, abs_tol=1e-12), (
+            costs,
+            k,
+            sizes,
+        )
+
+
+def test_partition_examples_and_errors() -> None:
+    assert partition([1, 1, 1, 3], 2) == [3, 1]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [1, 5]
+    assert partition([2, 2, 2, 2], 4) == [1, 1, 1, 1]
+    assert partition([7.0], 1) == [1]
+    with pytest.raises(JimuError, match="cannot cut 3 blocks into 4"):
+        partition([1, 1, 1], 4)
+    with pytest.raises(JimuError, match="cannot cut"):
+        partition([1, 1], 0)
+    with pytest.raises(JimuError, match="must be >= 0"):
+        partition([1, -1], 2)
+
+
+def test_parse_balance() -> None:
+    assert parse_balance("3,1", 4, 2) == [3, 1]
+    assert parse_balance(" 1, 1,2", 4, 3) == [1, 1, 2]
+    cases = {
+        ("2,1", 4, 2): "balance must sum to the number of blocks (blocks: 4, sum of balance: 3)",
+        ("1,1,2", 4, 2): "balance must give one block count per stage (stages: 2, entries: 3)",
+        ("4,0", 4, 2): "balance entries must be >= 1 (balance: 4,0)",
+        (
+            "fast",
+            4,
+            2,
+        ): "balance must be time, size or block counts per stage like 2,2 (balance: 'fast')",
+    }
+    for args, message in cases.items():
+        with pytest.raises(JimuError) as err:
+            parse_balance(*args)
+        assert str(err.value) == message
+
+
+def test_stage_plan() -> None:
+    plan = StagePlan((1, 2, 1), world=3, how="time")
+    assert [plan.bounds(s) for s in range(3)] == [(0, 1), (1, 3), (3, 4)]
+    assert plan.blocks_of(1) == [1, 2] and plan.rank_of(2) == 2
+    assert plan.summary("pipeline") == "pipeline: 3 stages, blocks [1, 2, 1], balance by time"
+    interleaved = StagePlan((1, 1, 1, 1), world=2, how="list")
+    assert interleaved.stages_of(0) == [0, 2] and interleaved.blocks_of(1) == [1, 3]
+    assert interleaved.summary("pipeline").startswith("pipeline: 4 stages on 2 ranks")
+
+
+def test_block_shapes() -> None:
+    model = build_model("mlp:16x2", (1, 8, 8), 10)
+    shapes = block_shapes(model, torch.zeros(1, 1, 8, 8))
+    assert [s for s, _ in shapes] == [(1, 8, 8), (16,), (16,), (10,)]
+    assert model.training
+
+
+def test_balance_by_size_isolates_the_big_block() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 400), nn.Linear(400, 4), nn.Linear(4, 4))
+    assert balance_by_size(model, 2) == [2, 2]
+    assert balance_by_size(model, 3) == [1, 1, 2]
+
+
+def test_balance_by_time_leaves_model_and_rng_alone() -> None:
+    model = nn.Sequential(
+        nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 512), nn.Linear(512, 8)), nn.Linear(8, 8)
+    )
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(3)
+    expected_draw = torch.rand(1)
+    torch.manual_seed(3)
+    sizes = balance_by_time(model, torch.randn(64, 8, generator=torch.Generator()), 3)
+    assert sizes == [1, 1, 1]
+    assert torch.rand(1) == expected_draw
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
