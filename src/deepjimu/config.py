@@ -46,6 +46,7 @@ class RunConfig:
     seed: int = _opt(0, "one seed for data split, init, shuffling")
     device: str = _opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
     quiet: bool = _opt(False, "no progress bar")
+    threads: int = _opt(0, "CPU threads per worker (0: cores / workers on this machine)")
     # data
     data_dir: str = _opt("data", "folder with dataset files")
     download: bool = _opt(False, "fetch missing dataset files (checksums verified)")
@@ -77,7 +78,8 @@ class RunConfig:
     nu: float = _opt(1.0, "admm: weight of the layer equations")
     quantize: int = _opt(0, "admm: bits of exchanged activations (0 off, 8 or 16)")
     admm_batch: int = _opt(0, "admm: mini-batch size (0: full batch)")
-    rho_growth: float = _opt(1.0, "admm: multiply rho and nu by this when the residual stalls")
+    admm_inner: int = _opt(0, "admm: iterations per mini-batch (0: twice the number of layers)")
+    rho_growth: float = _opt(1.0, "admm: multiply rho by this when the residual stalls")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, suitable for JSON and TOML."""
@@ -240,12 +242,14 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         cfg.checkpoint_every >= 0,
         f"checkpoint-every must be >= 0 (checkpoint-every: {cfg.checkpoint_every})",
     )
+    need(cfg.threads >= 0, f"threads must be >= 0 (threads: {cfg.threads})")
     need(cfg.eval_every >= 1, f"eval-every must be >= 1 (eval-every: {cfg.eval_every})")
     need(cfg.microbatches >= 1, f"microbatches must be >= 1 (microbatches: {cfg.microbatches})")
     need(cfg.rho > 0 and math.isfinite(cfg.rho), f"rho must be a positive number (rho: {cfg.rho})")
     need(cfg.nu > 0 and math.isfinite(cfg.nu), f"nu must be a positive number (nu: {cfg.nu})")
     need(cfg.quantize in (0, 8, 16), f"quantize must be 0, 8 or 16 (quantize: {cfg.quantize})")
     need(cfg.admm_batch >= 0, f"admm-batch must be >= 0 (admm-batch: {cfg.admm_batch})")
+    need(cfg.admm_inner >= 0, f"admm-inner must be >= 0 (admm-inner: {cfg.admm_inner})")
     need(cfg.rho_growth >= 1, f"rho-growth must be >= 1 (rho-growth: {cfg.rho_growth})")
     if cfg.classes is not None:
         need(

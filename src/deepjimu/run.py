@@ -184,7 +184,8 @@ class Run:
         ``bytes_sent`` / ``bytes_recv`` are their sums, ``compute_s`` / ``wait_s`` the
         largest per-rank value (the critical path). ``samples`` is the number of training
         samples processed since the last event and ``train_s`` the training time they took
-        (both as rank 0 sees them; without ``train_s`` the time since the last event).
+        (rank 0's samples and the slowest rank's time; without ``train_s`` the time since
+        the last event).
 
         Returns:
             the event, on every rank (only rank 0 writes it).
@@ -201,8 +202,11 @@ class Run:
                 "delta": delta,
                 "mem": peak_memory_mb(self.device),
                 "samples": samples,
+                "interval": interval,
             }
         )
+        # the slowest rank's interval: ranks start an epoch at slightly different times
+        interval = max(g["interval"] for g in gathered)
         merged: dict[str, Any] = {}
         for g in gathered:
             for k, v in g["metrics"].items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import time
 import traceback
 from pathlib import Path
@@ -32,6 +33,12 @@ def default_run_name(cfg: RunConfig) -> str:
 def error_dir(out_dir: Path) -> Path:
     """Where failing workers leave their error for the launcher to report."""
     return out_dir / ".errors"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _env_int(name: str, default: int) -> int:
@@ -81,14 +88,20 @@ def worker_main(cfg_dict: dict[str, Any], out_dir: str | None) -> dict[str, Any]
 def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
-    threads = max(1, (os.cpu_count() or 1) // local_world)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
     device = pick_device(cfg, local_rank, local_world)
-    if world > 1:
+    if world > 1 or get_strategy(cfg.strategy).needs_group:
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        # a one-worker run that still needs a group (ddp x1) has no launcher to rendezvous with
+        alone = (
+            {}
+            if "MASTER_ADDR" in os.environ
+            else {"init_method": f"tcp://127.0.0.1:{_free_port()}"}
+        )
         dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=30)
+            backend, rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30), **alone
         )
     try:
         if out_dir is None:  # started by torchrun: rank 0 names the run folder for everyone
@@ -116,7 +129,8 @@ def _train(
     data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
     if strategy_cls.shards_data:
         data = data.shard(rank, world)
-    data = data.to(device)
+    strategy = strategy_cls(cfg)
+    data = data.to(strategy.data_device(device))
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
     if cfg.resume:
         ckpt = run.load_checkpoint(Path(cfg.resume))
@@ -126,7 +140,6 @@ def _train(
             )
         model.load_state_dict(ckpt.model_state)
         run.resumed = ckpt
-    strategy = strategy_cls(cfg)
     t0 = time.perf_counter()
     result = strategy.fit(model, data, run)
     fit_s = time.perf_counter() - t0
@@ -149,7 +162,7 @@ def _train(
         "train_acc": last.get("train_acc"),
     }
     for split in ("val", "test"):
-        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        x, y = getattr(data, f"{split}_x").to(device), getattr(data, f"{split}_y").to(device)
         summary[f"{split}_acc"] = count_correct(model, x, y)[0] / len(y) if len(y) else None
     summary.update(
         {

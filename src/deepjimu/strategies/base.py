@@ -46,7 +46,9 @@ class Strategy(ABC):
 
     Class attributes tell the engine how to start and check a run:
     ``default_workers`` / ``default_epochs``; ``splits_model`` (each worker owns
-    contiguous blocks, so workers <= blocks); ``max_workers`` (e.g. 1 for ``local``).
+    contiguous blocks, so workers <= blocks); ``shards_data`` (each worker loads only its
+    rows); ``needs_group`` (a process group even for one worker, as DDP wants);
+    ``max_workers`` (e.g. 1 for ``local``).
     """
 
     name: ClassVar[str]
@@ -54,6 +56,7 @@ class Strategy(ABC):
     default_epochs: ClassVar[int] = 30
     splits_model: ClassVar[bool] = False
     shards_data: ClassVar[bool] = False
+    needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -63,6 +66,10 @@ class Strategy(ABC):
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
         """Strategy-specific config problems, one line each (checked before workers start)."""
         return []
+
+    def data_device(self, device: torch.device) -> torch.device:
+        """Where the engine puts the data splits (default: the compute device)."""
+        return device
 
     @abstractmethod
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:

@@ -52,6 +52,7 @@ class DDPStrategy(GradientStrategy):
     name = "ddp"
     default_workers = 2
     shards_data = True
+    needs_group = True
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:

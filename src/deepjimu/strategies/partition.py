@@ -306,7 +306,8 @@ def staged_count_correct(
     model.eval()
     correct, loss = 0, 0.0
     for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
-        a = xb
+        # data may live on the host (admm mini-batch mode) while the blocks run on the device
+        a, yb = xb.to(run.device), yb.to(run.device)
         for s in mine:
             lo, hi = plan.bounds(s)
             if s > 0 and plan.rank_of(s - 1) != run.rank:

@@ -83,6 +83,10 @@ class AdmmStrategy(Strategy):
             return [f"admm trains MLPs (mlp:WIDTHxDEPTH); model {cfg.model!r} is not one"]
         return []
 
+    def data_device(self, device: torch.device) -> torch.device:
+        # mini-batch mode streams batches to the device, so device memory does not grow with N
+        return torch.device("cpu") if self.cfg.admm_batch else device
+
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         cfg = self.cfg
         assert cfg.epochs is not None
@@ -153,19 +157,22 @@ class AdmmStrategy(Strategy):
     def _minibatch_epoch(self, x: Tensor, y: Tensor, epoch: int) -> int:
         """One pass over mini-batches; the auxiliary variables live only for their batch.
 
-        For each batch: a forward pass sets p, z, q (u = 0) from the current weights, then
-        ``inner`` pdADMM iterations (one per layer, so the labels' pull reaches layer 1) update
-        all variables; W keeps what earlier batches taught it through the proximal weight tau.
-        Memory holds one batch of auxiliary variables, whatever N is.
+        For each batch (moved from host memory to the device): a forward pass sets p, z, q
+        (u = 0) from the current weights, then ``--admm-inner`` pdADMM iterations (default
+        2 per layer: the labels' pull needs one iteration per layer to reach layer 1) update
+        every variable, W included. W carries what earlier batches taught it: each W step is
+        the exact minimiser for this batch plus the proximal term (tau/2)||W - W_old||^2, so
+        directions this batch does not constrain keep their old values. Device memory holds
+        one batch of auxiliary variables, whatever N is; only the data set grows with N, in
+        host memory.
         """
         cfg, run, block = self.cfg, self.run, self.block
         order = epoch_order(len(y), cfg.seed, epoch)
         batches = split_steps(order, max(1, math.ceil(len(y) / cfg.admm_batch)))
-        inner = block.L
+        inner = cfg.admm_inner or 2 * block.L
         for idx in batches:
-            idx = idx.to(x.device)
-            xb = x[idx] if block.lo == 0 else None
-            yb = y[idx] if block.hi == block.L else None
+            xb = x[idx].to(run.device) if block.lo == 0 else None
+            yb = y[idx].to(run.device) if block.hi == block.L else None
             init_blocks_forward(block, xb, len(idx), self.exchange, run.rank, run.world)
             for _ in range(inner):
                 self._iterate(yb)

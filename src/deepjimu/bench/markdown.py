@@ -1,0 +1,131 @@
+"""``report.md`` of a bench: the setup, one table of every configuration, skips, failures, plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from deepjimu.report import format_bytes
+
+__all__ = ["write_markdown"]
+
+_PLOT_TEXT = {
+    "throughput": "Training throughput and speedup over 1 worker",
+    "accuracy_time": "Test accuracy over time, every configuration",
+    "time_to_target": "Time to the target accuracy and final test accuracy",
+    "comm_memory": "Bytes communicated per training sample and peak memory per worker",
+    "pipeline_bubble": "Pipeline: measured idle fraction next to the GPipe bubble (n-1)/(m+n-1)",
+}
+
+
+def _num(value: Any, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _row_cells(r: dict[str, Any]) -> list[str]:
+    speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f} (over {r['speedup_base']})"
+    bubble = "-"
+    if r.get("idle_frac") is not None or r.get("bubble_theory") is not None:
+        bubble = f"{_num(r.get('idle_frac'), '.1%')} / {_num(r.get('bubble_theory'), '.1%')}"
+    return [
+        r["strategy"],
+        str(r["workers"]),
+        r["model"],
+        str(r.get("epochs") or "-"),
+        _num(r.get("time_s"), ".1f"),
+        _num(r.get("wall_s"), ".1f"),
+        _num(r.get("samples_per_s"), ".0f"),
+        speedup,
+        _num(r.get("test_acc"), ".2%"),
+        _num(r.get("time_to_target_s"), ".1f"),
+        "-" if r.get("bytes_per_sample") is None else format_bytes(r["bytes_per_sample"]),
+        _num(r.get("peak_mem_mb"), ".0f"),
+        bubble,
+    ]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows),
+    ]
+
+
+def write_markdown(
+    path: Path, rows: list[dict[str, Any]], setup: dict[str, Any], plots: list[Path]
+) -> None:
+    """Write ``report.md``.
+
+    Args:
+        path: where to write it (the bench folder's ``report.md``).
+        rows: every result row, including skipped and failed ones.
+        setup: what all runs share: ``name``, ``command``, ``dataset``, ``seed``, ``epochs``,
+            ``target_acc``, ``train_args``, ``host``, ``date``, ``elapsed_s``.
+        plots: the PNG files (in the same folder) to embed.
+    """
+    target = setup["target_acc"]
+    lines = [
+        f"# deepjimu bench `{setup['name']}`",
+        "",
+        f"- command: `{setup['command']}`",
+        f"- date: {setup['date']}; host: {setup['host']}; bench took {setup['elapsed_s']:.0f} s",
+        f"- dataset: {setup['dataset']}, seed {setup['seed']}, "
+        f"epochs: {setup['epochs'] or 'each strategy default'}, "
+        f"extra train flags: `{setup['train_args'] or 'none'}`",
+        "- every configuration ran in its own `jimu train` process, one after the other",
+        "",
+        "## Results",
+        "",
+    ]
+    ok = [r for r in rows if r["status"] == "ok"]
+    header = [
+        "strategy",
+        "workers",
+        "model",
+        "epochs",
+        "fit s",
+        "wall s",
+        "samples/s",
+        "speedup",
+        "test acc",
+        f"s to {target:.0%}",
+        "sent/sample",
+        "peak MiB/worker",
+        "idle / bubble",
+    ]
+    lines += _table(header, [_row_cells(r) for r in ok]) if ok else ["No configuration finished."]
+    lines += [
+        "",
+        "- *fit s*: the workers' training time (`summary.json` `time_s`); *wall s*: the whole "
+        "`jimu train` process, start-up included.",
+        "- *speedup*: throughput over that of the same strategy and model with 1 worker; "
+        "where that run does not exist or failed, over `local` with 1 worker.",
+        f"- *s to {target:.0%}*: `time_s` of the first event whose test accuracy reaches "
+        f"{target:.0%} (seconds since the workers started the run: data loading, set-up and "
+        "evaluations included); `-` when it was not reached.",
+        "- *sent/sample*: bytes sent by all ranks (the payload each rank handed to torch.distributed) "
+        "per training sample processed.",
+        "- *idle / bubble*: pipeline runs only: measured idle fraction / (n-1)/(m+n-1).",
+    ]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    if skipped:
+        lines += ["", "## Skipped (impossible combinations, not failures)", ""]
+        lines += [f"- {r['strategy']} x{r['workers']} {r['model']}: {r['error']}" for r in skipped]
+    failed = [r for r in rows if r["status"] not in ("ok", "skipped")]
+    if failed:
+        lines += ["", "## Failed", ""]
+        lines += _table(
+            ["strategy", "workers", "model", "status", "error", "log"],
+            [
+                [r["strategy"], str(r["workers"]), r["model"], r["status"], r["error"], r["log"]]
+                for r in failed
+            ],
+        )
+    if plots:
+        lines += ["", "## Plots", ""]
+        for p in plots:
+            lines += [f"### {_PLOT_TEXT.get(p.stem, p.stem)}", "", f"![{p.stem}]({p.name})", ""]
+        if not any(p.stem == "pipeline_bubble" for p in plots):
+            lines += ["No pipeline run finished, so there is no idle-fraction plot."]
+    path.write_text("\n".join(lines).rstrip() + "\n")

@@ -1,0 +1,183 @@
+"""Run one bench cell as its own ``jimu train`` process, and read its figures back."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepjimu.bench.matrix import Cell
+from deepjimu.errors import JimuError
+from deepjimu.report import read_config, read_events, read_summary
+
+__all__ = ["Outcome", "error_line", "measure", "run_cell", "train_command"]
+
+
+@dataclass
+class Outcome:
+    """How a run's process ended: ``status`` is ok, failed or timeout; ``error`` one line."""
+
+    status: str
+    error: str
+    wall_s: float
+
+
+def train_command(
+    cell: Cell,
+    runs_dir: Path,
+    dataset: str,
+    data_dir: str,
+    seed: int,
+    epochs: int | None,
+    train_argv: list[str],
+) -> list[str]:
+    """The ``python -m deepjimu train ...`` command line of ``cell``.
+
+    Example:
+        >>> train_command(Cell("ddp", 2, "mlp:16x1"), Path("b/runs"), "digits", "data", 0, None, [])[3:7]
+        ['--strategy', 'ddp', '--workers', '2']
+    """
+    cmd = [sys.executable, "-m", "deepjimu", "train"]
+    cmd += ["--strategy", cell.strategy, "--workers", str(cell.workers), "--model", cell.model]
+    cmd += ["--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed)]
+    if epochs is not None:
+        cmd += ["--epochs", str(epochs)]
+    cmd += ["--quiet", "--runs-dir", str(runs_dir), "--name", cell.name, *train_argv]
+    return cmd
+
+
+def error_line(stderr: str, returncode: int) -> str:
+    """The one line that says why a run failed: the CLI's ``error:`` line, else the last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln.removeprefix("error:").strip() for ln in lines if ln.startswith("error:")]
+    if errors:
+        return errors[-1]
+    if lines:
+        return lines[-1][:300]
+    return f"exit code {returncode} without a message"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """End the run's process group (the launcher and its workers), politely first."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcome:
+    """Run ``cmd`` in its own process group; stdout and stderr go to ``log_dir/<name>.*.log``.
+
+    Args:
+        cmd: the command (see :func:`train_command`).
+        log_dir: folder for the logs (created).
+        name: the cell's name, for the log files.
+        timeout: seconds before the whole process group is ended.
+
+    Returns:
+        ok (exit 0), failed (nonzero exit, with the error line) or timeout.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = log_dir / f"{name}.stdout.log", log_dir / f"{name}.stderr.log"
+    t0 = time.perf_counter()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return Outcome("timeout", f"timed out after {timeout:g} s", time.perf_counter() - t0)
+        except BaseException:  # Ctrl-C: do not leave workers behind
+            _kill_group(proc)
+            raise
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        return Outcome("failed", error_line(err_path.read_text(errors="replace"), rc), wall)
+    return Outcome("ok", "", wall)
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
+    """The bench figures of a finished run folder.
+
+    Returns:
+        ``epochs``, ``time_s`` (the workers' fit time), ``samples_per_s``, ``test_acc``
+        (final), ``time_to_target_s`` (``time_s`` of the first event whose test accuracy
+        reaches ``target_acc``: seconds since the workers started the run, data loading and
+        evaluations included), ``train_time_to_target_s`` (training time alone, summed
+        ``train_s``), ``bytes_sent``, ``bytes_per_sample`` (bytes sent by all ranks per
+        training sample processed), ``peak_mem_mb`` (max over ranks and events),
+        ``idle_frac`` and ``bubble_theory`` (pipeline only; None when absent).
+
+    Raises:
+        JimuError: the folder has no ``summary.json`` or a damaged file.
+    """
+    events = read_events(run_dir)
+    summary = read_summary(run_dir)
+    if summary is None:
+        raise JimuError(f"{Path(run_dir) / 'summary.json'} does not exist")
+    config = read_config(run_dir)
+    samples = sum(
+        (_number(e.get("samples_per_s")) or 0.0) * (_number(e.get("train_s")) or 0.0)
+        for e in events
+    )
+    bytes_sent = _number(summary.get("bytes_sent"))
+    if bytes_sent is None:
+        bytes_sent = sum(_number(e.get("bytes_sent")) or 0.0 for e in events)
+    to_target = train_to_target = None
+    train_s = 0.0
+    for e in events:
+        train_s += _number(e.get("train_s")) or 0.0
+        acc = _number(e.get("test_acc"))
+        if acc is not None and acc >= target_acc:
+            to_target, train_to_target = _number(e.get("time_s")), train_s
+            break
+    mems = [m for e in [summary, *events] for m in e.get("peak_mem_mb_per_rank") or []]
+    return {
+        "epochs": summary.get("epochs"),
+        "time_s": _number(summary.get("time_s")),
+        "samples_per_s": _number(summary.get("samples_per_s")),
+        "test_acc": _number(summary.get("test_acc")),
+        "time_to_target_s": to_target,
+        "train_time_to_target_s": train_to_target,
+        "bytes_sent": int(bytes_sent),
+        "bytes_per_sample": bytes_sent / samples if samples else None,
+        "peak_mem_mb": max((m for m in mems if _number(m) is not None), default=None),
+        "idle_frac": _figure(summary, events, "idle_frac"),
+        "bubble_theory": _bubble_theory(summary, events, config),
+    }
+
+
+def _figure(summary: dict[str, Any], events: list[dict[str, Any]], key: str) -> float | None:
+    """``key`` from the summary, else its mean over the events that carry it."""
+    if _number(summary.get(key)) is not None:
+        return _number(summary[key])
+    values = [v for e in events if (v := _number(e.get(key))) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _bubble_theory(
+    summary: dict[str, Any], events: list[dict[str, Any]], config: dict[str, Any]
+) -> float | None:
+    """The logged GPipe bubble (n-1)/(m+n-1), else computed from the run's config (pipeline only)."""
+    logged = _figure(summary, events, "bubble_theory")
+    if logged is not None or summary.get("strategy") != "pipeline":
+        return logged
+    n, m = summary.get("workers"), config.get("microbatches")
+    if isinstance(n, int) and isinstance(m, int) and n >= 1 and m >= 1:
+        return (n - 1) / (m + n - 1)
+    return None

@@ -1,0 +1,133 @@
+"""Tests of ``jimu bench``: the matrix plan, the figures read back, failures, and a tiny bench end to end."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepjimu.bench.matrix import Cell, plan, train_config
+from deepjimu.bench.results import add_speedups, read_csv
+from deepjimu.bench.runner import error_line, measure, run_cell
+from deepjimu.cli import main
+from deepjimu.config import RunConfig
+from deepjimu.errors import JimuError
+
+
+def test_plan_skips_impossible_combinations_only() -> None:
+    cells = plan(RunConfig(), ["local", "ddp", "nope"], [1, 2], ["mlp:16x1"])
+    skipped = {c.label: c.skip for c in cells if c.skip}
+    assert list(skipped) == ["local x2 mlp:16x1"]
+    assert "at most 1 worker" in skipped["local x2 mlp:16x1"]  # type: ignore[operator]
+    assert Cell("ddp", 2, "mlp:16x1").name == "ddp-w2-mlp-16x1"
+
+
+def test_train_args_are_parsed_and_must_not_repeat_bench_flags() -> None:
+    cfg, argv = train_config("--batch-size 32 --lr 0.01", {"seed": 3, "epochs": None})
+    assert (cfg.batch_size, cfg.lr, cfg.seed) == (32, 0.01, 3)
+    assert argv == ["--batch-size", "32", "--lr", "0.01"]
+    with pytest.raises(JimuError, match="must not set --workers"):
+        train_config("--workers 2", {})
+    with pytest.raises(JimuError, match="unrecognized arguments"):
+        train_config("--no-such-flag 1", {})
+
+
+def test_error_line_prefers_the_cli_error() -> None:
+    assert error_line("Traceback\nerror: lr must be positive\n", 2) == "lr must be positive"
+    assert error_line("Traceback ...\nValueError: bad\n", 1) == "ValueError: bad"
+    assert error_line("", 9) == "exit code 9 without a message"
+
+
+def test_run_cell_times_out_and_records_failures(tmp_path: Path) -> None:
+    slow = run_cell([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, "slow", 0.5)
+    assert slow.status == "timeout" and "0.5 s" in slow.error and slow.wall_s < 15
+    bad = run_cell(
+        [sys.executable, "-c", "import sys; sys.exit('error: broken on purpose')"],
+        tmp_path,
+        "bad",
+        30,
+    )
+    assert (bad.status, bad.error) == ("failed", "broken on purpose")
+    assert (tmp_path / "bad.stderr.log").exists()
+
+
+def _fake_run(d: Path, strategy: str, workers: int, extra: dict[str, object]) -> Path:
+    d.mkdir(parents=True)
+    events = [
+        {"epoch": e, "time_s": 2.0 * e, "train_s": 1.0, "samples_per_s": 100.0,
+         "test_acc": acc, "bytes_sent": 50, "peak_mem_mb_per_rank": [10.0 * e] * workers, **extra}
+        for e, acc in ((1, 0.5), (2, 0.92), (3, 0.95))
+    ]  # fmt: skip
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    summary = {"strategy": strategy, "workers": workers, "epochs": 3, "time_s": 3.5,
+               "samples_per_s": 100.0, "test_acc": 0.95, "bytes_sent": 150}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "config.json").write_text(json.dumps({"microbatches": 4}))
+    return d
+
+
+def test_measure_reads_target_bytes_memory_and_bubble(tmp_path: Path) -> None:
+    m = measure(_fake_run(tmp_path / "p", "pipeline", 2, {}), target_acc=0.9)
+    assert (m["time_to_target_s"], m["train_time_to_target_s"]) == (4.0, 2.0)
+    assert m["bytes_per_sample"] == pytest.approx(150 / 300)
+    assert m["peak_mem_mb"] == 30.0
+    assert m["idle_frac"] is None and m["bubble_theory"] == pytest.approx(1 / 5)
+    logged = measure(_fake_run(tmp_path / "q", "pipeline", 2, {"idle_frac": 0.3}), 0.99)
+    assert logged["idle_frac"] == pytest.approx(0.3) and logged["time_to_target_s"] is None
+    with pytest.raises(JimuError, match=r"summary\.json does not exist"):
+        (tmp_path / "q" / "summary.json").unlink()
+        measure(tmp_path / "q", 0.9)
+
+
+def test_speedup_falls_back_to_local() -> None:
+    rows = [
+        {"strategy": "local", "model": "m", "workers": 1, "status": "ok", "samples_per_s": 100.0},
+        {"strategy": "ddp", "model": "m", "workers": 1, "status": "failed", "samples_per_s": None},
+        {"strategy": "ddp", "model": "m", "workers": 2, "status": "ok", "samples_per_s": 150.0},
+        {"strategy": "pp", "model": "m", "workers": 1, "status": "ok", "samples_per_s": 50.0},
+        {"strategy": "pp", "model": "m", "workers": 2, "status": "ok", "samples_per_s": 80.0},
+    ]
+    add_speedups(rows)
+    assert (rows[2]["speedup"], rows[2]["speedup_base"]) == (1.5, "local x1")
+    assert (rows[4]["speedup"], rows[4]["speedup_base"]) == (1.6, "pp x1")
+    assert rows[1]["speedup"] is None
+
+
+def test_bench_end_to_end_records_failures_and_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # nope x2 fails, local x2 is impossible, ddp x2 runs: one real run keeps this test short
+    argv = [
+        "bench",
+        "--bench-dir",
+        str(tmp_path),
+        "--name",
+        "tiny",
+        "--strategies",
+        "nope,local,ddp",
+    ]
+    argv += ["--workers", "2", "--models", "mlp:16x1", "--epochs", "2", "--target-acc", "0.2"]
+    argv += ["--train-args", "--batch-size 128"]
+    assert main(argv) == 0
+    out = tmp_path / "tiny"
+    rows = {r["strategy"]: r for r in read_csv(out / "results.csv")}
+    assert list(rows) == ["nope", "local", "ddp"]
+    assert rows["nope"]["status"] == "failed"
+    assert "unknown strategy 'nope'" in rows["nope"]["error"]
+    assert rows["local"]["status"] == "skipped"
+    ddp = rows["ddp"]
+    assert ddp["status"] == "ok", ddp["error"]
+    assert (ddp["workers"], ddp["epochs"], ddp["speedup"]) == ("2", "2", "")  # no 1-worker baseline
+    assert float(ddp["samples_per_s"]) > 0 and float(ddp["bytes_per_sample"]) > 0
+    assert 0 < float(ddp["test_acc"]) <= 1 and float(ddp["peak_mem_mb"]) > 0
+    assert Path(ddp["run_dir"], "summary.json").exists()
+    md = (out / "report.md").read_text()
+    assert "## Skipped" in md and "local x2" in md.split("## Skipped")[1]
+    assert "## Failed" in md and "unknown strategy" in md
+    for name in ("throughput", "accuracy_time", "time_to_target", "comm_memory"):
+        assert f"({name}.png)" in md
+        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(argv) == 2  # the folder holds results now
+    assert "already holds results" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""Tests of ``jimu report``: table, summary, plots, and one-line errors for bad run folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deepjimu.cli import main
+from deepjimu.errors import JimuError
+from deepjimu.report import format_bytes, read_events, report, run_title, table
+
+
+def _event(epoch: int, acc: float) -> dict[str, object]:
+    return {
+        "step": 10 * epoch,
+        "epoch": epoch,
+        "time_s": 1.5 * epoch,
+        "loss": 2.0 / epoch,
+        "train_acc": acc,
+        "val_acc": acc - 0.02,
+        "test_acc": acc - 0.01,
+        "samples_per_s": 1000.0,
+        "train_s": 1.0,
+        "bytes_sent": 3 * 2**20,
+        "bytes_recv": 3 * 2**20,
+        "compute_s": 0.8,
+        "wait_s": 0.2,
+        "peak_mem_mb_per_rank": [100.0, 120.0],
+    }
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A finished 2-worker ddp run folder, written by hand."""
+    d = tmp_path / "ddp-run"
+    d.mkdir()
+    events = [_event(1, 0.5), _event(2, 0.8), _event(3, 0.95)]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    summary = {"strategy": "ddp", "workers": 2, "dataset": "digits", "model": "mlp:16x1"}
+    (d / "summary.json").write_text(json.dumps({**summary, "test_acc": 0.94, "bytes_sent": 9}))
+    return d
+
+
+def test_report_prints_table_and_summary_and_writes_plots(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report(run_dir)
+    out = capsys.readouterr().out
+    assert "ddp x2 on digits (mlp:16x1)" in out
+    assert "epoch" in out and "samples/s" in out and "3.0 MB" in out
+    assert "test_acc: 0.9400" in out
+    for name in ("loss.png", "accuracy.png"):
+        assert (run_dir / name).stat().st_size > 10_000
+        assert (run_dir / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_without_plots_and_summary(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (run_dir / "summary.json").unlink()
+    (run_dir / "config.json").write_text(json.dumps({"strategy": "ddp", "dataset": "digits"}))
+    report(run_dir, plots=False)
+    out = capsys.readouterr().out
+    assert "not finished" in out
+    assert "ddp x2 on digits" in out  # workers from the per-rank lists
+    assert not (run_dir / "loss.png").exists()
+
+
+def test_table_shows_missing_values_as_dash() -> None:
+    text = table([{"epoch": 1, "loss": None, "test_acc": "nan"}])
+    assert text.splitlines()[1].split()[:4] == ["1", "-", "-", "-"]
+    assert "nan" in text
+
+
+def test_missing_folder_and_missing_events(tmp_path: Path) -> None:
+    with pytest.raises(JimuError, match="does not exist"):
+        read_events(tmp_path / "nope")
+    with pytest.raises(JimuError, match=r"events\.jsonl does not exist"):
+        read_events(tmp_path)
+
+
+def test_corrupt_line_names_file_and_line(run_dir: Path) -> None:
+    with open(run_dir / "events.jsonl", "a") as f:
+        f.write('{"epoch": 4, "loss"\n')
+    with pytest.raises(JimuError, match=r"events\.jsonl line 4 is not valid JSON") as err:
+        read_events(run_dir)
+    assert "\n" not in str(err.value)
+
+
+def test_corrupt_summary_is_named(run_dir: Path) -> None:
+    (run_dir / "summary.json").write_text("{")
+    with pytest.raises(JimuError, match=r"summary\.json is not valid JSON"):
+        report(run_dir, plots=False)
+
+
+def test_cli_prints_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: run folder")
+
+
+def test_format_bytes_and_title(run_dir: Path) -> None:
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 * 2**20) == "3.0 MB"
+    assert format_bytes(None) == "-"
+    assert run_title(run_dir, [], None) == "? x? on ? (?)"
