@@ -30,7 +30,7 @@ from deepjimu.strategies.partition import (
     staged_count_correct,
 )
 
-__all__ = ["AdmmStrategy", "layer_costs", "linear_layers"]
+__all__ = ["AdmmStrategy", "layer_costs", "layer_memory", "linear_layers"]
 
 
 def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
@@ -58,6 +58,15 @@ def layer_costs(widths: list[int], n_samples: int) -> list[float]:
             c += 2 * n_samples * n_in * n_out + n_in**3 / 3
         costs.append(float(c))
     return costs
+
+
+def layer_memory(widths: list[int], n_samples: int) -> list[float]:
+    """Estimated bytes per layer: p (n_{l-1}) and z, q, u (n_l each) for N samples, W and b, fp32."""
+    return [
+        4.0
+        * (n_samples * (widths[l] + 3 * widths[l + 1]) + widths[l] * widths[l + 1] + widths[l + 1])
+        for l in range(len(widths) - 1)
+    ]
 
 
 class AdmmStrategy(Strategy):
@@ -99,9 +108,14 @@ class AdmmStrategy(Strategy):
         self.plan = StagePlan(tuple(sizes), run.world, how="estimated cost")
         lo, hi = self.plan.bounds(run.rank)
         if run.is_main and not cfg.quiet:
+            memory = layer_memory(widths, batch)
             share = [sum(costs[slice(*self.plan.bounds(r))]) / sum(costs) for r in range(run.world)]
+            mib = [sum(memory[slice(*self.plan.bounds(r))]) / 2**20 for r in range(run.world)]
             mode = f"mini-batch {cfg.admm_batch}" if cfg.admm_batch else "full batch"
-            print(f"{self.plan.summary('admm')}, cost share {[round(s, 2) for s in share]}, {mode}")
+            print(
+                f"{self.plan.summary('admm')}, {mode}; per worker: cost share "
+                f"{[round(c, 2) for c in share]}, variables {[round(m, 1) for m in mib]} MiB"
+            )
         self.model, self.run, self.linears = model, run, linears
         self.shapes = block_shapes(model, data.train_x[:1])
         params = AdmmParams(rho=cfg.rho, nu=cfg.nu, bits=cfg.quantize, tau=1.0)
