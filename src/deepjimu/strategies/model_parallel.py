@@ -31,7 +31,7 @@ from deepjimu.strategies.partition import (
     block_shapes,
     gather_model,
     parse_balance,
-    staged_count_correct,
+    staged_metrics,
 )
 
 __all__ = ["ModelParallelStrategy", "bubble_fraction"]
@@ -162,13 +162,8 @@ class ModelParallelStrategy(GradientStrategy):
         since the last event, averaged over ranks (``idle_frac_per_rank`` lists them);
         ``bubble_theory`` is the schedule's prediction for equal stages.
         """
-        out: dict[str, Any] = {}
-        for split in ("train", "val", "test"):
-            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
-            if len(y):
-                scored = staged_count_correct(self.model, self.plan, run, self.shapes, x, y)
-                if scored is not None:
-                    out[f"{split}_acc"] = scored[0] / scored[2]
+        out: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
+        out.pop("loss", None)  # the loss of a gradient strategy is its training-step mean
         idle = self._wait_s / self._busy_s if self._busy_s else None
         self._busy_s, self._wait_s = 0.0, 0.0
         per_rank = run.gather_objects(idle)

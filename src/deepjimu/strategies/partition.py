@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from deepjimu.comm import Comm, CommStats
+from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.run import Run
 
@@ -36,6 +37,7 @@ __all__ = [
     "parse_balance",
     "partition",
     "staged_count_correct",
+    "staged_metrics",
 ]
 
 Shape = tuple[tuple[int, ...], torch.dtype]
@@ -325,3 +327,25 @@ def staged_count_correct(
                 comm.send(a.contiguous(), plan.rank_of(s + 1))
     model.train(was_training)
     return (correct, loss, len(y)) if plan.rank_of(last) == run.rank else None
+
+
+def staged_metrics(
+    model: nn.Sequential, plan: StagePlan, run: Run, shapes: Sequence[Shape], data: DataSplits
+) -> dict[str, float]:
+    """Collective: ``train_acc``, ``val_acc``, ``test_acc`` and the training ``loss`` (mean
+    cross-entropy) of the split model, by :func:`staged_count_correct` on each split.
+
+    Returns:
+        the figures on the last stage's rank, an empty dict elsewhere.
+    """
+    out: dict[str, float] = {}
+    for split in ("train", "val", "test"):
+        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        if len(y):
+            scored = staged_count_correct(model, plan, run, shapes, x, y)
+            if scored is not None:
+                correct, loss_sum, n = scored
+                out[f"{split}_acc"] = correct / n
+                if split == "train":
+                    out["loss"] = loss_sum / n
+    return out

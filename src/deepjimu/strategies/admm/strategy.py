@@ -27,7 +27,7 @@ from deepjimu.strategies.partition import (
     block_shapes,
     gather_model,
     partition,
-    staged_count_correct,
+    staged_metrics,
 )
 
 __all__ = ["AdmmStrategy", "layer_costs", "layer_memory", "linear_layers"]
@@ -202,16 +202,7 @@ class AdmmStrategy(Strategy):
     def _log(self, done: int, data: DataSplits, train_s: float) -> None:
         cfg, run = self.cfg, self.run
         self._write_back()
-        metrics: dict[str, Any] = {}
-        for split in ("train", "val", "test"):
-            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
-            if len(y):
-                scored = staged_count_correct(self.model, self.plan, run, self.shapes, x, y)
-                if scored is not None:
-                    correct, loss_sum, n = scored
-                    metrics[f"{split}_acc"] = correct / n
-                    if split == "train":
-                        metrics["loss"] = loss_sum / n
+        metrics: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
         objective, residual = 0.0, 0.0
         if not cfg.admm_batch:
             shares = run.gather_objects(self.block.objective_and_residual(self.block_labels(data)))
