@@ -65,6 +65,7 @@ class LayerBlock:
         self.u_left: Tensor | None = None
         self.p_right: Tensor | None = None
         self.zlast_hits = 0
+        self._data_gram: Tensor | None = None
 
     @property
     def layers(self) -> range:
@@ -81,6 +82,7 @@ class LayerBlock:
         ``p_in`` is the data (lo = 0) or the previous block's output (then also ``q_left``).
         """
         self.p[self.lo] = p_in if self.lo == 0 else self._grid(p_in)
+        self._data_gram = None
         if self.lo > 0:
             self.q_left, self.u_left = self.p[self.lo], torch.zeros_like(p_in)
         out = p_in
@@ -126,7 +128,14 @@ class LayerBlock:
         """(W, b) jointly exact, then z; ``a = p W^T + b`` is computed once per layer and reused."""
         nu, tau = self.params.nu, self.params.tau
         for l in self.layers:
-            self.W[l], self.b[l] = U.update_Wb(self.p[l], self.z[l], self.W[l], nu, tau=tau)
+            ptp = None
+            if l == 0:  # p_0 is the data: its Gram matrix is the same every iteration
+                if self._data_gram is None:
+                    self._data_gram = self.p[0].T @ self.p[0]
+                ptp = self._data_gram
+            self.W[l], self.b[l] = U.update_Wb(
+                self.p[l], self.z[l], self.W[l], nu, tau=tau, ptp=ptp
+            )
             a = self.p[l] @ self.W[l].T + self.b[l]
             if l == self.L - 1:
                 assert y is not None, "the last layer needs the labels"
@@ -220,4 +229,5 @@ class LayerBlock:
             setattr(self, k, {int(i): v.to(device) for i, v in state[k].items()})
         for k in ("q_left", "u_left", "p_right"):
             setattr(self, k, None if state[k] is None else state[k].to(device))
+        self._data_gram = None
         self.params.rho, self.params.nu = state["rho"], state["nu"]

@@ -170,17 +170,19 @@ def update_p(
     _check_shape("q_prev", q_prev, (N, n_in))
     _check_shape("u_prev", u_prev, (N, n_in))
     v = torch.add(q_prev, u_prev, alpha=-1 / rho)
+    # Products are added to full-precision terms outside the matmul (no addmm): under autocast
+    # only the products drop to bf16, and p keeps the dtype of q_prev.
     if n_out <= n_in:
-        K = torch.addmm(_eye(n_out, W), W, W.T, beta=rho, alpha=nu)
+        K = nu * (W @ W.T) + rho * _eye(n_out, W)
         M = torch.cholesky_solve(W, torch.linalg.cholesky(K)).mul_(nu)
-        s = torch.addmm(z, v, W.T, alpha=-1).sub_(b)
-        return torch.addmm(v, s, M)
-    H = torch.addmm(_eye(n_in, W), W.T, W, beta=rho, alpha=nu)
+        s = torch.sub(z, v @ W.T).sub_(b)
+        return v + s @ M
+    H = nu * (W.T @ W) + rho * _eye(n_in, W)
     # H >= rho I is well conditioned, so its explicit inverse is safe, and applying it is one
     # GEMM with N rows: several times faster than a triangular solve on CPUs and GPUs alike.
     H_inv = torch.cholesky_solve(_eye(n_in, W), torch.linalg.cholesky(H))
-    rhs = torch.addmm(v, z - b, W, beta=rho, alpha=nu)
-    return rhs @ H_inv
+    rhs = torch.add(rho * v, (z - b) @ W, alpha=nu)
+    return (rhs @ H_inv).to(v.dtype)
 
 
 def update_W(

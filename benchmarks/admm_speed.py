@@ -1,0 +1,300 @@
+"""Seconds per full-batch pdADMM iteration: the public reference's computation against deepjimu's.
+
+Same run, same synthetic MNIST-shaped data (N samples, 196 features, 10 classes, deepjimu's
+``synthetic`` dataset), same MLP sizes and starting weights, rho = nu = 1e-4:
+
+- reference: ``benchmarks/pdadmm_reference.py`` (the reference implementation's update
+  functions: linearised p and W steps with backtracking, FISTA for z_L);
+- deepjimu: ``LayerBlock`` + ``serial_iteration`` (exact p and (W, b) solves), started by
+  ``block.init_forward(x)``, with the parameters the ``admm`` strategy uses (tau = 1).
+
+One warm-up iteration each, then ``--iters`` timed iterations that alternate between the two
+sides (so background load hits both alike); the figure per side is the median, and the ratio
+reference / deepjimu is taken between the medians of the same run. On CUDA it also reports
+deepjimu's achieved FLOP/s (its matmuls counted analytically, see :func:`deepjimu_matmuls`)
+as a fraction of an 8192^3 matmul measured in the same run, and peak memory per side.
+
+``--workers 1,2,4`` instead launches deepjimu's real ``admm`` strategy through
+``deepjimu.launch.train`` for each worker count and reports, from its ``events.jsonl``, the
+time per iteration and its split into compute and wait per rank.
+
+Usage:
+    python benchmarks/admm_speed.py [--layers 5] [--width 500] [--n 10000] [--iters 3]
+    python benchmarks/admm_speed.py --device cuda --dtype tf32 --n 55000 --layers 10 --width 1000
+    python benchmarks/admm_speed.py --workers 1,2,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import deepjimu  # noqa: F401  (before torch: OpenMP's wait policy as deepjimu's workers have it)
+
+# isort: split
+import torch
+import torch.nn.functional as F
+
+from deepjimu.data import DataOptions, load_dataset
+from deepjimu.models import build_model
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.driver import serial_iteration
+from deepjimu.strategies.admm.strategy import linear_layers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pdadmm_reference import init_reference, reference_iteration
+
+__all__ = ["deepjimu_matmuls", "main"]
+
+RHO = NU = 1e-4
+
+
+def deepjimu_matmuls(
+    widths: list[int], n: int, data_gram_cached: bool = False
+) -> list[tuple[str, int, int, int]]:
+    """The matmuls (name, m, k, n) of one deepjimu serial iteration; each costs 2 m k n flops.
+
+    Per layer l, n_in -> n_out (as ``updates.py`` computes them): the p-step (l > 0) W W^T,
+    v W^T and s M when n_out <= n_in, else W^T W, (z - b) W and rhs H^-1; the (W, b)-step
+    the Gram p^T p (upper triangle in 4 row strips when n_in >= 256) and z^T p; then
+    a = p W^T + b. Factorisations and triangular solves (O(n^3)) and elementwise work are
+    left out. ``data_gram_cached``: the block keeps x^T x of layer 0 between iterations.
+    """
+    out = []
+    for l in range(len(widths) - 1):
+        n_in, n_out = widths[l], widths[l + 1]
+        if l > 0 and n_out <= n_in:
+            out += [
+                (f"W W^T [{l}]", n_out, n_in, n_out),
+                (f"v W^T [{l}]", n, n_in, n_out),
+                (f"s M [{l}]", n, n_out, n_in),
+            ]
+        elif l > 0:
+            out += [
+                (f"W^T W [{l}]", n_in, n_out, n_in),
+                (f"(z-b) W [{l}]", n, n_out, n_in),
+                (f"rhs H^-1 [{l}]", n, n_in, n_in),
+            ]
+        edges = [n_in * i // 4 for i in range(5)] if n_in >= 256 else [0, n_in]
+        if not (l == 0 and data_gram_cached):
+            out += [(f"p^T p [{l}]", hi - lo, n, n_in - lo) for lo, hi in itertools.pairwise(edges)]
+        out += [(f"z^T p [{l}]", n_out, n, n_in), (f"p W^T [{l}]", n, n_in, n_out)]
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _precision(device: torch.device, dtype: str) -> Iterator[None]:
+    """fp32: true float32 matmuls; tf32: TF32 tensor cores; bf16: autocast matmuls to bfloat16."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = dtype == "tf32"
+        torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    if dtype == "bf16":
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            yield
+    else:
+        yield
+
+
+def matmul_peak(device: torch.device, dtype: str, size: int = 8192, reps: int = 5) -> float:
+    """FLOP/s of a size^3 matmul in ``dtype`` (the best of ``reps``)."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    if dtype == "bf16":
+        a, b = a.bfloat16(), b.bfloat16()
+    with _precision(device, dtype):
+        a @ b
+        _sync(device)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a @ b
+            _sync(device)
+            best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+def _timed(step: Callable[[], None], device: torch.device) -> float:
+    _sync(device)
+    t0 = time.perf_counter()
+    step()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def serial_speed(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    data = load_dataset("synthetic", DataOptions(synthetic_n=args.n, val_fraction=0.0))
+    x, y = data.train_x.flatten(1).to(device), data.train_y.to(device)
+    model = build_model(f"mlp:{args.width}x{args.layers - 1}", data.feature_shape, 10, seed=0)
+    linears = linear_layers(model)
+    W = [m.weight.detach().to(device) for m in linears]
+    b = [m.bias.detach().to(device) for m in linears]
+    widths = [W[0].shape[1]] + [w.shape[0] for w in W]
+    L = len(W)
+    print(
+        f"pdADMM full batch: N={len(y)}, widths {widths}, rho=nu={RHO}, device {device}, "
+        f"{args.dtype}, {torch.get_num_threads()} threads"
+    )
+
+    onehot = F.one_hot(y, 10).T.to(torch.float32).contiguous()
+    made: dict[str, Any] = {}
+
+    def setup_deepjimu() -> Callable[[], None]:
+        block = LayerBlock(
+            0, L, L, [w.clone() for w in W], [v.clone() for v in b], AdmmParams(RHO, NU, tau=1.0)
+        )
+        block.init_forward(x)
+        made["deepjimu"] = block
+        return lambda: serial_iteration(block, y)
+
+    def setup_reference() -> Callable[[], None]:
+        ref = made["reference"] = init_reference(x, W, b)
+        return lambda: reference_iteration(ref, onehot, RHO)
+
+    setups = {"deepjimu": setup_deepjimu}
+    if not args.skip_reference:
+        setups["reference"] = setup_reference
+    steps: dict[str, Callable[[], None]] = {}
+    times: dict[str, list[float]] = {k: [] for k in setups}
+    peak: dict[str, float] = {}
+    resident = 0  # bytes held by the sides set up before (CUDA only)
+    with _precision(device, args.dtype):
+        for name, setup in setups.items():
+            if device.type == "cuda":
+                before = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            steps[name] = setup()
+            _timed(steps[name], device)  # warm-up
+            if device.type == "cuda":
+                peak[name] = (torch.cuda.max_memory_allocated(device) - resident) / 2**30
+                resident += torch.cuda.memory_allocated(device) - before
+        for _ in range(args.iters):
+            for name, step in steps.items():
+                times[name].append(_timed(step, device))
+    ref = made.get("reference")
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n{'side':<10} {'median s/iter':>14} {'min':>8} {'max':>8}  all")
+    for k, v in times.items():
+        print(f"{k:<10} {med[k]:>14.3f} {min(v):>8.3f} {max(v):>8.3f}  {[round(t, 3) for t in v]}")
+    if ref is not None:
+        print(
+            "reference, last iteration: objective evaluations (one GEMM each) in the p line "
+            f"searches {ref.trials['p']}, W line searches {ref.trials['W']}; "
+            f"FISTA steps {ref.trials['fista']}"
+        )
+    if "reference" in med:
+        print(
+            f"\nratio reference / deepjimu: {med['reference'] / med['deepjimu']:.2f}x (medians), "
+            f"{min(times['reference']) / min(times['deepjimu']):.2f}x (fastest)"
+        )
+    if device.type == "cuda":
+        cached = getattr(made["deepjimu"], "_data_gram", None) is not None
+        flops = sum(2 * m * k * n for _, m, k, n in deepjimu_matmuls(widths, len(y), cached))
+        peak_flops = matmul_peak(device, args.dtype)
+        achieved = flops / med["deepjimu"]
+        print(
+            f"deepjimu: {flops / 1e9:.1f} GFLOP of matmuls per iteration, "
+            f"{achieved / 1e12:.1f} TFLOP/s = {achieved / peak_flops:.1%} of the "
+            f"{peak_flops / 1e12:.1f} TFLOP/s 8192^3 {args.dtype} matmul"
+        )
+        for k, v in peak.items():
+            print(f"peak memory {k} (data included, the other side's state not): {v:.2f} GiB")
+
+
+def workers_speed(args: argparse.Namespace) -> None:
+    from deepjimu.config import RunConfig
+    from deepjimu.launch import train
+
+    iters = args.iters + 1
+    print(
+        f"admm strategy, full batch: N={args.n}, mlp:{args.width}x{args.layers - 1}, "
+        f"{iters} iterations per run, device {args.device}"
+    )
+    print(
+        f"\n{'workers':>7} {'s/iter':>8} {'last iter':>9}  "
+        f"{'compute s/iter per rank':<30} wait s/iter per rank"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in args.workers:
+            cfg = RunConfig(
+                strategy="admm",
+                dataset="synthetic",
+                synthetic_n=args.n,
+                model=f"mlp:{args.width}x{args.layers - 1}",
+                workers=w,
+                epochs=iters,
+                eval_every=iters,
+                quiet=True,
+                val_fraction=0.0,
+                rho=RHO,
+                nu=NU,
+                device=args.device,
+                runs_dir=tmp,
+                name=f"w{w}",
+            )
+            train(cfg)
+            events = [
+                json.loads(line)
+                for line in (Path(tmp) / f"w{w}" / "events.jsonl").read_text().splitlines()
+            ]
+            e = events[-1]
+            compute = [c / iters for c in e["compute_s_per_rank"]]
+            wait = [c / iters for c in e["wait_s_per_rank"]]
+            per_iter = max(c + t for c, t in zip(compute, wait, strict=True))
+            print(
+                f"{w:>7} {per_iter:>8.3f} {e['train_s'] / iters:>9.3f}  "
+                f"{[round(c, 3) for c in compute]!s:<30} {[round(c, 3) for c in wait]}"
+            )
+    print(
+        "\ns/iter: the slowest rank's (compute + wait) over the run / iterations (includes the"
+        " start-up forward pass); last iter: the wall time of the last iteration."
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=5, help="linear layers (hidden + output)")
+    ap.add_argument("--width", type=int, default=500, help="hidden units per layer")
+    ap.add_argument("--n", type=int, default=10000, help="training samples (full batch)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", choices=("fp32", "tf32", "bf16"), default="fp32")
+    ap.add_argument("--iters", type=int, default=3, help="timed iterations (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (serial mode)")
+    ap.add_argument("--skip-reference", action="store_true", help="time deepjimu only")
+    ap.add_argument(
+        "--workers",
+        type=lambda s: [int(w) for w in s.split(",")],
+        default=None,
+        help="comma-separated worker counts: run the admm strategy instead",
+    )
+    args = ap.parse_args(argv)
+    if args.dtype != "fp32" and args.device != "cuda":
+        ap.error(f"--dtype {args.dtype} needs --device cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device")
+    if args.workers:
+        workers_speed(args)
+        return
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    serial_speed(args)
+
+
+if __name__ == "__main__":
+    main()
