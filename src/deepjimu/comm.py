@@ -52,9 +52,10 @@ class Comm:
     """Point-to-point and collective messages of one rank, counted where they are sent.
 
     Every byte a strategy moves goes through here (or through :meth:`count` for messages
-    that a library sends, e.g. DDP buckets), so ``bytes_sent`` / ``bytes_recv`` are the real
-    payloads. For collectives the payload handed to the collective is counted once as sent
-    and once as received; the wire traffic of the collective's algorithm is not guessed.
+    that a library sends: DDP's all-reduce buckets, pipelining's P2P ops), so
+    ``bytes_sent`` / ``bytes_recv`` are the real payloads. For a collective the payload
+    handed to it is counted once as sent and once as received; the wire traffic of the
+    collective's algorithm is not guessed.
 
     Example:
         >>> comm = Comm(CommStats())
@@ -91,23 +92,4 @@ class Comm:
     def recv(self, t: Tensor, src: int) -> Tensor:
         """Receive into ``t`` from ``src``; the time blocked counts as wait."""
         self.irecv(t, src).wait()
-        return t
-
-    def all_reduce(self, t: Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> Tensor:
-        """In-place all-reduce of ``t``; counts its payload."""
-        self.count(sent=nbytes(t), recv=nbytes(t))
-        t0 = time.perf_counter()
-        dist.all_reduce(t, op=op, group=self.group)
-        if self._sync(t):
-            torch.cuda.synchronize()
-        self.stats.wait_s += time.perf_counter() - t0
-        return t
-
-    def broadcast(self, t: Tensor, src: int) -> Tensor:
-        """In-place broadcast of ``t`` from ``src``; counts its payload."""
-        rank = dist.get_rank(self.group)
-        self.count(sent=nbytes(t) if rank == src else 0, recv=0 if rank == src else nbytes(t))
-        t0 = time.perf_counter()
-        dist.broadcast(t, src, group=self.group)
-        self.stats.wait_s += time.perf_counter() - t0
         return t

@@ -15,6 +15,7 @@ from typing import Any
 from deepjimu.config import RunConfig, validate
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
+from deepjimu.run import atomic_write_text
 from deepjimu.worker import default_run_name, error_dir, worker_main
 
 __all__ = ["train", "under_torchrun"]
@@ -50,7 +51,7 @@ def train(cfg: RunConfig) -> dict[str, Any] | None:
     assert cfg.workers is not None
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     if cfg.workers == 1:
-        return worker_main(cfg_dict, str(out_dir))
+        return worker_main(cfg_dict, str(out_dir), report_errors=False)
     return _launch_local(cfg_dict, cfg.workers, out_dir)
 
 
@@ -111,9 +112,9 @@ def _failure_line(out_dir: Path, err: Exception) -> str:
         records[r["rank"]] = r
     if records:
         log = out_dir / "worker-errors.log"
-        log.write_text(
-            "\n".join(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))
-        )
+        text = "\n".join(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))
+        atomic_write_text(log, text)
+        shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     users = sorted((r for r in records.values() if r["user_error"]), key=lambda r: r["time"])
     if users:
         return f"worker {users[0]['rank']}: {_first_line(users[0]['message'])}"

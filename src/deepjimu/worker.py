@@ -61,11 +61,14 @@ def pick_device(cfg: RunConfig, local_rank: int, local_world: int) -> torch.devi
     return torch.device("cuda", local_rank)
 
 
-def worker_main(cfg_dict: dict[str, Any], out_dir: str | None) -> dict[str, Any] | None:
+def worker_main(
+    cfg_dict: dict[str, Any], out_dir: str | None, report_errors: bool = True
+) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
 
-    A failure is written to ``<out_dir>/.errors/rank<r>.json`` before it propagates, so the
-    launcher can name the worker and its error in one line.
+    With ``report_errors`` a failure is written to ``<out_dir>/.errors/rank<r>.json`` before
+    it propagates, so the launcher of several processes can name the worker and its error
+    in one line (a run in the launcher's own process just raises).
     """
     cfg = RunConfig.from_dict(cfg_dict)
     rank = _env_int("RANK", 0)
@@ -73,7 +76,7 @@ def worker_main(cfg_dict: dict[str, Any], out_dir: str | None) -> dict[str, Any]
     try:
         return _work(cfg, folder)
     except BaseException as e:
-        if folder is not None:
+        if folder is not None and report_errors:
             record = {
                 "rank": rank,
                 "time": time.time(),

@@ -21,6 +21,7 @@ __all__ = [
     "FitResult",
     "GradientStrategy",
     "Strategy",
+    "accuracies",
     "count_correct",
     "epoch_order",
     "make_optimizer",
@@ -110,6 +111,18 @@ def count_correct(
     return correct, loss, len(y)
 
 
+def accuracies(
+    model: nn.Module, data: DataSplits, splits: tuple[str, ...]
+) -> dict[str, float | None]:
+    """``<split>_acc`` of ``model`` for each named split that has samples."""
+    out: dict[str, float | None] = {}
+    for split in splits:
+        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        if len(y):
+            out[f"{split}_acc"] = count_correct(model, x, y)[0] / len(y)
+    return out
+
+
 class GradientStrategy(Strategy):
     """Mini-batch backprop training: one epoch loop for local, ddp, model-parallel, pipeline.
 
@@ -144,15 +157,7 @@ class GradientStrategy(Strategy):
 
     def evaluate(self, data: DataSplits, run: Run) -> dict[str, float | None]:
         """Accuracies of the current model (default: rank 0 runs the whole model)."""
-        if not run.is_main:
-            return {}
-        out: dict[str, float | None] = {}
-        for split in ("train", "val", "test"):
-            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
-            if len(y):
-                correct, _, n = count_correct(self.model, x, y)
-                out[f"{split}_acc"] = correct / n
-        return out
+        return accuracies(self.model, data, ("train", "val", "test")) if run.is_main else {}
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's state for a checkpoint besides the model (default: the optimizer)."""

@@ -13,7 +13,7 @@ from deepjimu.comm import Comm, nbytes
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
-from deepjimu.strategies.base import GradientStrategy, count_correct, make_optimizer
+from deepjimu.strategies.base import GradientStrategy, accuracies, count_correct, make_optimizer
 
 __all__ = ["DDPStrategy"]
 
@@ -86,7 +86,9 @@ class DDPStrategy(GradientStrategy):
         correct, _, n = count_correct(self.model, data.train_x, data.train_y)
         totals = torch.tensor([correct, n], dtype=torch.float64)
         dist.all_reduce(totals)
-        out = super().evaluate(data, run)
-        if run.is_main:
-            out["train_acc"] = float(totals[0] / totals[1])
-        return out
+        if not run.is_main:
+            return {}
+        return {
+            "train_acc": float(totals[0] / totals[1]),
+            **accuracies(self.model, data, ("val", "test")),
+        }
