@@ -125,10 +125,10 @@ class AdmmStrategy(Strategy):
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
         x = data.train_x.flatten(1)
         y = data.train_y if hi == L else None
-        start = 0
+        start, steps = 0, 0
         if run.resumed is not None:
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
-            start = run.resumed.epoch
+            start, steps = run.resumed.epoch, run.resumed.step
         elif not cfg.admm_batch:
             with run.compute():
                 init_blocks_forward(
@@ -137,7 +137,7 @@ class AdmmStrategy(Strategy):
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         self.history: list[float] = []
-        steps = 0
+        samples, train_s = 0, 0.0
         for epoch in range(start, cfg.epochs):
             t0 = time.perf_counter()
             with run.compute():
@@ -146,14 +146,16 @@ class AdmmStrategy(Strategy):
                 else:
                     self._iterate(y)
                     steps += 1
-            train_s = time.perf_counter() - t0
+            train_s += time.perf_counter() - t0
+            samples += len(data.train_y)
             done = epoch + 1
             if done % cfg.eval_every == 0 or done == cfg.epochs:
-                self._log(done, data, train_s * cfg.eval_every)
+                self._log(steps, done, data, samples, train_s)
+                samples, train_s = 0, 0.0
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
-                self._checkpoint(done)
+                self._checkpoint(steps, done)
         run.close()
-        self._checkpoint(cfg.epochs)
+        self._checkpoint(steps, cfg.epochs)
         return FitResult(
             epochs=cfg.epochs,
             steps=steps,
@@ -199,7 +201,7 @@ class AdmmStrategy(Strategy):
                 self.linears[l].weight.copy_(self.block.W[l])
                 self.linears[l].bias.copy_(self.block.b[l])
 
-    def _log(self, done: int, data: DataSplits, train_s: float) -> None:
+    def _log(self, step: int, done: int, data: DataSplits, samples: int, train_s: float) -> None:
         cfg, run = self.cfg, self.run
         self._write_back()
         metrics: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
@@ -209,8 +211,7 @@ class AdmmStrategy(Strategy):
             objective, residual = sum(s[0] for s in shares), math.sqrt(sum(s[1] for s in shares))
             metrics |= {"admm_objective": objective, "admm_residual": residual}
         metrics |= {"rho": self.block.params.rho, "nu": self.block.params.nu}
-        samples = len(data.train_y) * cfg.eval_every
-        event = run.log(done, done, samples=samples, train_s=train_s, **metrics)
+        event = run.log(step, done, samples=samples, train_s=train_s, **metrics)
         bad = [
             k
             for k in ("loss", "admm_objective")
@@ -237,10 +238,10 @@ class AdmmStrategy(Strategy):
             self.block.params.rho *= self.cfg.rho_growth
             self.history.clear()
 
-    def _checkpoint(self, done: int) -> None:
+    def _checkpoint(self, step: int, done: int) -> None:
         self._write_back()
         full = gather_model(self.model, self.plan, self.run)
-        self.run.save_checkpoint(done, done, full, {"block": self.block.state_dict()})
+        self.run.save_checkpoint(step, done, full, {"block": self.block.state_dict()})
 
 
 def _finite(v: Any) -> bool:
