@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,14 +46,9 @@ from torch.nn.parallel import DistributedDataParallel
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
 from deepjimu.strategies.base import epoch_order, split_steps
+from deepjimu.worker import free_port
 
 __all__ = ["deepjimu_epochs", "main", "plain_ddp_epochs"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _plain_worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
@@ -92,7 +86,7 @@ def plain_ddp_epochs(args: argparse.Namespace) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "times.json")
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.workers)))
-        mp.spawn(_plain_worker, args=(args, _free_port(), out), nprocs=args.workers, join=True)
+        mp.spawn(_plain_worker, args=(args, free_port(), out), nprocs=args.workers, join=True)
         return list(json.loads(Path(out).read_text()))
 
 

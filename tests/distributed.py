@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -14,14 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from deepjimu.worker import free_port
+
 __all__ = ["free_port", "run_world"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(

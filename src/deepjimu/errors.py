@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["JimuError"]
+__all__ = ["JimuError", "one_line"]
 
 
 class JimuError(Exception):
@@ -16,3 +16,8 @@ class JimuError(Exception):
         ...
         deepjimu.errors.JimuError: workers must be >= 1 (workers: 0)
     """
+
+
+def one_line(e: object) -> str:
+    """``str(e)`` with every run of whitespace, newlines included, made one space."""
+    return " ".join(str(e).split())

@@ -24,23 +24,44 @@ from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 
-__all__ = ["Checkpoint", "Run", "atomic_write_bytes", "atomic_write_text", "peak_memory_mb"]
+__all__ = [
+    "Checkpoint",
+    "Run",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "peak_memory_mb",
+]
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path, suffix: str = "") -> Iterator[Path]:
+    """A temporary path beside ``path``; moved onto ``path`` if the block ends without error.
+
+    Readers see the old file or the whole new one, and a failed or interrupted write leaves
+    no temporary file behind.
+
+    Example:
+        >>> with atomic_path(Path("runs/r/model.pt")) as tmp:  # doctest: +SKIP
+        ...     torch.save(state, tmp)
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -49,16 +70,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _torch_save_atomic(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def peak_memory_mb(device: torch.device) -> float:

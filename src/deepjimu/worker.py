@@ -18,11 +18,12 @@ from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
+from deepjimu.report import read_events
 from deepjimu.run import Run, atomic_write_text
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import count_correct
 
-__all__ = ["default_run_name", "error_dir", "worker_main"]
+__all__ = ["default_run_name", "error_dir", "free_port", "worker_main"]
 
 
 def default_run_name(cfg: RunConfig) -> str:
@@ -35,7 +36,8 @@ def error_dir(out_dir: Path) -> Path:
     return out_dir / ".errors"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -99,9 +101,7 @@ def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
         backend = "nccl" if device.type == "cuda" else "gloo"
         # a one-worker run that still needs a group (ddp x1) has no launcher to rendezvous with
         alone = (
-            {}
-            if "MASTER_ADDR" in os.environ
-            else {"init_method": f"tcp://127.0.0.1:{_free_port()}"}
+            {} if "MASTER_ADDR" in os.environ else {"init_method": f"tcp://127.0.0.1:{free_port()}"}
         )
         dist.init_process_group(
             backend, rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30), **alone
@@ -150,7 +150,8 @@ def _train(
     if rank != 0:
         return None
     model = model.to(device)
-    last = _last_event(out_dir)
+    events = read_events(out_dir)
+    last = events[-1]
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
         "workers": world,
@@ -169,7 +170,7 @@ def _train(
         summary[f"{split}_acc"] = count_correct(model, x, y)[0] / len(y) if len(y) else None
     summary.update(
         {
-            "samples_per_s": round(_mean_throughput(out_dir), 3),
+            "samples_per_s": round(_mean_throughput(events), 3),
             "bytes_sent": int(sum(t[0] for t in totals)),
             "bytes_recv": int(sum(t[1] for t in totals)),
             "compute_s_per_rank": [round(t[2], 4) for t in totals],
@@ -182,23 +183,9 @@ def _train(
     return summary
 
 
-def _events(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / "events.jsonl"
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if path.exists()
-        else []
-    )
-
-
-def _last_event(out_dir: Path) -> dict[str, Any]:
-    events = _events(out_dir)
-    return events[-1] if events else {}
-
-
-def _mean_throughput(out_dir: Path) -> float:
+def _mean_throughput(events: list[dict[str, Any]]) -> float:
     """Training samples per second over the whole run: total samples / total training time."""
-    events = [e for e in _events(out_dir) if e.get("samples_per_s")]
+    events = [e for e in events if e.get("samples_per_s")]
     samples = sum(e["samples_per_s"] * e["train_s"] for e in events if e.get("train_s"))
     seconds = sum(e["train_s"] for e in events if e.get("train_s"))
     return samples / seconds if seconds else 0.0

@@ -12,7 +12,7 @@ import numpy as np
 
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.data.download import extract_tar, fetch
-from deepjimu.errors import JimuError
+from deepjimu.errors import JimuError, one_line
 
 __all__ = ["ARCHIVE", "FOLDER", "TEST_BATCH", "TRAIN_BATCHES", "load_cifar10", "read_batch"]
 
@@ -81,10 +81,10 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         with open(path, "rb") as f:
             batch = _BatchUnpickler(f, encoding="latin1").load()
     except OSError as e:
-        raise JimuError(f"{path}: cannot be read ({_one_line(e)})") from None
+        raise JimuError(f"{path}: cannot be read ({one_line(e)})") from None
     except Exception as e:  # a corrupt pickle can fail in almost any way
         raise JimuError(
-            f"{path}: not a readable pickle batch ({type(e).__name__}: {_one_line(e)})"
+            f"{path}: not a readable pickle batch ({type(e).__name__}: {one_line(e)})"
         ) from None
     if not isinstance(batch, dict):
         raise JimuError(f"{path}: not a CIFAR batch (a {type(batch).__name__}, not a dict)")
@@ -151,7 +151,3 @@ class _BatchUnpickler(pickle.Unpickler):
         if found is None:
             raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a batch")
         return found
-
-
-def _one_line(e: object) -> str:
-    return " ".join(str(e).split())

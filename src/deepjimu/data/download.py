@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import os
@@ -16,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from deepjimu.errors import JimuError
+from deepjimu.errors import JimuError, one_line
+from deepjimu.run import atomic_path
 
 __all__ = ["SOURCES", "Source", "extract_tar", "fetch", "file_md5", "source_url"]
 
@@ -114,27 +114,19 @@ def fetch(dataset: str, file_name: str, dest: Path, mirror: str | None = None) -
     if expected is None:
         raise JimuError(f"{dataset}: no checksum is known for {file_name}; refusing to download it")
     url = source_url(dataset, file_name, mirror)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    except OSError as e:
-        raise JimuError(
-            f"{dest.parent}: cannot write the download there ({_one_line(e)})"
-        ) from None
     print(f"downloading {url} -> {dest}", file=sys.stderr)
     try:
-        with os.fdopen(fd, "wb") as out:
-            got = _transfer(url, out)
-        actual = file_md5(Path(tmp))
-        if actual != expected:
-            raise JimuError(
-                f"{dest}: checksum mismatch after download from {url} "
-                f"(md5 {actual}, expected {expected}; {got} bytes)"
-            )
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        with atomic_path(dest, suffix=".part") as tmp:
+            with open(tmp, "wb") as out:
+                got = _transfer(url, out)
+            actual = file_md5(tmp)
+            if actual != expected:
+                raise JimuError(
+                    f"{dest}: checksum mismatch after download from {url} "
+                    f"(md5 {actual}, expected {expected}; {got} bytes)"
+                )
+    except OSError as e:  # the folder cannot be created or written (network errors are JimuError)
+        raise JimuError(f"{dest.parent}: cannot write the download there ({one_line(e)})") from None
     return dest
 
 
@@ -150,11 +142,11 @@ def _transfer(url: str, out: BinaryIO) -> int:
     except urllib.error.HTTPError as e:
         raise JimuError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
     except urllib.error.URLError as e:
-        raise JimuError(f"download of {url} failed: {_one_line(e.reason)}") from None
+        raise JimuError(f"download of {url} failed: {one_line(e.reason)}") from None
     except (OSError, http.client.HTTPException) as e:
         raise JimuError(
             f"download of {url} was interrupted after {got} bytes "
-            f"({type(e).__name__}: {_one_line(e)}); run again"
+            f"({type(e).__name__}: {one_line(e)}); run again"
         ) from None
     # http.client returns b"" when the server closes early instead of raising
     if length is not None and length.isdigit() and got != int(length):
@@ -189,7 +181,7 @@ def extract_tar(archive: Path, dest: Path, top: str) -> Path:
                     _extract_member(tar, m, tmp)
         except (tarfile.TarError, EOFError, OSError) as e:
             raise JimuError(
-                f"{archive}: cannot be extracted ({type(e).__name__}: {_one_line(e)})"
+                f"{archive}: cannot be extracted ({type(e).__name__}: {one_line(e)})"
             ) from None
         if not (tmp / top).is_dir():
             raise JimuError(f"{archive}: has no folder {top}/")
@@ -227,7 +219,3 @@ def _extract_member(tar: tarfile.TarFile, m: tarfile.TarInfo, root: Path) -> Non
     with src, open(path, "wb") as out:
         for block in iter(lambda: src.read(_CHUNK), b""):
             out.write(block)
-
-
-def _one_line(e: object) -> str:
-    return " ".join(str(e).split())

@@ -12,7 +12,7 @@ import numpy as np
 
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.data.download import fetch
-from deepjimu.errors import JimuError
+from deepjimu.errors import JimuError, one_line
 
 __all__ = ["DATASETS", "IMAGES_MAGIC", "LABELS_MAGIC", "find_idx", "load_idx", "read_idx"]
 
@@ -75,9 +75,9 @@ def _read_bytes(path: Path) -> bytes:
             try:
                 return gzip.GzipFile(fileobj=f).read()
             except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-                raise JimuError(f"{path}: corrupt gzip file ({_one_line(e)})") from None
+                raise JimuError(f"{path}: corrupt gzip file ({one_line(e)})") from None
     except OSError as e:
-        raise JimuError(f"{path}: cannot be read ({_one_line(e)})") from None
+        raise JimuError(f"{path}: cannot be read ({one_line(e)})") from None
 
 
 def find_idx(folder: Path, base: str) -> Path | None:
@@ -132,10 +132,6 @@ def _locate(name: str, folder: Path, base: str, opts: DataOptions) -> Path:
     if not opts.download:
         raise JimuError(f"{name}: missing file {gz} (or {base}); run with --download to fetch it")
     return fetch(name, gz.name, gz, opts.data_url)
-
-
-def _one_line(e: object) -> str:
-    return " ".join(str(e).split())
 
 
 for _name in DATASETS:

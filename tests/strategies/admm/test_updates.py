@@ -86,10 +86,14 @@ def test_update_p_is_the_minimiser() -> None:
     assert _grad(phi, p)[0].abs().max() < 1e-10
 
 
-@pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.2, 0.4)])
-def test_update_W_exact_is_the_minimiser(mu: float, tau: float) -> None:
-    g = torch.Generator().manual_seed(1)
-    n_in, n_out, nu = 5, 3, 0.8
+def _w_problem(
+    seed: int, n_out: int, nu: float, mu: float, tau: float
+) -> tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]
+]:
+    """A W-subproblem with 5 inputs: p, b, z, W_old and its objective (fit + ridge + prox)."""
+    g = torch.Generator().manual_seed(seed)
+    n_in = 5
     p, b, z = (
         _randn(N, n_in, generator=g),
         _randn(n_out, generator=g),
@@ -100,6 +104,13 @@ def test_update_W_exact_is_the_minimiser(mu: float, tau: float) -> None:
     def objective(W: torch.Tensor) -> torch.Tensor:
         return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
 
+    return p, b, z, W_old, objective
+
+
+@pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.2, 0.4)])
+def test_update_W_exact_is_the_minimiser(mu: float, tau: float) -> None:
+    nu = 0.8
+    p, b, z, W_old, objective = _w_problem(1, 3, nu, mu, tau)
     W = update_W(p, b, z, W_old, nu, mu=mu, tau=tau)
     (expected,) = _argmin(objective, W_old)
     torch.testing.assert_close(W, expected, rtol=1e-8, atol=1e-8)
@@ -125,19 +136,9 @@ def test_update_W_exact_with_singular_gram_is_the_minimum_norm_minimiser() -> No
 
 @pytest.mark.parametrize("seed", range(5))
 def test_update_W_linearized_never_increases_the_objective(seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    n_in, n_out, nu = 5, 4, 2.0
+    nu = 2.0
     mu, tau = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.3), (0.1, 0.1), (1.0, 2.0)][seed]
-    p, b, z = (
-        _randn(N, n_in, generator=g),
-        _randn(n_out, generator=g),
-        _randn(N, n_out, generator=g),
-    )
-    W_old = _randn(n_out, n_in, generator=g)
-
-    def objective(W: torch.Tensor) -> torch.Tensor:
-        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
-
+    p, b, z, W_old, objective = _w_problem(seed, 4, nu, mu, tau)
     W = update_W(p, b, z, W_old, nu, mu=mu, tau=tau, method=WStep.LINEARIZED)
     assert objective(W) < objective(W_old)
     W_exact = update_W(p, b, z, W_old, nu, mu=mu, tau=tau)
