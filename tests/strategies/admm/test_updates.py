@@ -13,6 +13,7 @@ from deepjimu.strategies.admm.updates import (
     LayerVars,
     WStep,
     augmented_lagrangian,
+    centred_gram,
     last_layer_objective,
     layer_lagrangian,
     primal_residual,
@@ -188,8 +189,36 @@ def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float) -> None:
     W_seq = update_W(p, b_old, z, W_old, nu, mu=mu, tau=tau)
     b_seq = update_b(z, p @ W_seq.T)
     assert objective(W, b) <= objective(W_seq, b_seq) + 1e-12
-    W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ptp=p.T @ p)
+    W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, gram=centred_gram(p))
     torch.testing.assert_close((W2, b2), (W, b))
+
+
+def test_update_Wb_keeps_its_accuracy_under_bf16_autocast() -> None:
+    """ReLU-like inputs with a large mean: the centred Gram must not come from a rounded p^T p.
+
+    Subtracting N m m^T from a bf16 p^T p cancels most of its bits (W was off by 430% and
+    b by 25,000% when the products were centred after the matmul); centring p first keeps
+    W within a few percent of the float64 solve, and the objective within a few percent of
+    its minimum (b = mean z - W m inherits W's error times the large mean m).
+    """
+    g = torch.Generator().manual_seed(8)
+    n, n_in, n_out = 2000, 64, 32
+    p = (torch.randn(n, n_in, generator=g).relu() + 4.0).float()
+    W_true = torch.randn(n_out, n_in, generator=g) / 8
+    z = p @ W_true.T + 0.5 + 0.1 * torch.randn(n, n_out, generator=g)
+    W_old = torch.zeros(n_out, n_in)
+    W64, b64 = update_Wb(p.double(), z.double(), W_old.double(), nu=1.0, tau=1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        W, b = update_Wb(p, z, W_old, nu=1.0, tau=1.0)
+    assert W.dtype == b.dtype == torch.float32
+    assert float((W.double() - W64).norm() / W64.norm()) < 0.05
+
+    def objective(W: torch.Tensor, b: torch.Tensor) -> float:
+        W, b = W.double(), b.double()
+        fit = ((z.double() - p.double() @ W.T - b) ** 2).sum() / 2
+        return float(fit + ((W - W_old.double()) ** 2).sum() / 2)
+
+    assert objective(W, b) < 1.05 * objective(W64, b64)
 
 
 def _z_hidden_objective(z, a, q, z_old):

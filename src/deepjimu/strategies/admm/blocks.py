@@ -128,13 +128,13 @@ class LayerBlock:
         """(W, b) jointly exact, then z; ``a = p W^T + b`` is computed once per layer and reused."""
         nu, tau = self.params.nu, self.params.tau
         for l in self.layers:
-            ptp = None
-            if l == 0:  # p_0 is the data: its Gram matrix is the same every iteration
+            gram = None
+            if l == 0:  # p_0 is the data: its centred Gram matrix is the same every iteration
                 if self._data_gram is None:
-                    self._data_gram = self.p[0].T @ self.p[0]
-                ptp = self._data_gram
+                    self._data_gram = U.centred_gram(self.p[0])
+                gram = self._data_gram
             self.W[l], self.b[l] = U.update_Wb(
-                self.p[l], self.z[l], self.W[l], nu, tau=tau, ptp=ptp
+                self.p[l], self.z[l], self.W[l], nu, tau=tau, gram=gram
             )
             a = self.p[l] @ self.W[l].T + self.b[l]
             if l == self.L - 1:
