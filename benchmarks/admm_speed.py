@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
+from deepjimu.precision import autocast, matmul_precision
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.strategy import linear_layers
@@ -98,15 +99,8 @@ def _sync(device: torch.device) -> None:
 
 @contextlib.contextmanager
 def _precision(device: torch.device, dtype: str) -> Iterator[None]:
-    """fp32: true float32 matmuls; tf32: TF32 tensor cores; bf16: autocast matmuls to bfloat16."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-        torch.backends.cudnn.allow_tf32 = dtype == "tf32"
-        torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
-    if dtype == "bf16":
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            yield
-    else:
+    """The matmul mode of ``jimu train --precision dtype``: the same switches and autocast."""
+    with matmul_precision(dtype, device), autocast(dtype, device):
         yield
 
 
@@ -166,9 +160,11 @@ def serial_speed(args: argparse.Namespace) -> None:
         ref = made["reference"] = init_reference(x, W, b)
         return lambda: reference_iteration(ref, onehot, RHO)
 
-    setups = {"deepjimu": setup_deepjimu}
-    if not args.skip_reference:
-        setups["reference"] = setup_reference
+    setups = {
+        k: v
+        for k, v in {"deepjimu": setup_deepjimu, "reference": setup_reference}.items()
+        if args.only in (None, k)
+    }
     steps: dict[str, Callable[[], None]] = {}
     times: dict[str, list[float]] = {k: [] for k in setups}
     peak: dict[str, float] = {}
@@ -198,12 +194,12 @@ def serial_speed(args: argparse.Namespace) -> None:
             f"searches {ref.trials['p']}, W line searches {ref.trials['W']}; "
             f"FISTA steps {ref.trials['fista']}"
         )
-    if "reference" in med:
+    if len(med) == 2:
         print(
             f"\nratio reference / deepjimu: {med['reference'] / med['deepjimu']:.2f}x (medians), "
             f"{min(times['reference']) / min(times['deepjimu']):.2f}x (fastest)"
         )
-    if device.type == "cuda":
+    if device.type == "cuda" and "deepjimu" in made:
         cached = getattr(made["deepjimu"], "_data_gram", None) is not None
         flops = sum(2 * m * k * n for _, m, k, n in deepjimu_matmuls(widths, len(y), cached))
         peak_flops = matmul_peak(device, args.dtype)
@@ -224,7 +220,7 @@ def workers_speed(args: argparse.Namespace) -> None:
     iters = args.iters + 1
     print(
         f"admm strategy, full batch: N={args.n}, mlp:{args.width}x{args.layers - 1}, "
-        f"{iters} iterations per run, device {args.device}"
+        f"{iters} iterations per run, device {args.device}, {args.dtype}"
     )
     print(
         f"\n{'workers':>7} {'s/iter':>8} {'last iter':>9}  "
@@ -245,6 +241,7 @@ def workers_speed(args: argparse.Namespace) -> None:
                 rho=RHO,
                 nu=NU,
                 device=args.device,
+                precision=args.dtype,
                 runs_dir=tmp,
                 name=f"w{w}",
             )
@@ -276,7 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", choices=("fp32", "tf32", "bf16"), default="fp32")
     ap.add_argument("--iters", type=int, default=3, help="timed iterations (after one warm-up)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (serial mode)")
-    ap.add_argument("--skip-reference", action="store_true", help="time deepjimu only")
+    ap.add_argument(
+        "--only",
+        choices=("deepjimu", "reference"),
+        default=None,
+        help="time one side (e.g. when both sides' state would not fit in GPU memory at once)",
+    )
     ap.add_argument(
         "--workers",
         type=lambda s: [int(w) for w in s.split(",")],
@@ -284,8 +286,8 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated worker counts: run the admm strategy instead",
     )
     args = ap.parse_args(argv)
-    if args.dtype != "fp32" and args.device != "cuda":
-        ap.error(f"--dtype {args.dtype} needs --device cuda")
+    if args.dtype == "tf32" and args.device != "cuda":
+        ap.error("--dtype tf32 needs --device cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
     if args.workers:

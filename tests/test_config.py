@@ -41,6 +41,12 @@ def test_validate_fills_strategy_defaults() -> None:
         ({"name": "a/b"}, "name must be a plain folder name"),
         ({"classes": [1]}, "classes must name at least 2 classes"),
         ({"device": "tpu"}, "device must be one of auto, cpu, cuda"),
+        ({"precision": "fp16"}, "precision must be one of fp32, tf32, bf16"),
+        ({"precision": "tf32", "device": "cpu"}, "precision tf32 needs --device cuda"),
+        (
+            {"strategy": "pipeline", "workers": 2, "precision": "bf16"},
+            "strategy pipeline does not support --precision bf16 (supported: fp32, tf32)",
+        ),
     ],
 )
 def test_each_bad_field_gives_one_line(changes: dict, expected: str) -> None:

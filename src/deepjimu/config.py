@@ -16,7 +16,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["ConfigErrors", "RunConfig", "load_config", "option_fields"]
+__all__ = ["PRECISIONS", "ConfigErrors", "RunConfig", "load_config", "option_fields"]
+
+PRECISIONS = ("fp32", "tf32", "bf16")  # see deepjimu.precision
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, **kw: Any) -> Any:
@@ -47,6 +49,11 @@ class RunConfig:
     device: str = _opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
     quiet: bool = _opt(False, "no progress bar")
     threads: int = _opt(0, "CPU threads per worker (0: cores / workers on this machine)")
+    precision: str = _opt(
+        "fp32",
+        "matmul precision: fp32, tf32 (CUDA tensor cores) or bf16 (autocast)",
+        choices=PRECISIONS,
+    )
     # data
     data_dir: str = _opt("data", "folder with dataset files")
     download: bool = _opt(False, "fetch missing dataset files (checksums verified)")
@@ -311,6 +318,13 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"strategy {cfg.strategy} needs at least one block per worker "
             f"(workers: {workers}, blocks in {cfg.model}: {n_blocks})"
         )
+    if cfg.precision not in strategy.precisions and cfg.precision in PRECISIONS:
+        problems.append(
+            f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
+            f"(supported: {', '.join(strategy.precisions)})"
+        )
+    if cfg.precision == "tf32" and cfg.device == "cpu":
+        problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
     if not problems:
         problems.extend(strategy.problems(cfg, n_blocks))
     if problems:

@@ -23,6 +23,7 @@ from torch import nn
 from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
+from deepjimu.precision import autocast
 
 __all__ = [
     "Checkpoint",
@@ -149,6 +150,10 @@ class Run:
         finally:
             self.synchronize()
             self.stats.compute_s += time.perf_counter() - t0 - (self.stats.wait_s - wait0)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for training compute in the run's ``--precision`` (bf16: torch.autocast)."""
+        return autocast(self.cfg.precision, self.device)
 
     # ---- collectives for bookkeeping (not counted as training traffic) ----------------------
     def barrier(self) -> None:

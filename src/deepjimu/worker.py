@@ -18,6 +18,7 @@ from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
+from deepjimu.precision import matmul_precision
 from deepjimu.report import read_events
 from deepjimu.run import Run, atomic_write_text
 from deepjimu.strategies import get_strategy
@@ -112,7 +113,8 @@ def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
             if world > 1:
                 dist.broadcast_object_list(box, src=0)
             out_dir = box[0]
-        return _train(cfg, out_dir, rank, world, device)
+        with matmul_precision(cfg.precision, device):
+            return _train(cfg, out_dir, rank, world, device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

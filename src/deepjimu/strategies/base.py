@@ -49,7 +49,9 @@ class Strategy(ABC):
     ``default_workers`` / ``default_epochs``; ``splits_model`` (each worker owns
     contiguous blocks, so workers <= blocks); ``shards_data`` (each worker loads only its
     rows); ``needs_group`` (a process group even for one worker, as DDP wants);
-    ``max_workers`` (e.g. 1 for ``local``).
+    ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
+    supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
+    do not depend on the activations' dtype).
     """
 
     name: ClassVar[str]
@@ -59,6 +61,7 @@ class Strategy(ABC):
     shards_data: ClassVar[bool] = False
     needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
+    precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32")
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -132,7 +135,8 @@ class GradientStrategy(Strategy):
     """
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
-        """Prepare modules and optimizer (default: whole model on this rank)."""
+        """Keep ``run``, prepare modules and optimizer (default: whole model on this rank)."""
+        self.run = run
         self.model = model.to(run.device)
         self.optimizer = make_optimizer(self.model.parameters(), self.cfg)
 

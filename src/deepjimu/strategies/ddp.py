@@ -53,6 +53,7 @@ class DDPStrategy(GradientStrategy):
     default_workers = 2
     shards_data = True
     needs_group = True
+    precisions = ("fp32", "tf32", "bf16")
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
@@ -74,7 +75,8 @@ class DDPStrategy(GradientStrategy):
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.ddp(x), y)
+        with self.run.autocast():
+            loss = F.cross_entropy(self.ddp(x), y)
         loss.backward()
         self.run.synchronize()
         self.run.stats.wait_s += max(0.0, time.perf_counter() - self.hook.last_call)

@@ -15,10 +15,12 @@ class LocalStrategy(GradientStrategy):
 
     name = "local"
     max_workers = 1
+    precisions = ("fp32", "tf32", "bf16")
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(x), y)
+        with self.run.autocast():
+            loss = F.cross_entropy(self.model(x), y)
         loss.backward()
         self.optimizer.step()
         return loss

@@ -36,6 +36,7 @@ def default_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         "w2": {},
         "w3": {"workers": 3},
         "q8": {"quantize": 8},
+        "bf16": {"precision": "bf16"},
     }.items():
         summary = train(RunConfig(quiet=True, runs_dir=str(root), name=name, **kw))
         assert summary is not None
@@ -67,6 +68,14 @@ def test_quantized_exchange_keeps_accuracy_and_sends_fewer_bytes(
     per_iter_quant = _events(quant["dir"])[-1]["bytes_sent"]
     assert per_iter_quant > 0
     assert per_iter_plain / per_iter_quant >= 3
+
+
+def test_bf16_products_keep_accuracy_and_exchange_float32(default_runs: dict[str, dict]) -> None:
+    """Under --precision bf16 only the matmuls drop to bfloat16: p and q still cross as float32."""
+    plain, bf16 = default_runs["w2"], default_runs["bf16"]
+    assert bf16["summary"]["test_acc"] >= 0.96
+    assert abs(plain["summary"]["test_acc"] - bf16["summary"]["test_acc"]) <= 0.01
+    assert _events(bf16["dir"])[-1]["bytes_sent"] == _events(plain["dir"])[-1]["bytes_sent"]
 
 
 def test_events_carry_admm_diagnostics(default_runs: dict[str, dict]) -> None:

@@ -85,6 +85,9 @@ class AdmmStrategy(Strategy):
     default_workers = 2
     default_epochs = 30
     splits_model = True
+    # under bf16 only the products drop to bfloat16 (updates.py adds them to float32 terms),
+    # so every exchanged p and q is still float32
+    precisions = ("fp32", "tf32", "bf16")
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
@@ -130,7 +133,7 @@ class AdmmStrategy(Strategy):
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
             start, steps = run.resumed.epoch, run.resumed.step
         elif not cfg.admm_batch:
-            with run.compute():
+            with run.compute(), run.autocast():
                 init_blocks_forward(
                     self.block, x if lo == 0 else None, len(x), self.exchange, run.rank, run.world
                 )
@@ -140,7 +143,7 @@ class AdmmStrategy(Strategy):
         samples, train_s = 0, 0.0
         for epoch in range(start, cfg.epochs):
             t0 = time.perf_counter()
-            with run.compute():
+            with run.compute(), run.autocast():
                 if cfg.admm_batch:
                     steps += self._minibatch_epoch(x, data.train_y, epoch)
                 else:
