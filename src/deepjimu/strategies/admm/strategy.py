@@ -102,6 +102,8 @@ class AdmmStrategy(Strategy):
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         cfg = self.cfg
         assert cfg.epochs is not None
+        # the blocks' W, b live on the device; the model holds them for evaluation and gathering
+        model = model.to(run.device)
         linears = linear_layers(model)
         L = len(linears)
         widths = [linears[0].in_features] + [m.out_features for m in linears]
