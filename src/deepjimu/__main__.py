@@ -1,6 +1,6 @@
 """``python -m deepjimu`` runs the ``jimu`` command line."""
 
-from deepjimu.cli import main
+from deepjimu.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

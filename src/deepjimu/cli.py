@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -121,6 +123,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def entry() -> NoReturn:
+    """The ``jimu`` executable: :func:`main`, then exit with its code.
+
+    A process that torchrun started leaves with ``os._exit`` once its output is flushed, as
+    the workers of ``jimu train``'s own launcher (multiprocessing) always do. Gloo's worker
+    threads release finished collectives, which hold Python tensors, some time after the
+    caller has seen them complete; when that falls into interpreter shutdown the thread
+    cannot take the GIL and the process aborts (seen here: 1 run in about 10 of
+    ``torchrun --nproc-per-node 2 -m deepjimu train --strategy ddp`` ended in SIGABRT after
+    a complete run; pytorch/pytorch#179291 describes the same crash). Skipping the
+    shutdown is safe here: every file was closed or renamed into place before.
+    """
+    try:
+        code = main()
+    except SystemExit:  # --help
+        raise
+    except BaseException:  # not a user error: keep the traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    from deepjimu.launch import under_torchrun  # after main: torch is loaded by then anyway
+
+    if under_torchrun():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _print_summary(s: dict[str, Any]) -> None:
