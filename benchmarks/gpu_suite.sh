@@ -11,7 +11,8 @@
 #     then deepjimu in TF32 and bf16; each prints s/iter, FLOP/s against a measured matmul
 #     peak, and peak memory;
 #   - digits accuracy of `jimu train` (admm, 1 worker: NCCL needs one GPU per rank) in
-#     fp32, TF32 and bf16, which decides whether TF32/bf16 figures count.
+#     fp32, TF32 and bf16, which decides whether TF32/bf16 figures count;
+#   - `jimu bench` of every strategy with 1 worker on the GPU (report.md and plots).
 # A failing step is logged and the suite goes on. Overrides for a smoke run on a CPU:
 #   DEVICE=cpu N=2000 SIZES="3x200" DTYPES="bf16" bash benchmarks/gpu_suite.sh /tmp/smoke
 set -u
@@ -62,7 +63,11 @@ for precision in fp32 $dtypes; do
         --precision "$precision" --quiet --runs-dir "$out/runs" --name "digits-$precision"
 done
 
+step bench-1gpu "$py" -m deepjimu bench --workers 1 --train-args "--device $device" \
+    --bench-dir "$out" --name bench
+
 grep -h -E "^== |exit [1-9]|^(deepjimu|reference) |ratio|TFLOP/s|peak memory|test_acc" \
     "$out"/speed-*.log "$out"/digits-*.log >"$out/summary.txt"
+[ -f "$out/bench/report.md" ] && cat "$out/bench/report.md" >>"$out/summary.txt"
 echo
 cat "$out/summary.txt"
