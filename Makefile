@@ -14,7 +14,7 @@ $(BIN)/python:
 
 $(VENV)/.torch: | $(BIN)/python
 ifeq ($(HAVE_GPU),yes)
-	$(BIN)/pip install -q "torch>=2.4"
+	$(BIN)/pip install -q "torch>=2.9"
 else
 	$(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" \
 	  || $(BIN)/pip install -q "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX)

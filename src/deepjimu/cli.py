@@ -132,7 +132,7 @@ def entry() -> NoReturn:
     the workers of ``jimu train``'s own launcher (multiprocessing) always do. Gloo's worker
     threads release finished collectives, which hold Python tensors, some time after the
     caller has seen them complete; when that falls into interpreter shutdown the thread
-    cannot take the GIL and the process aborts (seen here: 1 run in about 10 of
+    cannot take the GIL and the process aborts (seen here: about 1 run in 8 of
     ``torchrun --nproc-per-node 2 -m deepjimu train --strategy ddp`` ended in SIGABRT after
     a complete run; pytorch/pytorch#179291 describes the same crash). Skipping the
     shutdown is safe here: every file was closed or renamed into place before.
