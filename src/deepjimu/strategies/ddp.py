@@ -10,7 +10,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.comm import Comm, nbytes
-from deepjimu.config import RunConfig
+from deepjimu.config import PRECISIONS, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, accuracies, count_correct, make_optimizer
@@ -53,7 +53,7 @@ class DDPStrategy(GradientStrategy):
     default_workers = 2
     shards_data = True
     needs_group = True
-    precisions = ("fp32", "tf32", "bf16")
+    precisions = PRECISIONS
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:

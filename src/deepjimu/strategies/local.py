@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from deepjimu.config import PRECISIONS
 from deepjimu.strategies.base import GradientStrategy
 
 __all__ = ["LocalStrategy"]
@@ -15,7 +16,7 @@ class LocalStrategy(GradientStrategy):
 
     name = "local"
     max_workers = 1
-    precisions = ("fp32", "tf32", "bf16")
+    precisions = PRECISIONS
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deepjimu.config import RunConfig
+from deepjimu.config import PRECISIONS, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import parse_spec
@@ -87,7 +87,7 @@ class AdmmStrategy(Strategy):
     splits_model = True
     # under bf16 only the products drop to bfloat16 (updates.py adds them to float32 terms),
     # so every exchanged p and q is still float32
-    precisions = ("fp32", "tf32", "bf16")
+    precisions = PRECISIONS
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
