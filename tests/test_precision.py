@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -44,11 +45,23 @@ def test_autocast_makes_only_bf16_matmuls_bfloat16() -> None:
         assert (a @ a).dtype == torch.float32
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
-def test_tf32_on_a_machine_without_cuda_is_one_clear_line(tmp_path: Path) -> None:
-    with pytest.raises(JimuError, match="--precision tf32 needs a CUDA device") as e:
-        train(RunConfig(strategy="local", precision="tf32", runs_dir=str(tmp_path), **FAST))
-    assert "\n" not in str(e.value)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a CPU-only machine")
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"precision": "tf32"}, "--precision tf32 needs a CUDA device"),
+        ({"device": "cuda"}, "--device cuda needs one GPU per worker (GPUs: 0"),
+    ],
+)
+def test_a_device_this_machine_lacks_is_one_line_before_the_run_folder(
+    tmp_path: Path, changes: dict, expected: str
+) -> None:
+    for workers in (1, 2):
+        cfg = RunConfig(strategy="admm", workers=workers, runs_dir=str(tmp_path), **changes)
+        with pytest.raises(JimuError, match=re.escape(expected)) as e:
+            train(cfg)
+        assert "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("strategy", "workers"), [("local", 1), ("ddp", 2)])

@@ -15,8 +15,9 @@ from typing import Any
 from deepjimu.config import RunConfig, validate
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
+from deepjimu.precision import check_precision
 from deepjimu.run import atomic_write_text
-from deepjimu.worker import default_run_name, error_dir, worker_main
+from deepjimu.worker import default_run_name, error_dir, pick_device, worker_main
 
 __all__ = ["train", "under_torchrun"]
 
@@ -44,11 +45,14 @@ def train(cfg: RunConfig) -> dict[str, Any] | None:
         cfg = validate(dataclasses.replace(cfg, workers=world))
         return worker_main(cfg.to_dict(), None)
     cfg = validate(cfg)
+    assert cfg.workers is not None
+    # the device the workers will pick, so that --device cuda without GPUs or --precision
+    # tf32 on a CPU fail here, before the run folder exists
+    check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
     # read (and download) the data once here, so bad files fail before any worker starts
     load_dataset(cfg.dataset, DataOptions.from_config(cfg))
     out_dir = _prepare_run_dir(cfg)
     cfg_dict = {**cfg.to_dict(), "download": False}
-    assert cfg.workers is not None
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     if cfg.workers == 1:
         return worker_main(cfg_dict, str(out_dir), report_errors=False)

@@ -22,7 +22,7 @@ import torch
 from deepjimu.config import PRECISIONS
 from deepjimu.errors import JimuError
 
-__all__ = ["PRECISIONS", "autocast", "matmul_precision"]
+__all__ = ["PRECISIONS", "autocast", "check_precision", "matmul_precision"]
 
 
 def _switches() -> list[Any]:
@@ -30,9 +30,8 @@ def _switches() -> list[Any]:
     return [torch.backends.cuda.matmul, torch.backends.cudnn.conv]
 
 
-@contextlib.contextmanager
-def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
-    """Set the process-wide float32 matmul mode for a run on ``device``; restore it on exit.
+def check_precision(precision: str, device: torch.device) -> None:
+    """Refuse a precision that ``device`` cannot run.
 
     Raises:
         JimuError: ``tf32`` on a device that is not CUDA, or an unknown precision.
@@ -44,6 +43,16 @@ def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
             f"--precision tf32 needs a CUDA device (TF32 is a GPU tensor-core mode; this worker "
             f"runs on {device.type}); use fp32 or bf16"
         )
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
+    """Set the process-wide float32 matmul mode for a run on ``device``; restore it on exit.
+
+    Raises:
+        JimuError: as :func:`check_precision`.
+    """
+    check_precision(precision, device)
     if device.type != "cuda":
         yield
         return
