@@ -4,7 +4,11 @@ Same run, same synthetic MNIST-shaped data (N samples, 196 features, 10 classes,
 ``synthetic`` dataset), same MLP sizes and starting weights, rho = nu = 1e-4:
 
 - reference: ``benchmarks/pdadmm_reference.py`` (the reference implementation's update
-  functions: linearised p and W steps with backtracking, FISTA for z_L);
+  functions: linearised p and W steps with backtracking, FISTA for z_L), once per ridge
+  weight mu of its W step in ``--ref-mu``. The reference's own scripts use mu = 0.1 to 10
+  (pdADMM-G, whose PyTorch functions these are) and no mu at all (pdADMM's TensorFlow MLP
+  scripts): with mu > 0 the W line search accepts its first trial, with mu = 0 it needs 30-40
+  objective evaluations per iteration. Both are reported, each with its own ratio;
 - deepjimu: ``LayerBlock`` + ``serial_iteration`` (exact p and (W, b) solves), started by
   ``block.init_forward(x)``, with the parameters the ``admm`` strategy uses (tau = 1).
 
@@ -38,9 +42,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import deepjimu  # noqa: F401  (before torch: OpenMP's wait policy as deepjimu's workers have it)
-
-# isort: split
 import torch
 import torch.nn.functional as F
 
@@ -156,15 +157,17 @@ def serial_speed(args: argparse.Namespace) -> None:
         made["deepjimu"] = block
         return lambda: serial_iteration(block, y)
 
-    def setup_reference() -> Callable[[], None]:
-        ref = made["reference"] = init_reference(x, W, b)
-        return lambda: reference_iteration(ref, onehot, RHO)
+    def setup_reference(mu: float) -> Callable[[], Callable[[], None]]:
+        def setup() -> Callable[[], None]:
+            ref = made[f"reference mu={mu:g}"] = init_reference(x, W, b)
+            return lambda: reference_iteration(ref, onehot, RHO, mu)
 
-    setups = {
-        k: v
-        for k, v in {"deepjimu": setup_deepjimu, "reference": setup_reference}.items()
-        if args.only in (None, k)
-    }
+        return setup
+
+    sides = {"deepjimu": setup_deepjimu} if args.only in (None, "deepjimu") else {}
+    if args.only in (None, "reference"):
+        sides |= {f"reference mu={mu:g}": setup_reference(mu) for mu in args.ref_mu}
+    setups = sides
     steps: dict[str, Callable[[], None]] = {}
     times: dict[str, list[float]] = {k: [] for k in setups}
     peak: dict[str, float] = {}
@@ -182,23 +185,24 @@ def serial_speed(args: argparse.Namespace) -> None:
         for _ in range(args.iters):
             for name, step in steps.items():
                 times[name].append(_timed(step, device))
-    ref = made.get("reference")
-
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"\n{'side':<10} {'median s/iter':>14} {'min':>8} {'max':>8}  all")
+    print(f"\n{'side':<18} {'median s/iter':>14} {'min':>8} {'max':>8}  all")
     for k, v in times.items():
-        print(f"{k:<10} {med[k]:>14.3f} {min(v):>8.3f} {max(v):>8.3f}  {[round(t, 3) for t in v]}")
-    if ref is not None:
-        print(
-            "reference, last iteration: objective evaluations (one GEMM each) in the p line "
-            f"searches {ref.trials['p']}, W line searches {ref.trials['W']}; "
-            f"FISTA steps {ref.trials['fista']}"
-        )
-    if len(med) == 2:
-        print(
-            f"\nratio reference / deepjimu: {med['reference'] / med['deepjimu']:.2f}x (medians), "
-            f"{min(times['reference']) / min(times['deepjimu']):.2f}x (fastest)"
-        )
+        print(f"{k:<18} {med[k]:>14.3f} {min(v):>8.3f} {max(v):>8.3f}  {[round(t, 3) for t in v]}")
+    for k, ref in made.items():
+        if k.startswith("reference"):
+            print(
+                f"{k}, last iteration: objective evaluations (one GEMM each) in the p line "
+                f"searches {ref.trials['p']}, W line searches {ref.trials['W']}; "
+                f"FISTA steps {ref.trials['fista']}"
+            )
+    if "deepjimu" in med:
+        for k in med:
+            if k.startswith("reference"):
+                print(
+                    f"ratio {k} / deepjimu: {med[k] / med['deepjimu']:.2f}x (medians), "
+                    f"{min(times[k]) / min(times['deepjimu']):.2f}x (fastest)"
+                )
     if device.type == "cuda" and "deepjimu" in made:
         cached = getattr(made["deepjimu"], "_data_gram", None) is not None
         flops = sum(2 * m * k * n for _, m, k, n in deepjimu_matmuls(widths, len(y), cached))
@@ -278,6 +282,13 @@ def main(argv: list[str] | None = None) -> None:
         choices=("deepjimu", "reference"),
         default=None,
         help="time one side (e.g. when both sides' state would not fit in GPU memory at once)",
+    )
+    ap.add_argument(
+        "--ref-mu",
+        type=lambda s: [float(m) for m in s.split(",")],
+        default=[0.1, 0.01, 0.0],
+        help="comma-separated ridge weights of the reference's W step, one reference side each "
+        "(default: 0.1,0.01,0: its pdADMM-G scripts' smallest, the issue's, the paper's problem)",
     )
     ap.add_argument(
         "--workers",

@@ -7,7 +7,8 @@
 # It uses the machine's own python3 and torch with PYTHONPATH=src (nothing to install), and
 # writes one log per step plus summary.txt (the lines BENCHMARKS.md needs) to OUT_DIR:
 #   - benchmarks/admm_speed.py at N = 55,000 for 10 x 1000 and 20 x 2400 in fp32 against the
-#     reference's iteration (20 x 2400: each side alone, both at once would not fit in 80 GB),
+#     reference's iteration at its scripts' ridge weights mu = 0.1 and 0.01 and at mu = 0
+#     (20 x 2400: each side alone, two at once would not fit in 80 GB),
 #     then deepjimu in TF32 and bf16; each prints s/iter, FLOP/s against a measured matmul
 #     peak, and peak memory;
 #   - digits accuracy of `jimu train` (admm, 1 worker: NCCL needs one GPU per rank) in
@@ -49,7 +50,9 @@ for size in $sizes; do
     shape=(--layers "$layers" --width "$width" --iters "$iters")
     if ((width > 1500)); then
         step "speed-$size-fp32" "${speed[@]}" "${shape[@]}" --only deepjimu
-        step "speed-$size-fp32-reference" "${speed[@]}" "${shape[@]}" --only reference
+        for mu in 0.1 0; do  # one reference side at a time: two would not fit in 80 GB
+            step "speed-$size-fp32-reference-mu$mu" "${speed[@]}" "${shape[@]}" --only reference --ref-mu $mu
+        done
     else
         step "speed-$size-fp32" "${speed[@]}" "${shape[@]}"
     fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.run import Run, atomic_write_text
+from deepjimu.run import Run
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -54,20 +55,6 @@ def test_checkpoint_every_keeps_only_the_latest_complete_one(tmp_path: Path) -> 
     assert not list(root.glob(".tmp-*"))
 
 
-def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch) -> None:
-    p = tmp_path / "f.json"
-    atomic_write_text(p, "old")
-
-    def boom(*a, **k):
-        raise OSError("disk full")
-
-    monkeypatch.setattr("os.replace", boom)
-    with pytest.raises(OSError):
-        atomic_write_text(p, "new")
-    assert p.read_text() == "old"
-    assert [x.name for x in tmp_path.iterdir()] == ["f.json"]
-
-
 def test_damaged_checkpoint_is_one_line(tmp_path: Path) -> None:
     cfg = RunConfig(
         strategy="local", model="mlp:16x1", epochs=1, quiet=True, runs_dir=str(tmp_path), name="d"
@@ -92,15 +79,21 @@ def test_diverging_run_stops_with_a_clear_message(tmp_path: Path) -> None:
 def test_log_merges_metrics_and_counts_bytes(tmp_path: Path) -> None:
     run = Run(RunConfig(quiet=True), tmp_path)
     run.comm.count(sent=100, recv=40)
-    event = run.log(3, 1, samples=50, train_s=0.5, loss=1.5, test_acc=0.25)
+    run._train_s, run._eval_s = 0.5, 0.25  # as if timed by run.training() / run.evaluation()
+    event = run.log(3, 1, samples=50, loss=1.5, test_acc=0.25)
     assert (event["bytes_sent"], event["bytes_recv"], event["loss"], event["test_acc"]) == (
         100,
         40,
         1.5,
         0.25,
     )
-    assert event["samples_per_s"] == 100.0
-    event = run.log(4, 2, samples=0, train_s=1.0)
+    assert (event["samples_per_s"], event["train_s"], event["eval_s"]) == (100.0, 0.5, 0.25)
+    with run.training():
+        time.sleep(0.02)
+    with run.evaluation():
+        time.sleep(0.01)
+    event = run.log(4, 2, samples=0)
     assert event["bytes_sent"] == 0, "events hold the interval's bytes, not the running total"
+    assert event["train_s"] >= 0.02 and 0.01 <= event["eval_s"] < 0.02
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert len(lines) == 2

@@ -10,8 +10,9 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from deepjimu.config import ConfigErrors, RunConfig, coerce, load_config, option_fields
+from deepjimu.config import RunConfig, add_options, flag_values, load_config, read_toml
 from deepjimu.errors import JimuError
+from deepjimu.threads import OMP_WAITS, ThreadPlan, plan_threads, set_env, under_torchrun
 
 __all__ = ["main"]
 
@@ -23,32 +24,6 @@ class _Parser(argparse.ArgumentParser):
         raise JimuError(f"{message} (see: {self.prog} --help)")
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
-    defaults = RunConfig().to_dict()
-    for f in option_fields():
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata.get("help", "")
-        if f.metadata.get("choices"):
-            help_text += f" ({'|'.join(f.metadata['choices'])})"
-        if str(f.type).startswith("bool"):
-            p.add_argument(
-                flag,
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=f"{help_text} (default: {f.default})",
-            )
-        else:
-            p.add_argument(
-                flag,
-                dest=f.name,
-                default=argparse.SUPPRESS,
-                metavar=f.name.upper(),
-                help=f"{help_text} (default: {defaults[f.name]})",
-            )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``jimu`` argument parser (subcommands train, report, bench)."""
     parser = _Parser(
@@ -56,10 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, required=True)
     train = sub.add_parser("train", help="train a model with one strategy")
-    _add_run_options(train)
+    train.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
+    add_options(train)
     report = sub.add_parser("report", help="print a run's table and write its loss/accuracy plots")
     report.add_argument("run_dir", help="a run folder, e.g. runs/admm-digits-...")
     report.add_argument("--no-plots", action="store_true", help="only print the table")
+    report.add_argument(
+        "--target-acc",
+        type=float,
+        default=0.9,
+        help="print the training time to this test accuracy, a fraction (default: 0.9)",
+    )
     bench = sub.add_parser("bench", help="run strategies x worker counts side by side")
     from deepjimu.bench import add_bench_arguments
 
@@ -69,15 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of ``jimu train`` flags (defaults < --config file < flags; --resume loads the run's)."""
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-    problems, flags = [], {}
-    for name, value in given.items():
-        try:
-            flags[name] = coerce(name, value, "flag")
-        except JimuError as e:
-            problems.append(str(e))
-    if problems:
-        raise ConfigErrors(problems)
+    flags = flag_values(args)
     if flags.get("resume"):
         saved = Path(flags["resume"]) / "config.json"
         if not saved.exists():
@@ -86,7 +60,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             base = json.loads(saved.read_text())
         except ValueError as e:
             raise JimuError(f"--resume: {saved} is damaged ({e})") from None
-        base.update(load_config({}, args.config).to_dict() if args.config else {})
+        base.update(read_toml(args.config) if args.config else {})  # only the file's own keys
         base.update(flags)
         base["name"], base["runs_dir"] = (
             Path(flags["resume"]).name,
@@ -101,16 +75,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
-            from deepjimu.launch import train
+            cfg = config_from_args(args)
+            plan = _torchrun_thread_plan(cfg)
+            from deepjimu.launch import train  # loads torch, and with it OpenMP
 
-            summary = train(config_from_args(args))
+            summary = train(cfg, plan)
             if summary is not None:
                 _print_summary(summary)
             return 0
         if args.command == "report":
             from deepjimu.report import report
 
-            report(Path(args.run_dir), plots=not args.no_plots)
+            if not 0 < args.target_acc <= 1:
+                raise JimuError(
+                    f"--target-acc must be a fraction in (0, 1] (target-acc: {args.target_acc})"
+                )
+            report(Path(args.run_dir), plots=not args.no_plots, target_acc=args.target_acc)
             return 0
         from deepjimu.bench import bench_from_args
 
@@ -144,13 +124,25 @@ def entry() -> NoReturn:
     except BaseException:  # not a user error: keep the traceback, exit 1
         traceback.print_exc()
         code = 1
-    from deepjimu.launch import under_torchrun  # after main: torch is loaded by then anyway
-
     if under_torchrun():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def _torchrun_thread_plan(cfg: RunConfig) -> ThreadPlan | None:
+    """Under torchrun: this process's thread plan, put into its environment before torch loads.
+
+    OpenMP reads OMP_WAIT_POLICY once, when torch loads it; torchrun starts this process
+    with the user's environment, so the plan must be applied here, before any torch import.
+    """
+    if not under_torchrun() or cfg.threads < 0 or cfg.omp_wait not in OMP_WAITS:
+        return None  # not torchrun, or a bad value that validation will name
+    local = os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
+    plan = plan_threads(int(local) if local.isdigit() else 1, cfg.threads, cfg.omp_wait)
+    set_env(plan.env())
+    return plan
 
 
 def _print_summary(s: dict[str, Any]) -> None:

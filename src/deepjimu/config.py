@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import sys
@@ -16,13 +17,31 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["PRECISIONS", "ConfigErrors", "RunConfig", "load_config", "option_fields"]
+__all__ = [
+    "DEFAULT_LR",
+    "PRECISIONS",
+    "ConfigErrors",
+    "RunConfig",
+    "add_options",
+    "field_kind",
+    "flag_values",
+    "load_config",
+    "option_fields",
+]
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # see deepjimu.precision
+DEFAULT_LR = {"adam": 1e-3, "sgd": 0.05}  # per --optimizer, when --lr is not given
 
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None, **kw: Any) -> Any:
-    meta = {"help": help, "choices": choices}
+def _opt(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    commas: bool = False,
+    **kw: Any,
+) -> Any:
+    # commas: a value of this option may itself contain commas (not a list of values)
+    meta = {"help": help, "choices": choices, "commas": commas}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -48,7 +67,16 @@ class RunConfig:
     seed: int = _opt(0, "one seed for data split, init, shuffling")
     device: str = _opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
     quiet: bool = _opt(False, "no progress bar")
-    threads: int = _opt(0, "CPU threads per worker (0: cores / workers on this machine)")
+    threads: int = _opt(
+        0,
+        "CPU threads per worker (0: OMP_NUM_THREADS if set, else cores / workers on this machine)",
+    )
+    omp_wait: str = _opt(
+        "auto",
+        "OpenMP idle threads: auto (passive when workers x threads exceed the cores, else "
+        "OpenMP's default; OMP_WAIT_POLICY wins if set), default, active or passive",
+        choices=("auto", "default", "active", "passive"),
+    )
     precision: str = _opt(
         "fp32",
         "matmul precision: fp32, tf32 (CUDA tensor cores) or bf16 (autocast)",
@@ -79,7 +107,7 @@ class RunConfig:
     # pipeline
     schedule: str = _opt("gpipe", "pipeline schedule", choices=("gpipe", "1f1b", "interleaved"))
     microbatches: int = _opt(4, "pipeline micro-batches per mini-batch")
-    balance: str = _opt("time", "stage split: time, size or N,N,...")
+    balance: str = _opt("time", "stage split: time, size or N,N,...", commas=True)
     # admm
     rho: float = _opt(1.0, "admm: penalty of the p = q coupling")
     nu: float = _opt(1.0, "admm: weight of the layer equations")
@@ -111,7 +139,60 @@ def option_fields() -> list[dataclasses.Field[Any]]:
     return list(fields(RunConfig))
 
 
-def _field_kind(f: dataclasses.Field[Any]) -> str:
+def add_options(parser: argparse.ArgumentParser, exclude: frozenset[str] = frozenset()) -> None:
+    """Add a flag for every :class:`RunConfig` field not in ``exclude`` (``--batch-size``, ...).
+
+    Flags that are not given stay out of the namespace (``argparse.SUPPRESS``), so
+    :func:`flag_values` returns only what the user said.
+    """
+    defaults = RunConfig().to_dict()
+    for f in option_fields():
+        if f.name in exclude:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if f.metadata.get("choices"):
+            help_text += f" ({'|'.join(f.metadata['choices'])})"
+        if field_kind(f) == "bool":
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=f"{help_text} (default: {f.default})",
+            )
+        else:
+            parser.add_argument(
+                flag,
+                dest=f.name,
+                default=argparse.SUPPRESS,
+                metavar=f.name.upper(),
+                help=f"{help_text} (default: {defaults[f.name]})",
+            )
+
+
+def flag_values(args: argparse.Namespace, source: str = "flag") -> dict[str, Any]:
+    """The :class:`RunConfig` fields present in ``args``, each converted to its type.
+
+    Raises:
+        ConfigErrors: one line per value of the wrong type.
+    """
+    known = {f.name for f in option_fields()}
+    problems, values = [], {}
+    for name, value in vars(args).items():
+        if name not in known:
+            continue
+        try:
+            values[name] = coerce(name, value, source)
+        except JimuError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigErrors(problems)
+    return values
+
+
+def field_kind(f: dataclasses.Field[Any]) -> str:
+    """The value type of a field: ``list[int]``, ``bool``, ``int``, ``float`` or ``str``."""
     t = str(f.type)
     for kind in ("list[int]", "bool", "int", "float"):
         if t.startswith(kind):
@@ -126,7 +207,7 @@ def coerce(name: str, value: Any, source: str) -> Any:
         JimuError: one line naming the source, the field and the bad value.
     """
     f = {f.name: f for f in fields(RunConfig)}[name]
-    kind = _field_kind(f)
+    kind = field_kind(f)
     if value is None:
         return None
     try:
@@ -329,6 +410,6 @@ def validate(cfg: RunConfig) -> RunConfig:
         problems.extend(strategy.problems(cfg, n_blocks))
     if problems:
         raise ConfigErrors(problems)
-    lr = cfg.lr if cfg.lr is not None else (1e-3 if cfg.optimizer == "adam" else 0.05)
+    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR.get(cfg.optimizer, DEFAULT_LR["adam"])
     epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
     return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr)

@@ -12,27 +12,32 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from deepjimu.atomic import atomic_write_text
 from deepjimu.config import RunConfig, validate
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
 from deepjimu.precision import check_precision
-from deepjimu.run import atomic_write_text
+from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
 from deepjimu.worker import default_run_name, error_dir, pick_device, worker_main
 
-__all__ = ["train", "under_torchrun"]
+__all__ = ["train"]
 
 
-def under_torchrun() -> bool:
-    """True when torchrun (or another launcher that sets RANK / WORLD_SIZE) started us."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def train(cfg: RunConfig) -> dict[str, Any] | None:
+def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | None:
     """Validate ``cfg``, start its workers, wait, and return rank 0's summary.
 
     Locally, ``cfg.workers`` processes are started with
-    :func:`torch.distributed.launcher.api.elastic_launch` (one process runs in place);
-    under torchrun this process is one of the workers and joins its group.
+    :func:`torch.distributed.launcher.api.elastic_launch`, each with the OpenMP environment
+    of the run's :class:`~deepjimu.threads.ThreadPlan`. One worker runs in this process when
+    this process already has the plan's OpenMP wait policy (OpenMP reads it once, when torch
+    loads), else it is started like the others. Under torchrun this process is one of the
+    workers and joins its group; the CLI has set its environment from ``plan`` before torch
+    loaded.
+
+    Args:
+        cfg: the run's options (validated here).
+        plan: the thread plan, when the caller already applied it (torchrun); default: made
+            here from ``cfg`` and the number of local workers.
 
     Raises:
         ConfigErrors: bad config (before any worker starts).
@@ -43,9 +48,12 @@ def train(cfg: RunConfig) -> dict[str, Any] | None:
         if cfg.workers is not None and cfg.workers != world:
             raise JimuError(f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}")
         cfg = validate(dataclasses.replace(cfg, workers=world))
-        return worker_main(cfg.to_dict(), None)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
+        return worker_main(cfg.to_dict(), None, True, plan)
     cfg = validate(cfg)
     assert cfg.workers is not None
+    plan = plan or plan_threads(cfg.workers, cfg.threads, cfg.omp_wait)
     # the device the workers will pick, so that --device cuda without GPUs or --precision
     # tf32 on a CPU fail here, before the run folder exists
     check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
@@ -54,9 +62,11 @@ def train(cfg: RunConfig) -> dict[str, Any] | None:
     out_dir = _prepare_run_dir(cfg)
     cfg_dict = {**cfg.to_dict(), "download": False}
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
-    if cfg.workers == 1:
-        return worker_main(cfg_dict, str(out_dir), report_errors=False)
-    return _launch_local(cfg_dict, cfg.workers, out_dir)
+    if not cfg.quiet:
+        print(f"threads: {plan.describe()}", flush=True)
+    if cfg.workers == 1 and plan.matches(os.environ):
+        return worker_main(cfg_dict, str(out_dir), False, plan)
+    return _launch_local(cfg_dict, cfg.workers, out_dir, plan)
 
 
 def _prepare_run_dir(cfg: RunConfig) -> Path:
@@ -74,13 +84,14 @@ def _prepare_run_dir(cfg: RunConfig) -> Path:
     return out_dir
 
 
-def _launch_local(cfg_dict: dict[str, Any], workers: int, out_dir: Path) -> dict[str, Any] | None:
+def _launch_local(
+    cfg_dict: dict[str, Any], workers: int, out_dir: Path, plan: ThreadPlan
+) -> dict[str, Any] | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # the agent's own log lines repeat what we report in one line below
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -94,7 +105,8 @@ def _launch_local(cfg_dict: dict[str, Any], workers: int, out_dir: Path) -> dict
         shutdown_timeout=5,
     )
     try:
-        results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir))
+        with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
+            results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir), True, plan)
     except ChildFailedError as e:
         raise JimuError(_failure_line(out_dir, e)) from None
     return results.get(0)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from deepjimu.errors import JimuError
 
 __all__ = [
+    "finite_number",
     "format_bytes",
     "plot_run",
     "read_config",
@@ -17,6 +19,7 @@ __all__ = [
     "report",
     "run_title",
     "table",
+    "train_time_to",
 ]
 
 _ACC_SPLITS = ("train_acc", "val_acc", "test_acc")
@@ -93,6 +96,33 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     """
     path = Path(run_dir) / "config.json"
     return _read_json(path) if path.exists() else {}
+
+
+def train_time_to(
+    events: list[dict[str, Any]], target_acc: float
+) -> tuple[float | None, float | None]:
+    """(training seconds, seconds since the start) until the test accuracy first reaches
+    ``target_acc``; (None, None) if it never does.
+
+    Training seconds are the summed ``train_s`` of the events up to that one: evaluation,
+    logging and checkpoints are not counted.
+    """
+    train_s = 0.0
+    for e in events:
+        train_s += finite_number(e.get("train_s")) or 0.0
+        acc = finite_number(e.get("test_acc"))
+        if acc is not None and acc >= target_acc:
+            return train_s, finite_number(e.get("time_s"))
+    return None, None
+
+
+def finite_number(v: Any) -> float | None:
+    """``v`` as a float if it is a finite number (not a bool, not a "nan" string), else None."""
+    return (
+        float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        else None
+    )
 
 
 def format_bytes(n: float | None) -> str:
@@ -227,12 +257,13 @@ def plot_run(run_dir: Path, events: list[dict[str, Any]], title: str) -> list[Pa
     return written
 
 
-def report(run_dir: Path, plots: bool = True) -> None:
-    """Print a run's event table and summary; write its plots unless ``plots`` is False.
+def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
+    """Print a run's event table, time to ``target_acc`` and summary; write its plots.
 
     Args:
         run_dir: a run folder written by ``jimu train``.
         plots: also write ``loss.png`` and ``accuracy.png`` into the folder.
+        target_acc: the test accuracy (a fraction) whose training time to reach is printed.
 
     Raises:
         JimuError: missing folder or ``events.jsonl``, or a damaged JSON file (named).
@@ -246,6 +277,14 @@ def report(run_dir: Path, plots: bool = True) -> None:
     title = run_title(run_dir, events, summary)
     print(f"{title}: {run_dir}")
     print(table(events))
+    train_s, wall_s = train_time_to(events, target_acc)
+    if train_s is None:
+        print(f"time to {target_acc:.0%} test accuracy: not reached")
+    else:
+        print(
+            f"time to {target_acc:.0%} test accuracy: {train_s:.2f} s of training "
+            f"(evaluation excluded; {wall_s:.2f} s since the run started)"
+        )
     if summary is None:
         print("summary: none (the run has not finished)")
     else:

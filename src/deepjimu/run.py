@@ -9,7 +9,6 @@ import os
 import pickle
 import resource
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,54 +19,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from deepjimu.atomic import atomic_path, atomic_write_text
 from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.precision import autocast
 
-__all__ = [
-    "Checkpoint",
-    "Run",
-    "atomic_path",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "peak_memory_mb",
-]
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path, suffix: str = "") -> Iterator[Path]:
-    """A temporary path beside ``path``; moved onto ``path`` if the block ends without error.
-
-    Readers see the old file or the whole new one, and a failed or interrupted write leaves
-    no temporary file behind.
-
-    Example:
-        >>> with atomic_path(Path("runs/r/model.pt")) as tmp:  # doctest: +SKIP
-        ...     torch.save(state, tmp)
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Text version of :func:`atomic_write_bytes`."""
-    atomic_write_bytes(path, text.encode())
+__all__ = ["Checkpoint", "Run", "peak_memory_mb"]
 
 
 def _torch_save_atomic(obj: Any, path: Path) -> None:
@@ -124,7 +82,8 @@ class Run:
         self.is_main = rank == 0
         self._t0 = time.perf_counter()
         self._last: list[float] = [0.0, 0.0, 0.0, 0.0]
-        self._last_log_time = self._t0
+        self._train_s = 0.0  # since the last event
+        self._eval_s = 0.0
         self._bar: Any = None
         self.resumed: Checkpoint | None = None
         if self.is_main:
@@ -141,15 +100,32 @@ class Run:
             torch.cuda.synchronize(self.device)
 
     @contextlib.contextmanager
-    def compute(self) -> Iterator[None]:
-        """Time a block as compute, minus the wait time counted inside it by Comm."""
+    def training(self) -> Iterator[None]:
+        """Time a block as training: its wall time is training time (``train_s``), of which
+        the time blocked on messages counted by Comm is wait and the rest compute."""
         wait0 = self.stats.wait_s
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self.synchronize()
-            self.stats.compute_s += time.perf_counter() - t0 - (self.stats.wait_s - wait0)
+            wall = time.perf_counter() - t0
+            self._train_s += wall
+            self.stats.compute_s += wall - (self.stats.wait_s - wait0)
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Time a block as evaluation (``eval_s``), kept apart from training time.
+
+        Time-to-accuracy counts training time only, so a strategy that evaluates more
+        often is not penalised.
+        """
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self._eval_s += time.perf_counter() - t0
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for training compute in the run's ``--precision`` (bf16: torch.autocast)."""
@@ -191,40 +167,38 @@ class Run:
             self._bar.n = n
             self._bar.refresh()
 
-    def log(
-        self, step: int, epoch: int, samples: int = 0, train_s: float | None = None, **metrics: Any
-    ) -> dict[str, Any]:
+    def log(self, step: int, epoch: int, samples: int = 0, **metrics: Any) -> dict[str, Any]:
         """Collective: write one event with ``metrics`` merged over ranks plus the counters.
 
         Each rank passes what it knows (e.g. the last pipeline stage passes ``loss``); a key
         is taken from the lowest rank that gives it a value that is not None. Byte, compute
         and wait figures are this interval's, gathered from every rank (``*_per_rank``);
         ``bytes_sent`` / ``bytes_recv`` are their sums, ``compute_s`` / ``wait_s`` the
-        largest per-rank value (the critical path). ``samples`` is the number of training
-        samples processed since the last event and ``train_s`` the training time they took
-        (rank 0's samples and the slowest rank's time; without ``train_s`` the time since
-        the last event).
+        largest per-rank value (the critical path). ``train_s`` and ``eval_s`` are the time
+        spent in :meth:`training` and :meth:`evaluation` blocks since the last event (the
+        slowest rank's); ``samples`` is the number of training samples processed since the
+        last event (rank 0's), so ``samples_per_s`` is training throughput.
 
         Returns:
             the event, on every rank (only rank 0 writes it).
         """
-        now = time.perf_counter()
         current = self.stats.as_list()
         delta = [c - p for c, p in zip(current, self._last, strict=True)]
         self._last = current
-        interval = train_s if train_s is not None else now - self._last_log_time
-        self._last_log_time = now
         gathered = self.gather_objects(
             {
                 "metrics": metrics,
                 "delta": delta,
                 "mem": peak_memory_mb(self.device),
                 "samples": samples,
-                "interval": interval,
+                "train": self._train_s,
+                "eval": self._eval_s,
             }
         )
-        # the slowest rank's interval: ranks start an epoch at slightly different times
-        interval = max(g["interval"] for g in gathered)
+        self._train_s = self._eval_s = 0.0
+        # the slowest rank's times: ranks start an epoch at slightly different times
+        train_s = max(g["train"] for g in gathered)
+        eval_s = max(g["eval"] for g in gathered)
         merged: dict[str, Any] = {}
         for g in gathered:
             for k, v in g["metrics"].items():
@@ -240,8 +214,9 @@ class Run:
             "train_acc": None,
             "val_acc": None,
             "test_acc": None,
-            "samples_per_s": round(gathered[0]["samples"] / interval, 3) if interval else None,
-            "train_s": round(interval, 6),
+            "samples_per_s": round(gathered[0]["samples"] / train_s, 3) if train_s else None,
+            "train_s": round(train_s, 6),
+            "eval_s": round(eval_s, 6),
             "bytes_sent": int(sum(per_rank[0])),
             "bytes_recv": int(sum(per_rank[1])),
             "compute_s": round(compute_busy, 6),

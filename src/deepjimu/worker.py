@@ -14,15 +14,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from deepjimu.atomic import atomic_write_text
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
 from deepjimu.report import read_events
-from deepjimu.run import Run, atomic_write_text
+from deepjimu.run import Run
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import count_correct
+from deepjimu.threads import ThreadPlan, plan_threads, speed_env
 
 __all__ = ["default_run_name", "error_dir", "free_port", "worker_main"]
 
@@ -65,11 +67,15 @@ def pick_device(cfg: RunConfig, local_rank: int, local_world: int) -> torch.devi
 
 
 def worker_main(
-    cfg_dict: dict[str, Any], out_dir: str | None, report_errors: bool = True
+    cfg_dict: dict[str, Any],
+    out_dir: str | None,
+    report_errors: bool = True,
+    plan: ThreadPlan | None = None,
 ) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
 
-    With ``report_errors`` a failure is written to ``<out_dir>/.errors/rank<r>.json`` before
+    ``plan`` is the launcher's thread plan (default: made here from the config and the
+    local worker count). With ``report_errors`` a failure is written to ``<out_dir>/.errors/rank<r>.json`` before
     it propagates, so the launcher of several processes can name the worker and its error
     in one line (a run in the launcher's own process just raises).
     """
@@ -77,7 +83,7 @@ def worker_main(
     rank = _env_int("RANK", 0)
     folder = Path(out_dir) if out_dir else None
     try:
-        return _work(cfg, folder)
+        return _work(cfg, folder, plan)
     except BaseException as e:
         if folder is not None and report_errors:
             record = {
@@ -91,10 +97,11 @@ def worker_main(
         raise
 
 
-def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
+def _work(cfg: RunConfig, out_dir: Path | None, plan: ThreadPlan | None) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
+    plan = plan or plan_threads(local_world, cfg.threads, cfg.omp_wait)
+    torch.set_num_threads(plan.threads)
     device = pick_device(cfg, local_rank, local_world)
     if world > 1 or get_strategy(cfg.strategy).needs_group:
         if device.type == "cuda":
@@ -114,14 +121,14 @@ def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
                 dist.broadcast_object_list(box, src=0)
             out_dir = box[0]
         with matmul_precision(cfg.precision, device):
-            return _train(cfg, out_dir, rank, world, device)
+            return _train(cfg, out_dir, rank, world, device, plan)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(
-    cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device
+    cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device, plan: ThreadPlan
 ) -> dict[str, Any] | None:
     strategy_cls = get_strategy(cfg.strategy)
     run = Run(cfg, out_dir, rank, world, device)
@@ -164,6 +171,8 @@ def _train(
         "seed": cfg.seed,
         "device": str(device),
         "time_s": round(fit_s, 4),
+        "train_s": round(sum(e.get("train_s") or 0.0 for e in events), 4),
+        "eval_s": round(sum(e.get("eval_s") or 0.0 for e in events), 4),
         "loss": last.get("loss"),
         "train_acc": last.get("train_acc"),
     }
@@ -178,6 +187,7 @@ def _train(
             "compute_s_per_rank": [round(t[2], 4) for t in totals],
             "wait_s_per_rank": [round(t[3], 4) for t in totals],
             "peak_mem_mb_per_rank": last.get("peak_mem_mb_per_rank"),
+            "threads": {**plan.record(), "env": speed_env()},
             **result.extra,
         }
     )

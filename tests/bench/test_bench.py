@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from deepjimu.bench.matrix import Cell, plan, train_config
+from deepjimu.bench.matrix import Cell, option_argv, plan, split_variants, train_config
 from deepjimu.bench.results import add_speedups, read_csv
 from deepjimu.bench.runner import error_line, measure, run_cell
+from deepjimu.bench.tune import tune_group, tuned_keys
 from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
@@ -25,13 +26,49 @@ def test_plan_skips_impossible_combinations_only() -> None:
 
 
 def test_train_args_are_parsed_and_must_not_repeat_bench_flags() -> None:
-    cfg, argv = train_config("--batch-size 32 --lr 0.01", {"seed": 3, "epochs": None})
+    cfg = train_config(["--batch-size", "32", "--lr", "0.01"], {"seed": 3, "epochs": None})
     assert (cfg.batch_size, cfg.lr, cfg.seed) == (32, 0.01, 3)
-    assert argv == ["--batch-size", "32", "--lr", "0.01"]
     with pytest.raises(JimuError, match="must not set --workers"):
-        train_config("--workers 2", {})
+        train_config(["--workers", "2"], {})
     with pytest.raises(JimuError, match="unrecognized arguments"):
-        train_config("--no-such-flag 1", {})
+        train_config(["--no-such-flag", "1"], {})
+
+
+def test_comma_lists_of_one_value_options_become_matrix_dimensions() -> None:
+    fixed, variants = split_variants(
+        {
+            "lr": "0.1,0.2",
+            "precision": "fp32,bf16",
+            "balance": "2,2",
+            "classes": "0,1",
+            "quiet": "true",
+        }
+    )
+    assert fixed == (("balance", "2,2"), ("classes", "0,1"), ("quiet", "true"))
+    assert len(variants) == 4 and variants[0] == (("lr", "0.1"), ("precision", "fp32"))
+    assert option_argv(fixed) == ["--balance", "2,2", "--classes", "0,1", "--quiet"]
+    with pytest.raises(JimuError, match=r"lr must be a float \(got 'x'\)"):
+        split_variants({"lr": "0.1,x"})
+    cells = plan(RunConfig(), ["local"], [1], ["mlp:16x1"], variants[:1])
+    assert cells[0].name == "local-w1-mlp-16x1-lr0.1-precisionfp32"
+    assert cells[0].label == "local x1 mlp:16x1 lr=0.1 precision=fp32"
+
+
+def test_tuning_keeps_the_best_validation_accuracy_and_the_default_on_ties() -> None:
+    cells = [Cell("local", 1, "mlp:16x1"), Cell("local", 2, "mlp:16x1", skip="at most 1 worker")]
+    scores = {"0.001": 0.5, "0.0001": 0.9, "0.01": 0.9}
+    ran: list[tuple[int, tuple[tuple[str, str], ...]]] = []
+
+    def run_trial(
+        cell: Cell, setting: tuple[tuple[str, str], ...]
+    ) -> tuple[str, str, float | None]:
+        ran.append((cell.workers, setting))
+        return "ok", "", scores[setting[0][1]]
+
+    t = tune_group(cells, RunConfig(), 3, run_trial)
+    assert t is not None and [w for w, _ in ran] == [1, 1, 1]
+    assert t.choice == (("lr", "0.0001"),)  # 0.9 twice: the first tried wins the tie
+    assert tuned_keys(["local", "admm"], RunConfig(), 3) >= {"lr"}
 
 
 def test_error_line_prefers_the_cli_error() -> None:
@@ -70,7 +107,7 @@ def _fake_run(d: Path, strategy: str, workers: int, extra: dict[str, object]) ->
 
 def test_measure_reads_target_bytes_memory_and_bubble(tmp_path: Path) -> None:
     m = measure(_fake_run(tmp_path / "p", "pipeline", 2, {}), target_acc=0.9)
-    assert (m["time_to_target_s"], m["train_time_to_target_s"]) == (4.0, 2.0)
+    assert (m["time_to_target_s"], m["wall_to_target_s"]) == (2.0, 4.0)
     assert m["bytes_per_sample"] == pytest.approx(150 / 300)
     assert m["peak_mem_mb"] == 30.0
     assert m["idle_frac"] is None and m["bubble_theory"] == pytest.approx(1 / 5)
@@ -109,10 +146,13 @@ def test_bench_end_to_end_records_failures_and_goes_on(
         "nope,local,ddp",
     ]
     argv += ["--workers", "2", "--models", "mlp:16x1", "--epochs", "2", "--target-acc", "0.2"]
-    argv += ["--train-args", "--batch-size 128"]
+    argv += ["--train-args", "--batch-size 128", "--precision", "fp32,bf16"]
     assert main(argv) == 0
     out = tmp_path / "tiny"
-    rows = {r["strategy"]: r for r in read_csv(out / "results.csv")}
+    all_rows = read_csv(out / "results.csv")
+    bf16 = [r for r in all_rows if r["strategy"] == "ddp" and r["options"] == "precision=bf16"]
+    assert len(bf16) == 1 and bf16[0]["status"] == "ok", bf16
+    rows = {r["strategy"]: r for r in all_rows if r["options"] == "precision=fp32"}
     assert list(rows) == ["nope", "local", "ddp"]
     assert rows["nope"]["status"] == "failed"
     assert "unknown strategy 'nope'" in rows["nope"]["error"]
@@ -131,3 +171,28 @@ def test_bench_end_to_end_records_failures_and_goes_on(
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert main(argv) == 2  # the folder holds results now
     assert "already holds results" in capsys.readouterr().err
+
+
+def test_tune_runs_the_same_trials_for_each_strategy_then_the_matrix(tmp_path: Path) -> None:
+    argv = ["bench", "--bench-dir", str(tmp_path), "--name", "t", "--strategies", "local"]
+    argv += [
+        "--workers",
+        "1",
+        "--models",
+        "mlp:16x1",
+        "--epochs",
+        "1",
+        "--tune",
+        "--tune-trials",
+        "2",
+    ]
+    assert main(argv) == 0
+    out = tmp_path / "t"
+    (row,) = read_csv(out / "results.csv")
+    assert row["status"] == "ok" and row["tuned"] in ("lr=0.0001", "lr=0.01")
+    trials = sorted(p.name for p in (out / "tune" / "runs").iterdir())
+    assert trials == ["local-w1-mlp-16x1-lr0.0001", "local-w1-mlp-16x1-lr0.01"]
+    chosen = json.loads((out / "runs" / "local-w1-mlp-16x1" / "config.json").read_text())
+    assert f"lr={chosen['lr']:g}" == row["tuned"]
+    assert "## Tuning" in (out / "report.md").read_text()
+    assert main([*argv[:4], "t2", *argv[5:], "--lr", "0.1"]) == 2  # --tune sets lr itself

@@ -1,11 +1,15 @@
-"""``jimu bench``: strategies x worker counts x models on the same data and seed, one process each.
+"""``jimu bench``: strategies x models x options x worker counts on the same data and seed.
 
 Every configuration runs as its own ``python -m deepjimu train ... --quiet`` process, one
 after the other, under ``<bench-dir>/<name>/runs/<configuration>``; the bench then writes
-``results.csv``, ``report.md`` and PNG plots into ``<bench-dir>/<name>``.
+``results.csv``, ``report.md`` and PNG plots into ``<bench-dir>/<name>``. Any ``jimu train``
+option is also a bench option; given a comma list (``--lr 1e-3,3e-3``, ``--precision
+fp32,bf16``) it becomes one more matrix dimension. ``--tune`` first gives every strategy the
+same number of trials of its tuned options on the validation split.
 
 Example:
     jimu bench --strategies local,ddp --workers 1,2 --models mlp:64x2 --epochs 5
+    jimu bench --dataset mnist --data-dir ../shared/data --downsample 2 --tune
 """
 
 from __future__ import annotations
@@ -16,16 +20,29 @@ import os
 import platform
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deepjimu.bench.markdown import write_markdown
-from deepjimu.bench.matrix import Cell, parse_list, parse_workers, plan, train_config
+from deepjimu.bench.matrix import (
+    BENCH_FLAGS,
+    Cell,
+    Options,
+    option_argv,
+    parse_list,
+    parse_workers,
+    plan,
+    split_variants,
+    train_config,
+)
 from deepjimu.bench.plots import write_plots
-from deepjimu.bench.results import COLUMNS, add_speedups, write_csv
+from deepjimu.bench.results import COLUMNS, add_speedups, options_text, write_csv
 from deepjimu.bench.runner import measure, run_cell, train_command
+from deepjimu.bench.tune import Tuning, tune_group, tuned_keys
+from deepjimu.config import add_options, field_kind, option_fields
 from deepjimu.errors import JimuError
+from deepjimu.report import read_summary
 
 __all__ = [
     "COLUMNS",
@@ -55,6 +72,8 @@ class BenchOptions:
     seed: int = 0
     timeout: float = 300.0
     train_args: str = ""
+    flags: dict[str, str] = field(default_factory=dict)
+    tune: int = 0
 
     @property
     def out_dir(self) -> Path:
@@ -105,8 +124,22 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--train-args",
         default="",
-        help='extra jimu train flags for every run, e.g. "--microbatches 8"',
+        help='extra jimu train flags for every run, as one string, e.g. "--microbatches 8"',
     )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="first tune every strategy on the validation split with the same number of trials "
+        "(gradient strategies: lr; admm: rho and nu), then run the matrix at the chosen settings",
+    )
+    p.add_argument(
+        "--tune-trials", type=int, default=5, help="trials per strategy for --tune (default: 5)"
+    )
+    train = p.add_argument_group(
+        "jimu train options",
+        "any jimu train option, for every run; a comma list (--lr 1e-3,3e-3) is a matrix dimension",
+    )
+    add_options(train, exclude=BENCH_FLAGS)
 
 
 def bench_from_args(args: argparse.Namespace) -> Path:
@@ -124,6 +157,14 @@ def bench_from_args(args: argparse.Namespace) -> Path:
         )
     if args.timeout <= 0:
         raise JimuError(f"--timeout must be > 0 seconds (timeout: {args.timeout})")
+    if args.tune_trials < 1:
+        raise JimuError(f"--tune-trials must be >= 1 (tune-trials: {args.tune_trials})")
+    kinds = {f.name: field_kind(f) for f in option_fields() if f.name not in BENCH_FLAGS}
+    flags = {
+        k: (str(v).lower() if kinds[k] == "bool" else str(v))
+        for k, v in vars(args).items()
+        if k in kinds
+    }
     opts = BenchOptions(
         name=name,
         bench_dir=Path(args.bench_dir),
@@ -137,15 +178,19 @@ def bench_from_args(args: argparse.Namespace) -> Path:
         seed=args.seed,
         timeout=args.timeout,
         train_args=args.train_args,
+        flags=flags,
+        tune=args.tune_trials if args.tune else 0,
     )
     return run_bench(opts)
 
 
-def _row(cell: Cell) -> dict[str, Any]:
+def _row(cell: Cell, tuned: Options) -> dict[str, Any]:
     return {c: None for c in COLUMNS} | {
         "strategy": cell.strategy,
         "workers": cell.workers,
         "model": cell.model,
+        "options": options_text(cell.options),
+        "tuned": options_text(tuned),
         "status": "skipped" if cell.skip else "pending",
         "error": cell.skip or "",
     }
@@ -178,6 +223,12 @@ def bench_command(opts: BenchOptions) -> str:
     ]
     if opts.epochs is not None:
         argv += ["--epochs", str(opts.epochs)]
+    if opts.tune:
+        argv += ["--tune", "--tune-trials", str(opts.tune)]
+    for k, v in opts.flags.items():
+        argv += (
+            option_argv(((k, v),)) if v in ("true", "false") else [f"--{k.replace('_', '-')}", v]
+        )
     if opts.train_args:
         argv += ["--train-args", opts.train_args]
     return "jimu bench " + shlex.join(argv)
@@ -197,7 +248,8 @@ def run_bench(opts: BenchOptions) -> Path:
         the bench folder (``opts.out_dir``).
 
     Raises:
-        JimuError: the folder already holds a bench, or bad ``--train-args``.
+        JimuError: the folder already holds a bench, bad train options, or ``--tune`` with
+            an option it tunes given as well.
     """
     out = opts.out_dir
     if (out / "results.csv").exists():
@@ -208,25 +260,42 @@ def run_bench(opts: BenchOptions) -> Path:
         "seed": opts.seed,
         "epochs": opts.epochs,
     }
-    cfg, train_argv = train_config(opts.train_args, base)
-    cells = plan(cfg, list(opts.strategies), list(opts.workers), list(opts.models))
+    fixed, variants = split_variants(opts.flags)
+    try:
+        extra = shlex.split(opts.train_args)
+    except ValueError as e:
+        raise JimuError(
+            f"--train-args cannot be split into flags: {e} (got {opts.train_args!r})"
+        ) from None
+    train_argv = option_argv(fixed) + extra
+    cfg = train_config(train_argv, base)
+    if opts.tune:
+        given = set(opts.flags) | set(vars(_given_train_flags(extra)))
+        clash = sorted(tuned_keys(opts.strategies, cfg, opts.tune) & given)
+        if clash:
+            names = ", ".join("--" + k.replace("_", "-") for k in clash)
+            raise JimuError(f"--tune sets {names} itself; do not give it as well")
+    cells = plan(cfg, list(opts.strategies), list(opts.workers), list(opts.models), variants)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise JimuError(f"cannot create bench folder {out}: {e.strerror}") from None
+    t0 = time.perf_counter()
+    tunings = _tune(cells, cfg, opts, train_argv) if opts.tune else []
+    chosen = {(t.strategy, t.model, t.options): t.choice for t in tunings}
     runs_dir = out / "runs"
-    rows = [_row(c) for c in cells]
+    rows = [_row(c, chosen.get(c.group, ())) for c in cells]
     todo = [(c, r) for c, r in zip(cells, rows, strict=True) if not c.skip]
     print(
         f"bench {opts.name}: {len(todo)} runs, {len(cells) - len(todo)} impossible combinations skipped",
         flush=True,
     )
-    t0 = time.perf_counter()
     for i, (cell, row) in enumerate(todo, start=1):
+        argv = train_argv + option_argv(cell.options + chosen.get(cell.group, ()))
         cmd = train_command(
-            cell, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, train_argv
+            cell, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, argv
         )
-        print(f"[{i}/{len(todo)}] {cell.label} ...", end=" ", flush=True)
+        print(f"[{i}/{len(todo)}] {cell.label} {row['tuned'] or ''}...", end=" ", flush=True)
         outcome = run_cell(cmd, out / "logs", cell.name, opts.timeout)
         row.update(
             status=outcome.status,
@@ -259,14 +328,54 @@ def run_bench(opts: BenchOptions) -> Path:
         "seed": opts.seed,
         "epochs": opts.epochs,
         "target_acc": opts.target_acc,
-        "train_args": opts.train_args,
+        "train_args": shlex.join(train_argv),
         "host": f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs)",
         "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
         "elapsed_s": time.perf_counter() - t0,
     }
-    write_markdown(out / "report.md", rows, setup, plots)
+    write_markdown(out / "report.md", rows, setup, plots, tunings)
     print(f"wrote {out / 'results.csv'} and {out / 'report.md'}")
     return out
+
+
+def _given_train_flags(argv: list[str]) -> argparse.Namespace:
+    """The options set in ``--train-args`` (only their names matter here)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_options(p)
+    args, _ = p.parse_known_args(argv)
+    return args
+
+
+def _tune(cells: list[Cell], cfg: Any, opts: BenchOptions, train_argv: list[str]) -> list[Tuning]:
+    """Run the tuning trials of every group of ``cells``; print them as they finish."""
+    groups: dict[tuple[str, str, Options], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    runs_dir, logs = opts.out_dir / "tune" / "runs", opts.out_dir / "tune" / "logs"
+
+    def run_trial(cell: Cell, setting: Options) -> tuple[str, str, float | None]:
+        trial = Cell(cell.strategy, cell.workers, cell.model, cell.options + setting)
+        argv = train_argv + option_argv(trial.options)
+        cmd = train_command(
+            trial, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, argv
+        )
+        print(f"tune {trial.label} ...", end=" ", flush=True)
+        outcome = run_cell(cmd, logs, trial.name, opts.timeout)
+        status, error, val = outcome.status, outcome.error, None
+        if status == "ok":
+            val = (read_summary(runs_dir / trial.name) or {}).get("val_acc")
+            if val is None:
+                status, error = "failed", "no validation accuracy (is --val-fraction 0?)"
+        print(f"val_acc {val:.4f}" if val is not None else f"{status}: {error}", flush=True)
+        return status, error, val
+
+    tunings = []
+    for group in groups.values():
+        t = tune_group(group, cfg, opts.tune, run_trial)
+        if t is not None:
+            tunings.append(t)
+            print(f"tuned {t.strategy} {t.model}: {options_text(t.choice) or 'nothing ran'}")
+    return tunings
 
 
 def _progress_text(row: dict[str, Any]) -> str:

@@ -1,55 +1,113 @@
-"""The bench matrix: which (strategy, workers, model) cells to run, and which are impossible."""
+"""The bench matrix: which (strategy, workers, model, options) cells to run, and which are impossible."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import itertools
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
-from deepjimu.config import ConfigErrors, RunConfig, validate
+from deepjimu.config import (
+    ConfigErrors,
+    RunConfig,
+    add_options,
+    coerce,
+    field_kind,
+    flag_values,
+    load_config,
+    option_fields,
+    validate,
+)
 from deepjimu.errors import JimuError
 
-__all__ = ["BENCH_FLAGS", "Cell", "parse_list", "parse_workers", "plan", "train_config"]
+__all__ = [
+    "BENCH_FLAGS",
+    "Cell",
+    "Options",
+    "option_argv",
+    "parse_list",
+    "parse_workers",
+    "plan",
+    "split_variants",
+    "train_config",
+]
 
 # flags the bench sets itself for every run; --train-args must not repeat them
-BENCH_FLAGS = (
-    "strategy",
-    "workers",
-    "model",
-    "dataset",
-    "data_dir",
-    "seed",
-    "epochs",
-    "name",
-    "runs_dir",
-    "quiet",
-    "resume",
+BENCH_FLAGS = frozenset(
+    {
+        "strategy",
+        "workers",
+        "model",
+        "dataset",
+        "data_dir",
+        "seed",
+        "epochs",
+        "name",
+        "runs_dir",
+        "quiet",
+        "resume",
+    }
 )
+
+Options = tuple[tuple[str, str], ...]
+"""Varied ``jimu train`` options of a cell, as (field name, value text) pairs."""
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
+
+
+def option_argv(options: Options) -> list[str]:
+    """``jimu train`` flags for ``options``, e.g. ``(("lr", "0.01"),)`` -> ``["--lr", "0.01"]``.
+
+    A boolean option's text is ``true`` or ``false`` (``--quiet`` / ``--no-quiet``).
+    """
+    kinds = {f.name: field_kind(f) for f in option_fields()}
+    argv = []
+    for name, value in options:
+        flag = name.replace("_", "-")
+        if kinds[name] == "bool":
+            argv.append(f"--{flag}" if coerce(name, value, "flag") else f"--no-{flag}")
+        else:
+            argv += [f"--{flag}", value]
+    return argv
 
 
 @dataclass(frozen=True)
 class Cell:
     """One configuration of the matrix.
 
-    ``skip`` is the reason this combination cannot run (e.g. ``local`` with 2 workers),
-    or None when it is to be run.
+    ``options`` are the varied ``jimu train`` options of this cell (e.g. ``lr=0.01``);
+    ``skip`` is the reason this combination cannot run (e.g. ``local`` with 2 workers), or
+    None when it is to be run.
     """
 
     strategy: str
     workers: int
     model: str
+    options: Options = ()
     skip: str | None = None
 
     @property
     def name(self) -> str:
-        """The run folder name, e.g. ``ddp-w2-mlp-256x3``."""
-        return f"{self.strategy}-w{self.workers}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', self.model)}"
+        """The run folder name, e.g. ``ddp-w2-mlp-256x3`` or ``ddp-w2-mlp-256x3-lr0.01``."""
+        opts = "".join(f"-{k.replace('_', '-')}{_slug(v)}" for k, v in self.options)
+        return f"{self.strategy}-w{self.workers}-{_slug(self.model)}{opts}"
 
     @property
     def label(self) -> str:
-        """A short label for tables and plots, e.g. ``ddp x2 mlp:256x3``."""
-        return f"{self.strategy} x{self.workers} {self.model}"
+        """A short label for tables and plots, e.g. ``ddp x2 mlp:256x3 lr=0.01``."""
+        opts = "".join(f" {k.replace('_', '-')}={v}" for k, v in self.options)
+        return f"{self.strategy} x{self.workers} {self.model}{opts}"
+
+    @property
+    def group(self) -> tuple[str, str, Options]:
+        """What the cells of one speedup series (and one tuning) share."""
+        return (self.strategy, self.model, self.options)
 
 
 def parse_list(text: str, option: str) -> list[str]:
@@ -78,36 +136,80 @@ def parse_workers(text: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-def train_config(train_args: str, base: dict[str, object]) -> tuple[RunConfig, list[str]]:
-    """The RunConfig that ``jimu train <train_args>`` would build, with ``base`` fields set.
+def split_variants(flags: Mapping[str, str]) -> tuple[Options, list[Options]]:
+    """Split ``jimu train`` flag values into fixed options and the matrix of varied ones.
+
+    A comma-separated value of an option that holds one value (``--lr 1e-3,3e-3``,
+    ``--precision fp32,bf16``) is a matrix dimension; list options (``--classes 0,1``) and
+    options whose values contain commas (``--balance 2,2``) are fixed.
 
     Args:
-        train_args: extra ``jimu train`` flags, one shell string (e.g. ``"--microbatches 8"``).
+        flags: field name -> value text as given on the command line (booleans as
+            ``true`` / ``false``).
+
+    Returns:
+        (fixed options, every combination of the varied ones; ``[()]`` when none varies).
+
+    Raises:
+        ConfigErrors: a value does not fit its option's type (one line each).
+
+    Example:
+        >>> split_variants({"lr": "0.1,0.2", "batch_size": "32"})
+        ((('batch_size', '32'),), [(('lr', '0.1'),), (('lr', '0.2'),)])
+    """
+    fields = {f.name: f for f in option_fields()}
+    fixed: list[tuple[str, str]] = []
+    varied: list[list[tuple[str, str]]] = []
+    problems = []
+    for name, text in flags.items():
+        f = fields[name]
+        one_value = field_kind(f) != "list[int]" and not f.metadata.get("commas")
+        values = parse_list(text, name.replace("_", "-")) if one_value else [text]
+        for v in values:
+            try:
+                coerce(name, v, "flag")
+            except JimuError as e:
+                problems.append(str(e))
+        if len(values) > 1:
+            varied.append([(name, v) for v in values])
+        else:
+            fixed.append((name, values[0]))
+    if problems:
+        raise ConfigErrors(problems)
+    return tuple(fixed), [tuple(combo) for combo in itertools.product(*varied)]
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line, no usage text
+            raise JimuError(f"--train-args: {message}")
+
+    p = Parser(prog="jimu train", add_help=False)
+    add_options(p)
+    return p
+
+
+def train_config(train_argv: Sequence[str], base: dict[str, object]) -> RunConfig:
+    """The RunConfig that ``jimu train <train_argv>`` would build, with ``base`` fields set.
+
+    Args:
+        train_argv: extra ``jimu train`` flags, already split (e.g. ``["--lr", "0.01"]``).
         base: RunConfig fields the bench controls (dataset, seed, ...).
 
     Returns:
-        the config (not yet validated) and the split flag list to pass to every run.
+        the config (not yet validated).
 
     Raises:
         JimuError: the flags do not parse, or repeat a flag the bench sets itself.
     """
-    from deepjimu.cli import build_parser, config_from_args
-
-    try:
-        argv = shlex.split(train_args)
-    except ValueError as e:
-        raise JimuError(
-            f"--train-args cannot be split into flags: {e} (got {train_args!r})"
-        ) from None
-    args = build_parser().parse_args(["train", *argv])
+    args = _train_parser().parse_args(list(train_argv))
     clash = sorted(k for k in vars(args) if k in BENCH_FLAGS)
     if clash:
         flags = ", ".join("--" + k.replace("_", "-") for k in clash)
         raise JimuError(
-            f"--train-args must not set {flags}: the bench sets it (got {train_args!r})"
+            f"--train-args must not set {flags}: the bench sets it (got {shlex.join(train_argv)!r})"
         )
-    cfg = config_from_args(args)
-    return dataclasses.replace(cfg, **base), argv  # type: ignore[arg-type]
+    return dataclasses.replace(load_config(flag_values(args)), **base)  # type: ignore[arg-type]
 
 
 def _skip_reason(cfg: RunConfig) -> str | None:
@@ -132,9 +234,13 @@ def _skip_reason(cfg: RunConfig) -> str | None:
 
 
 def plan(
-    base: RunConfig, strategies: list[str], workers: list[int], models: list[str]
+    base: RunConfig,
+    strategies: Sequence[str],
+    workers: Sequence[int],
+    models: Sequence[str],
+    variants: Sequence[Options] = ((),),
 ) -> list[Cell]:
-    """Every cell of strategies x workers x models, in that nesting order, with skip reasons.
+    """Every cell of strategies x models x variants x workers, in that nesting order, with skips.
 
     Example:
         >>> [c.label for c in plan(RunConfig(), ["local"], [1, 2], ["mlp:16x1"]) if c.skip]
@@ -143,7 +249,11 @@ def plan(
     cells = []
     for strategy in strategies:
         for model in models:
-            for w in workers:
-                cfg = dataclasses.replace(base, strategy=strategy, workers=w, model=model)
-                cells.append(Cell(strategy, w, model, _skip_reason(cfg)))
+            for options in variants:
+                typed = {k: coerce(k, v, "flag") for k, v in options}
+                for w in workers:
+                    cfg = dataclasses.replace(
+                        base, strategy=strategy, workers=w, model=model, **typed
+                    )
+                    cells.append(Cell(strategy, w, model, options, _skip_reason(cfg)))
     return cells

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.errors import JimuError
-from deepjimu.report import read_events
+from deepjimu.report import finite_number, read_events
 
 __all__ = ["write_plots"]
 
@@ -28,6 +28,8 @@ def _colors(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _label(row: dict[str, Any], many_models: bool) -> str:
     text = f"{row['strategy']} x{row['workers']}"
+    if row.get("options"):
+        text += f" {row['options']}"
     return f"{text}\n{row['model']}" if many_models else text
 
 
@@ -67,15 +69,15 @@ def _throughput(
     _bars(ax1, rows, "samples_per_s", colors, many)
     ax1.set_ylabel("training throughput (samples/s)")
     ax1.set_title("Throughput")
-    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("speedup") is not None:
-            series.setdefault((r["strategy"], r["model"]), []).append(r)
+            series.setdefault((r["strategy"], r["model"], r.get("options") or ""), []).append(r)
     top = 1
-    for (strategy, model), rs in series.items():
+    for (strategy, model, options), rs in series.items():
         rs.sort(key=lambda r: r["workers"])
         base = rs[0]["speedup_base"]
-        name = f"{strategy} {model}" if many else strategy
+        name = " ".join(filter(None, (strategy, model if many else "", options)))
         ax2.plot(
             [r["workers"] for r in rs],
             [r["speedup"] for r in rs],
@@ -112,12 +114,12 @@ def _accuracy_time(
             events = read_events(Path(r["run_dir"]))
         except JimuError:
             continue
-        pts = [
-            (e["time_s"], 100 * e["test_acc"])
-            for e in events
-            if isinstance(e.get("test_acc"), (int, float))
-            and isinstance(e.get("time_s"), (int, float))
-        ]
+        pts, train_s = [], 0.0
+        for e in events:
+            train_s += finite_number(e.get("train_s")) or 0.0
+            acc = finite_number(e.get("test_acc"))
+            if acc is not None:
+                pts.append((train_s, 100 * acc))
         if not pts:
             continue
         ax.plot(
@@ -133,7 +135,7 @@ def _accuracy_time(
         100 * target, color="black", linewidth=0.8, linestyle=":", label=f"target {100 * target:g}%"
     )
     ax.set_ylim(0, 101)
-    ax.set_xlabel("time since the workers started the run (s)")
+    ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("test accuracy (% correct)")
     ax.set_title(f"Test accuracy over time: {title}")
     ax.grid(alpha=0.3)
@@ -152,7 +154,7 @@ def _target(
     fig = _figure(12, 4.8)
     ax1, ax2 = fig.subplots(1, 2)
     _bars(ax1, rows, "time_to_target_s", colors, many, fmt="{:.1f}")
-    ax1.set_ylabel("time to target (s since the run started)")
+    ax1.set_ylabel("training time to target (s, evaluation excluded)")
     ax1.set_title(f"Time to {100 * target:g}% test accuracy (n/a: not reached)")
     _bars(ax2, rows, "test_acc", colors, many, scale=100, fmt="{:.1f}")
     ax2.set_ylabel("final test accuracy (% correct)")

@@ -7,25 +7,29 @@ import io
 from pathlib import Path
 from typing import Any
 
-from deepjimu.run import atomic_write_text
+from deepjimu.atomic import atomic_write_text
 
-__all__ = ["COLUMNS", "add_speedups", "read_csv", "write_csv"]
+__all__ = ["COLUMNS", "add_speedups", "options_text", "read_csv", "write_csv"]
 
 COLUMNS = (
     "strategy",
     "workers",
     "model",
+    "options",
+    "tuned",
     "status",
     "error",
     "epochs",
     "time_s",
+    "train_s",
+    "eval_s",
     "wall_s",
     "samples_per_s",
     "speedup",
     "speedup_base",
     "test_acc",
     "time_to_target_s",
-    "train_time_to_target_s",
+    "wall_to_target_s",
     "bytes_sent",
     "bytes_per_sample",
     "peak_mem_mb",
@@ -35,11 +39,19 @@ COLUMNS = (
 )
 
 
-def _baseline(rows: list[dict[str, Any]], strategy: str, model: str) -> dict[str, Any] | None:
+def options_text(options: tuple[tuple[str, str], ...]) -> str:
+    """``lr=0.01 precision=bf16`` (empty for no options)."""
+    return " ".join(f"{k.replace('_', '-')}={v}" for k, v in options)
+
+
+def _baseline(
+    rows: list[dict[str, Any]], strategy: str, model: str, options: str
+) -> dict[str, Any] | None:
     for row in rows:
         if (
             row["strategy"] == strategy
             and row["model"] == model
+            and (row.get("options") or "") == options
             and row["workers"] == 1
             and row["status"] == "ok"
             and row.get("samples_per_s")
@@ -51,9 +63,10 @@ def _baseline(rows: list[dict[str, Any]], strategy: str, model: str) -> dict[str
 def add_speedups(rows: list[dict[str, Any]]) -> None:
     """Set ``speedup`` and ``speedup_base`` of every ok row, in place.
 
-    The speedup is throughput (samples/s) over that of the same strategy and model with
-    1 worker; where that run is missing or failed, over ``local`` with 1 worker (same
-    model); where neither exists, it stays empty. ``speedup_base`` names the baseline.
+    The speedup is throughput (samples/s) over that of the same strategy, model and options
+    with 1 worker; where that run is missing or failed, over ``local`` with 1 worker (same
+    model and options); where neither exists, it stays empty. ``speedup_base`` names the
+    baseline.
 
     Example:
         >>> rows = [{"strategy": "local", "model": "m", "workers": 1, "status": "ok", "samples_per_s": 100.0},
@@ -65,8 +78,9 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
         row["speedup"] = row["speedup_base"] = None
         if row["status"] != "ok" or not row.get("samples_per_s"):
             continue
-        base = _baseline(rows, row["strategy"], row["model"]) or _baseline(
-            rows, "local", row["model"]
+        opts = row.get("options") or ""
+        base = _baseline(rows, row["strategy"], row["model"], opts) or _baseline(
+            rows, "local", row["model"], opts
         )
         if base is not None:
             row["speedup"] = row["samples_per_s"] / base["samples_per_s"]

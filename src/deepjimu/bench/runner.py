@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from typing import Any
 
 from deepjimu.bench.matrix import Cell
 from deepjimu.errors import JimuError
-from deepjimu.report import read_config, read_events, read_summary
+from deepjimu.report import finite_number, read_config, read_events, read_summary, train_time_to
 
 __all__ = ["Outcome", "error_line", "measure", "run_cell", "train_command"]
 
@@ -107,19 +106,17 @@ def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcom
     return Outcome("ok", "", wall)
 
 
-def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
-
-
 def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
     """The bench figures of a finished run folder.
 
     Returns:
-        ``epochs``, ``time_s`` (the workers' fit time), ``samples_per_s``, ``test_acc``
-        (final), ``time_to_target_s`` (``time_s`` of the first event whose test accuracy
-        reaches ``target_acc``: seconds since the workers started the run, data loading and
-        evaluations included), ``train_time_to_target_s`` (training time alone, summed
-        ``train_s``), ``bytes_sent``, ``bytes_per_sample`` (bytes sent by all ranks per
+        ``epochs``, ``time_s`` (the workers' fit time), ``train_s`` and ``eval_s`` (its
+        training and evaluation parts), ``samples_per_s``, ``test_acc`` (final),
+        ``time_to_target_s`` (training time, the summed ``train_s`` of the events up to the
+        first whose test accuracy reaches ``target_acc``: evaluation is not counted, so a
+        strategy that evaluates more often is not penalised), ``wall_to_target_s``
+        (``time_s`` of that event: seconds since the workers started, set-up and evaluations
+        included), ``bytes_sent``, ``bytes_per_sample`` (bytes sent by all ranks per
         training sample processed), ``peak_mem_mb`` (max over ranks and events),
         ``idle_frac`` and ``bubble_theory`` (pipeline only; None when absent).
 
@@ -132,31 +129,26 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
         raise JimuError(f"{Path(run_dir) / 'summary.json'} does not exist")
     config = read_config(run_dir)
     samples = sum(
-        (_number(e.get("samples_per_s")) or 0.0) * (_number(e.get("train_s")) or 0.0)
+        (finite_number(e.get("samples_per_s")) or 0.0) * (finite_number(e.get("train_s")) or 0.0)
         for e in events
     )
-    bytes_sent = _number(summary.get("bytes_sent"))
+    bytes_sent = finite_number(summary.get("bytes_sent"))
     if bytes_sent is None:
-        bytes_sent = sum(_number(e.get("bytes_sent")) or 0.0 for e in events)
-    to_target = train_to_target = None
-    train_s = 0.0
-    for e in events:
-        train_s += _number(e.get("train_s")) or 0.0
-        acc = _number(e.get("test_acc"))
-        if acc is not None and acc >= target_acc:
-            to_target, train_to_target = _number(e.get("time_s")), train_s
-            break
+        bytes_sent = sum(finite_number(e.get("bytes_sent")) or 0.0 for e in events)
+    to_target, wall_to_target = train_time_to(events, target_acc)
     mems = [m for e in [summary, *events] for m in e.get("peak_mem_mb_per_rank") or []]
     return {
         "epochs": summary.get("epochs"),
-        "time_s": _number(summary.get("time_s")),
-        "samples_per_s": _number(summary.get("samples_per_s")),
-        "test_acc": _number(summary.get("test_acc")),
+        "time_s": finite_number(summary.get("time_s")),
+        "train_s": finite_number(summary.get("train_s")),
+        "eval_s": finite_number(summary.get("eval_s")),
+        "samples_per_s": finite_number(summary.get("samples_per_s")),
+        "test_acc": finite_number(summary.get("test_acc")),
         "time_to_target_s": to_target,
-        "train_time_to_target_s": train_to_target,
+        "wall_to_target_s": wall_to_target,
         "bytes_sent": int(bytes_sent),
         "bytes_per_sample": bytes_sent / samples if samples else None,
-        "peak_mem_mb": max((m for m in mems if _number(m) is not None), default=None),
+        "peak_mem_mb": max((m for m in mems if finite_number(m) is not None), default=None),
         "idle_frac": _figure(summary, events, "idle_frac"),
         "bubble_theory": _bubble_theory(summary, events, config),
     }
@@ -164,9 +156,9 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
 
 def _figure(summary: dict[str, Any], events: list[dict[str, Any]], key: str) -> float | None:
     """``key`` from the summary, else its mean over the events that carry it."""
-    if _number(summary.get(key)) is not None:
-        return _number(summary[key])
-    values = [v for e in events if (v := _number(e.get(key))) is not None]
+    if finite_number(summary.get(key)) is not None:
+        return finite_number(summary[key])
+    values = [v for e in events if (v := finite_number(e.get(key))) is not None]
     return sum(values) / len(values) if values else None
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from deepjimu.atomic import atomic_path
 from deepjimu.errors import JimuError, one_line
-from deepjimu.run import atomic_path
 
 __all__ = ["SOURCES", "Source", "extract_tar", "fetch", "file_md5", "source_url"]
 

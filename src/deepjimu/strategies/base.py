@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -12,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.config import RunConfig
+from deepjimu.config import DEFAULT_LR, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.run import Run
@@ -24,6 +23,7 @@ __all__ = [
     "accuracies",
     "count_correct",
     "epoch_order",
+    "log_grid",
     "make_optimizer",
     "split_steps",
 ]
@@ -75,9 +75,37 @@ class Strategy(ABC):
         """Where the engine puts the data splits (default: the compute device)."""
         return device
 
+    @classmethod
+    def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:
+        """``trials`` settings to try for ``jimu bench --tune``, the strategy's default first.
+
+        Every strategy gets the same number of trials; the bench keeps the setting with the
+        best validation accuracy. Default: nothing to tune (one trial, the defaults).
+        """
+        return [{}]
+
     @abstractmethod
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         """Train ``model`` on ``data``; log events and checkpoints through ``run``."""
+
+
+def log_grid(center: float, trials: int, span: float = 10.0) -> list[float]:
+    """``trials`` values from ``center / span`` to ``center * span``, evenly spaced in log.
+
+    Ordered by distance from ``center`` (``center`` first when ``trials`` is odd), so that
+    ties in a search go to the value nearest the default.
+
+    Example:
+        >>> [round(v, 4) for v in log_grid(1e-3, 5)]
+        [0.001, 0.0003, 0.0032, 0.0001, 0.01]
+    """
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1 (trials: {trials})")
+    if trials == 1:
+        return [center]
+    exps = [-1 + 2 * i / (trials - 1) for i in range(trials)]
+    exps.sort(key=lambda e: (abs(e), e))
+    return [center * span**e for e in exps]
 
 
 def make_optimizer(params: Any, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -134,6 +162,12 @@ class GradientStrategy(Strategy):
     a checkpoint holds; the loop, logging, divergence check and checkpoints live here.
     """
 
+    @classmethod
+    def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:
+        """The learning rate on a log grid over 0.1x..10x the optimizer's default."""
+        center = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
+        return [{"lr": lr} for lr in log_grid(center, trials)]
+
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         """Keep ``run``, prepare modules and optimizer (default: whole model on this rank)."""
         self.run = run
@@ -184,31 +218,24 @@ class GradientStrategy(Strategy):
             start, step = run.resumed.epoch, run.resumed.step
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
-        samples, train_s = 0, 0.0
+        samples = 0
         for epoch in range(start, cfg.epochs):
             batches = self.batches(data, epoch, run)
             losses: list[Tensor] = []
-            t0 = time.perf_counter()
-            with run.compute():
+            with run.training():
                 for x, y in batches:
                     loss = self.train_step(x, y)
                     if loss is not None:
                         losses.append(loss.detach())
-            train_s += time.perf_counter() - t0
             step += len(batches)
             samples += data.train_size
             done = epoch + 1
             if done % cfg.eval_every == 0 or done == cfg.epochs:
                 mean_loss = float(torch.stack(losses).mean()) if losses else None
-                event = run.log(
-                    step,
-                    done,
-                    samples=samples,
-                    train_s=train_s,
-                    loss=mean_loss,
-                    **self.evaluate(data, run),
-                )
-                samples, train_s = 0, 0.0
+                with run.evaluation():
+                    metrics = self.evaluate(data, run)
+                event = run.log(step, done, samples=samples, loss=mean_loss, **metrics)
+                samples = 0
                 if event["loss"] is not None and not math.isfinite(float(event["loss"])):
                     raise JimuError(
                         f"training diverged at epoch {done}: loss is {event['loss']}; "

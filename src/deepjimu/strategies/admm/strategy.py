@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
@@ -135,28 +134,26 @@ class AdmmStrategy(Strategy):
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
             start, steps = run.resumed.epoch, run.resumed.step
         elif not cfg.admm_batch:
-            with run.compute(), run.autocast():
+            with run.training(), run.autocast():
                 init_blocks_forward(
                     self.block, x if lo == 0 else None, len(x), self.exchange, run.rank, run.world
                 )
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         self.history: list[float] = []
-        samples, train_s = 0, 0.0
+        samples = 0
         for epoch in range(start, cfg.epochs):
-            t0 = time.perf_counter()
-            with run.compute(), run.autocast():
+            with run.training(), run.autocast():
                 if cfg.admm_batch:
                     steps += self._minibatch_epoch(x, data.train_y, epoch)
                 else:
                     self._iterate(y)
                     steps += 1
-            train_s += time.perf_counter() - t0
             samples += len(data.train_y)
             done = epoch + 1
             if done % cfg.eval_every == 0 or done == cfg.epochs:
-                self._log(steps, done, data, samples, train_s)
-                samples, train_s = 0, 0.0
+                self._log(steps, done, data, samples)
+                samples = 0
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
                 self._checkpoint(steps, done)
         run.close()
@@ -206,17 +203,20 @@ class AdmmStrategy(Strategy):
                 self.linears[l].weight.copy_(self.block.W[l])
                 self.linears[l].bias.copy_(self.block.b[l])
 
-    def _log(self, step: int, done: int, data: DataSplits, samples: int, train_s: float) -> None:
+    def _log(self, step: int, done: int, data: DataSplits, samples: int) -> None:
         cfg, run = self.cfg, self.run
-        self._write_back()
-        metrics: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
-        objective, residual = 0.0, 0.0
-        if not cfg.admm_batch:
-            shares = run.gather_objects(self.block.objective_and_residual(self.block_labels(data)))
-            objective, residual = sum(s[0] for s in shares), math.sqrt(sum(s[1] for s in shares))
-            metrics |= {"admm_objective": objective, "admm_residual": residual}
+        with run.evaluation():
+            self._write_back()
+            metrics: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
+            objective, residual = 0.0, 0.0
+            if not cfg.admm_batch:
+                y = self.block_labels(data)
+                shares = run.gather_objects(self.block.objective_and_residual(y))
+                objective = sum(s[0] for s in shares)
+                residual = math.sqrt(sum(s[1] for s in shares))
+                metrics |= {"admm_objective": objective, "admm_residual": residual}
         metrics |= {"rho": self.block.params.rho, "nu": self.block.params.nu}
-        event = run.log(step, done, samples=samples, train_s=train_s, **metrics)
+        event = run.log(step, done, samples=samples, **metrics)
         bad = [
             k
             for k in ("loss", "admm_objective")

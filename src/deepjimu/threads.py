@@ -1,0 +1,206 @@
+"""Threads and OpenMP waiting per worker, chosen from how many processes share the cores.
+
+No torch import here: OpenMP reads ``OMP_WAIT_POLICY`` once, when torch loads it, so the
+policy of a process must be in its environment before ``import torch``. The launcher puts
+it into the environment of the workers it starts; under torchrun the CLI sets it before it
+imports torch.
+
+The rule (measured for every strategy and worker count; BENCHMARKS.md, "Threads"):
+
+- workers x threads <= cores: leave OpenMP's own default (idle threads spin briefly, then
+  sleep). Forcing ``PASSIVE`` made single-process backprop up to 2x slower; forcing
+  ``ACTIVE`` made every multi-worker run slower.
+- workers x threads > cores (more busy threads than cores): ``PASSIVE``, so a waiting thread
+  yields its core to a worker that has work (pdADMM iterations ran 13x slower with spinning
+  threads sharing two cores).
+
+An explicit ``--omp-wait`` or ``--threads`` wins, then ``OMP_WAIT_POLICY`` /
+``OMP_NUM_THREADS`` from the user's environment, then the rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "OMP_WAITS",
+    "SPEED_ENV",
+    "ThreadPlan",
+    "available_cores",
+    "plan_threads",
+    "scoped_env",
+    "set_env",
+    "speed_env",
+    "under_torchrun",
+]
+
+OMP_WAITS = ("auto", "default", "active", "passive")
+
+# environment variables that change how fast a worker computes or communicates
+SPEED_ENV = (
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "OMP_DYNAMIC",
+    "KMP_BLOCKTIME",
+    "KMP_AFFINITY",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+)
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or another launcher that sets RANK / WORLD_SIZE) started us."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. under taskset or a cpuset)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How each of ``processes`` workers on this machine uses its ``cores``.
+
+    ``wait`` is the OpenMP wait policy: ``default`` (OpenMP's own: spin briefly, then
+    sleep), ``active`` or ``passive``; ``source`` says where each choice came from.
+    """
+
+    threads: int
+    wait: str
+    processes: int
+    cores: int
+    source: str
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More busy threads than cores."""
+        return self.processes * self.threads > self.cores
+
+    def env(self) -> dict[str, str | None]:
+        """The environment a worker must start with (None: the variable must be unset)."""
+        return {
+            "OMP_NUM_THREADS": str(self.threads),
+            "OMP_WAIT_POLICY": None if self.wait == "default" else self.wait.upper(),
+        }
+
+    def matches(self, environ: Mapping[str, str]) -> bool:
+        """True if a process started with ``environ`` already has this OpenMP wait policy."""
+        want = self.env()["OMP_WAIT_POLICY"]
+        have = environ.get("OMP_WAIT_POLICY")
+        return (have or "").upper() == (want or "")
+
+    def describe(self) -> str:
+        """One line, e.g. ``3 workers x 1 thread on 2 cores (oversubscribed): OpenMP wait passive``."""
+        over = ", oversubscribed" if self.oversubscribed else ""
+        s = "s" if self.threads > 1 else ""
+        w = "s" if self.processes > 1 else ""
+        return (
+            f"{self.processes} worker{w} x {self.threads} thread{s} on {self.cores} cores{over}: "
+            f"OpenMP wait {self.wait} ({self.source})"
+        )
+
+    def record(self) -> dict[str, object]:
+        """What summary.json keeps of the plan and the speed-relevant environment."""
+        return {
+            "threads_per_worker": self.threads,
+            "omp_wait": self.wait,
+            "workers_on_machine": self.processes,
+            "cores": self.cores,
+            "source": self.source,
+        }
+
+
+def plan_threads(
+    processes: int,
+    threads: int = 0,
+    wait: str = "auto",
+    cores: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ThreadPlan:
+    """The thread plan for ``processes`` workers sharing this machine.
+
+    Args:
+        processes: worker processes on this machine (local workers, or torchrun's
+            LOCAL_WORLD_SIZE).
+        threads: ``--threads`` (0: ``OMP_NUM_THREADS`` from ``environ`` if set, else
+            cores // processes).
+        wait: ``--omp-wait``: auto, default, active or passive.
+        cores: cores available (default: this process's CPU affinity).
+        environ: the user's environment (default: ``os.environ``).
+
+    Returns:
+        the plan; see the module docstring for the rule.
+
+    Raises:
+        ValueError: ``processes`` < 1, ``threads`` < 0 or an unknown ``wait``.
+
+    Example:
+        >>> plan_threads(3, cores=2).wait
+        'passive'
+        >>> plan_threads(1, cores=2).wait
+        'default'
+    """
+    if processes < 1 or threads < 0 or wait not in OMP_WAITS:
+        raise ValueError(
+            f"bad thread plan request (processes: {processes}, threads: {threads}, wait: {wait!r})"
+        )
+    env = os.environ if environ is None else environ
+    cores = cores or available_cores()
+    sources = []
+    if threads:
+        sources.append("threads: --threads")
+    elif env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) >= 1:
+        threads = int(env["OMP_NUM_THREADS"])
+        sources.append("threads: OMP_NUM_THREADS")
+    else:
+        threads = max(1, cores // processes)
+        sources.append("threads: cores / workers")
+    if wait != "auto":
+        sources.append("wait: --omp-wait")
+    elif env.get("OMP_WAIT_POLICY", "").lower() in ("active", "passive"):
+        wait = env["OMP_WAIT_POLICY"].lower()
+        sources.append("wait: OMP_WAIT_POLICY")
+    else:
+        wait = "passive" if processes * threads > cores else "default"
+        sources.append("wait: rule")
+    return ThreadPlan(threads, wait, processes, cores, ", ".join(sources))
+
+
+def set_env(changes: Mapping[str, str | None]) -> None:
+    """Set environment variables; None unsets one."""
+    for k, v in changes.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@contextlib.contextmanager
+def scoped_env(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """:func:`set_env` for the block, then the old values back.
+
+    Processes started inside the block inherit the changed environment.
+    """
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        set_env(changes)
+        yield
+    finally:
+        set_env(saved)
+
+
+def speed_env() -> dict[str, str]:
+    """The variables of :data:`SPEED_ENV` that are set in this process's environment."""
+    return {k: os.environ[k] for k in SPEED_ENV if k in os.environ}
