@@ -115,6 +115,23 @@ class RunConfig:
     admm_batch: int = _opt(0, "admm: mini-batch size (0: full batch)")
     admm_inner: int = _opt(0, "admm: iterations per mini-batch (0: twice the number of layers)")
     rho_growth: float = _opt(1.0, "admm: multiply rho by this when the residual stalls")
+    admm_tau: float = _opt(
+        1.0, "admm: proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)"
+    )
+    admm_momentum: float = _opt(
+        0.0, "admm: extrapolate every variable by this fraction of its last change (0: off)"
+    )
+    admm_init: str = _opt(
+        "forward",
+        "admm: start from a forward pass of the model's weights (forward), or first scale each "
+        "layer to unit pre-activation RMS on the data (scaled)",
+        choices=("forward", "scaled"),
+    )
+    admm_memory: float = _opt(
+        0.0,
+        "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
+        "by this decay per batch (0: the current batch only)",
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, suitable for JSON and TOML."""
@@ -339,6 +356,17 @@ def basic_problems(cfg: RunConfig) -> list[str]:
     need(cfg.admm_batch >= 0, f"admm-batch must be >= 0 (admm-batch: {cfg.admm_batch})")
     need(cfg.admm_inner >= 0, f"admm-inner must be >= 0 (admm-inner: {cfg.admm_inner})")
     need(cfg.rho_growth >= 1, f"rho-growth must be >= 1 (rho-growth: {cfg.rho_growth})")
+    need(
+        cfg.admm_tau >= 0 and math.isfinite(cfg.admm_tau),
+        f"admm-tau must be a number >= 0 (admm-tau: {cfg.admm_tau})",
+    )
+    need(
+        0 <= cfg.admm_momentum < 1,
+        f"admm-momentum must be in [0, 1) (admm-momentum: {cfg.admm_momentum})",
+    )
+    need(
+        0 <= cfg.admm_memory < 1, f"admm-memory must be in [0, 1) (admm-memory: {cfg.admm_memory})"
+    )
     if cfg.classes is not None:
         need(
             len(cfg.classes) >= 2, f"classes must name at least 2 classes (classes: {cfg.classes})"

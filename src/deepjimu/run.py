@@ -316,7 +316,7 @@ class Run:
                 )
             model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
             rank_state = torch.load(
-                folder / f"rank{self.rank}.pt", map_location="cpu", weights_only=False
+                folder / f"rank{self.rank}.pt", map_location="cpu", weights_only=True
             )
         except JimuError:
             raise

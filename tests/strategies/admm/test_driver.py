@@ -40,48 +40,58 @@ def _snapshot(block: LayerBlock) -> dict[str, torch.Tensor]:
     return out
 
 
-def _serial(bits: int) -> dict[str, torch.Tensor]:
+def _params(bits: int, momentum: float) -> AdmmParams:
+    return AdmmParams(rho=0.5, nu=0.8, bits=bits, tau=1.0, momentum=momentum)
+
+
+def _serial(bits: int, momentum: float = 0.0, scale: bool = False) -> dict[str, torch.Tensor]:
     torch.set_num_threads(1)
     x, y, W, b = _problem()
-    block = LayerBlock(0, 4, 4, W, b, AdmmParams(rho=0.5, nu=0.8, bits=bits, tau=1.0))
-    block.init_forward(x)
+    block = LayerBlock(0, 4, 4, W, b, _params(bits, momentum))
+    block.init_forward(x, 1.0 if scale else None)
     for _ in range(ITERS):
         serial_iteration(block, y)
+        if momentum:
+            block.extrapolate()
     return _snapshot(block)
 
 
 def _distributed(
-    rank: int, world: int, sizes: list[int], bits: int
+    rank: int, world: int, sizes: list[int], bits: int, momentum: float = 0.0, scale: bool = False
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
     x, y, W, b = _problem()
     lo = sum(sizes[:rank])
     hi = lo + sizes[rank]
-    block = LayerBlock(
-        lo, hi, 4, W[lo:hi], b[lo:hi], AdmmParams(rho=0.5, nu=0.8, bits=bits, tau=1.0)
-    )
+    block = LayerBlock(lo, hi, 4, W[lo:hi], b[lo:hi], _params(bits, momentum))
     stats = CommStats()
     ex = Exchange(Comm(stats), bits, torch.device("cpu"))
-    init_blocks_forward(block, x if rank == 0 else None, N, ex, rank, world)
+    init_blocks_forward(block, x if rank == 0 else None, N, ex, rank, world, scale)
     sent = []
     for _ in range(ITERS):
         before = stats.bytes_sent
         distributed_iteration(block, y if hi == 4 else None, ex, rank, world)
+        if momentum:
+            block.extrapolate()
         sent.append(stats.bytes_sent - before)
     return _snapshot(block), sent
 
 
-@pytest.mark.parametrize("bits", [0, 8])
-def test_distributed_iterates_equal_serial(bits: int) -> None:
-    serial = _serial(bits)
+@pytest.mark.parametrize("bits,momentum,scale", [(0, 0.0, False), (8, 0.0, False), (8, 0.5, True)])
+def test_distributed_iterates_equal_serial(bits: int, momentum: float, scale: bool) -> None:
+    serial = _serial(bits, momentum, scale)
     for sizes in ([2, 2], [1, 2, 1]):
-        results = run_world(_distributed, len(sizes), sizes, bits)
+        results = run_world(_distributed, len(sizes), sizes, bits, momentum, scale)
         merged: dict[str, torch.Tensor] = {}
         for snap, _ in results:
             merged.update(snap)
         assert merged.keys() == serial.keys()
         for k in serial:
             torch.testing.assert_close(
-                merged[k], serial[k], rtol=1e-5, atol=1e-5, msg=f"{k} ({sizes}, bits {bits})"
+                merged[k],
+                serial[k],
+                rtol=1e-5,
+                atol=1e-5,
+                msg=f"{k} ({sizes}, bits {bits}, momentum {momentum})",
             )
 
 

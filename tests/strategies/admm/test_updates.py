@@ -14,6 +14,8 @@ from deepjimu.strategies.admm.updates import (
     WStep,
     augmented_lagrangian,
     centred_gram,
+    combine_stats,
+    extrapolate,
     last_layer_objective,
     layer_lagrangian,
     primal_residual,
@@ -23,6 +25,7 @@ from deepjimu.strategies.admm.updates import (
     update_u,
     update_W,
     update_Wb,
+    update_Wb_stats,
     update_z_hidden,
     update_z_last,
 )
@@ -191,6 +194,45 @@ def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float) -> None:
     assert objective(W, b) <= objective(W_seq, b_seq) + 1e-12
     W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, gram=centred_gram(p))
     torch.testing.assert_close((W2, b2), (W, b))
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5, 1.0])
+def test_update_Wb_stats_is_the_minimiser_over_every_decayed_batch(decay: float) -> None:
+    """Three batches summarised in O(n^2) statistics give the exact weighted (W, b) minimiser."""
+    g = torch.Generator().manual_seed(8)
+    n_in, n_out, nu, tau = 4, 3, 0.7, 0.4
+    batches = [(_randn(5, n_in, generator=g) + k, _randn(5, n_out, generator=g)) for k in range(3)]
+    W_old, b0 = _randn(n_out, n_in, generator=g), torch.zeros(n_out, dtype=DT)
+    stats = None
+    for p, z in batches:
+        stats = combine_stats(stats, p, z, decay)
+    assert stats is not None
+    W, b = update_Wb_stats(stats, W_old, nu, tau=tau)
+
+    def objective(W_: torch.Tensor, b_: torch.Tensor) -> torch.Tensor:
+        total = (tau / 2) * ((W_ - W_old) ** 2).sum()
+        for k, (p, z) in enumerate(batches):  # batch k's weight: decay^(number of later batches)
+            total = total + decay ** (len(batches) - 1 - k) * _fit(p, W_, b_, z, nu)
+        return total
+
+    W_expected, b_expected = _argmin(objective, W_old, b0)
+    torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
+    p_last, z_last = batches[-1]  # one batch: the same step as update_Wb
+    torch.testing.assert_close(
+        update_Wb_stats(combine_stats(None, p_last, z_last, decay), W_old, nu, tau=tau),
+        update_Wb(p_last, z_last, W_old, nu, tau=tau),
+    )
+    with pytest.raises(ValueError, match="decay must be in"):
+        combine_stats(None, *batches[0], 1.5)
+
+
+def test_extrapolation_keeps_fixed_points_and_is_linear() -> None:
+    g = torch.Generator().manual_seed(9)
+    x, x_prev = _randn(3, 2, generator=g), _randn(3, 2, generator=g)
+    torch.testing.assert_close(extrapolate(x, x, 0.7), x)  # a fixed point stays one
+    torch.testing.assert_close(extrapolate(x, x_prev, 0.0), x)
+    torch.testing.assert_close(extrapolate(x, x_prev, 0.5), 1.5 * x - 0.5 * x_prev)
 
 
 def test_update_Wb_keeps_its_accuracy_under_bf16_autocast() -> None:

@@ -21,15 +21,21 @@ class AdmmParams:
 
     ``bits`` (8 or 16) puts every p and q on a quantization grid (pdADMM-G-Q), so the
     values that cross a worker boundary are exactly representable by their integer codes.
-    ``tau`` is a proximal weight keeping W near its previous value (used by mini-batch
-    mode, where one batch must not overwrite what the others taught W).
+    ``tau`` is the proximal weight (tau/2)||W - W_old||^2 of every (W, b) step: it keeps the
+    step well posed where p^T p is singular and acts as the step size of W (larger: slower).
+    ``momentum`` extrapolates every variable after each iteration, x + momentum (x - x_prev)
+    (0: off). ``memory`` (mini-batch mode) is the decay of the batches' (W, b) statistics:
+    each W step solves the problem over all batches seen, older ones weighted down by
+    ``memory`` per batch (0: only the current batch and the proximal term).
     """
 
     rho: float = 1.0
     nu: float = 1.0
     bits: int = 0
-    tau: float = 0.0
+    tau: float = 1.0
     zlast_iters: int = 50
+    momentum: float = 0.0
+    memory: float = 0.0
 
 
 class LayerBlock:
@@ -66,6 +72,8 @@ class LayerBlock:
         self.p_right: Tensor | None = None
         self.zlast_hits = 0
         self._data_gram: Tensor | None = None
+        self.stats: dict[int, U.WbStats | None] = {l: None for l in self.layers}
+        self._prev: dict[str, Any] | None = None  # the previous iterate, for momentum
 
     @property
     def layers(self) -> range:
@@ -76,27 +84,45 @@ class LayerBlock:
 
     # ---- initialisation ---------------------------------------------------------------------
     @torch.no_grad()
-    def init_forward(self, p_in: Tensor) -> Tensor:
-        """Set z, q, p by a forward pass from the block input; u = 0. Returns the block output.
+    def init_forward(self, p_in: Tensor, scale: float | None = None) -> tuple[Tensor, float | None]:
+        """Set z, q, p by a forward pass from the block input; u = 0.
 
         ``p_in`` is the data (lo = 0) or the previous block's output (then also ``q_left``).
+        With a ``scale`` (1.0 for the data), the block first reparametrises its layers so
+        that each one's pre-activations have a root mean square of 1 on ``p_in``, which no
+        longer vanish with depth (a data-dependent start): ``scale`` is the factor s by
+        which the previous layers already multiplied ``p_in``; layer l's W is multiplied by
+        its own factor c and its b by c s, so its pre-activations become s c times the
+        original ones (ReLU is positively homogeneous), and s becomes s c. The network's
+        output is the original one times a positive constant: the predictions do not change.
+
+        Returns:
+            the block output (the next block's input) and the scale it carries (None
+            without ``scale``).
         """
         self.p[self.lo] = p_in if self.lo == 0 else self._grid(p_in)
         self._data_gram = None
+        self._prev = None
         if self.lo > 0:
             self.q_left, self.u_left = self.p[self.lo], torch.zeros_like(p_in)
         out = p_in
         for l in self.layers:
+            if scale is not None:
+                self.b[l] = self.b[l] * scale
             a = self.p[l] @ self.W[l].T + self.b[l]
+            if scale is not None:
+                c = 1 / float(a.square().mean().sqrt().clamp(min=torch.finfo(a.dtype).tiny))
+                self.W[l], self.b[l], a = self.W[l] * c, self.b[l] * c, a * c
+                scale *= c
             self.z[l] = a
             if l == self.L - 1:
-                return a
+                return a, scale
             self.q[l] = self._grid(torch.relu(a))
             self.u[l] = torch.zeros_like(a)
             out = self.q[l]
             if l + 1 < self.hi:
                 self.p[l + 1] = out
-        return out
+        return out, scale
 
     # ---- one iteration: p -> (W, b) -> z -> q -> u ------------------------------------------
     def _q_prev(self, l: int) -> tuple[Tensor, Tensor]:
@@ -133,9 +159,13 @@ class LayerBlock:
                 if self._data_gram is None:
                     self._data_gram = U.centred_gram(self.p[0])
                 gram = self._data_gram
-            self.W[l], self.b[l] = U.update_Wb(
-                self.p[l], self.z[l], self.W[l], nu, tau=tau, gram=gram
-            )
+            if self.params.memory:
+                stats = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
+                self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau)
+            else:
+                self.W[l], self.b[l] = U.update_Wb(
+                    self.p[l], self.z[l], self.W[l], nu, tau=tau, gram=gram
+                )
             a = self.p[l] @ self.W[l].T + self.b[l]
             if l == self.L - 1:
                 assert y is not None, "the last layer needs the labels"
@@ -155,6 +185,49 @@ class LayerBlock:
             p_next = self._p_next(l)
             self.q[l] = self._grid(U.update_q(p_next, self.u[l], self.z[l], rho, nu))
             self.u[l] = U.update_u(self.u[l], p_next, self.q[l], rho)
+
+    @torch.no_grad()
+    def commit_batch(self) -> None:
+        """Mini-batch memory: add the finished batch's (p, z) to each layer's (W, b) statistics."""
+        for l in self.layers:
+            self.stats[l] = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
+
+    def _iterate_state(self) -> dict[str, Any]:
+        state = {k: getattr(self, k) for k in ("W", "b", "z", "q", "u")}
+        state["p"] = {l: t for l, t in self.p.items() if l > 0}  # p_0 is the data
+        state |= {k: getattr(self, k) for k in ("q_left", "u_left", "p_right")}
+        return state
+
+    @torch.no_grad()
+    def extrapolate(self) -> None:
+        """Momentum: every variable x becomes x + momentum (x - x_prev), after an iteration.
+
+        The copies of the neighbours' boundary variables (q_left, u_left, p_right) are
+        extrapolated too: both sides hold the same current and previous values, so they stay
+        equal, and the distributed iterates equal the serial ones. p and q are put back on
+        the quantization grid. The first call after an initialisation only records x.
+        """
+        beta = self.params.momentum
+        current = self._iterate_state()
+        prev, self._prev = (
+            self._prev,
+            {
+                k: {l: t.clone() for l, t in v.items()} if isinstance(v, dict) else v.clone()
+                for k, v in current.items()
+                if v is not None
+            },
+        )
+        if prev is None:
+            return
+        for k, v in current.items():
+            if v is None:
+                continue
+            grid = self._grid if k in ("p", "q", "q_left", "p_right") else (lambda t: t)
+            if isinstance(v, dict):
+                for l in v:
+                    v[l] = grid(U.extrapolate(v[l], prev[k][l], beta))
+            else:
+                setattr(self, k, grid(U.extrapolate(v, prev[k], beta)))
 
     @torch.no_grad()
     def step_left_dual(self) -> None:
@@ -211,23 +284,45 @@ class LayerBlock:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every variable and the step-size state, for a checkpoint (tensors moved to the CPU)."""
+        """Every variable and the step-size state, for a checkpoint (tensors moved to the CPU).
 
-        def cpu(d: dict[int, Tensor]) -> dict[int, Tensor]:
-            return {k: v.cpu() for k, v in d.items()}
+        Plain containers of tensors and numbers only, so ``torch.load(weights_only=True)``
+        reads it back.
+        """
 
-        opt = {k: getattr(self, k) for k in ("q_left", "u_left", "p_right")}
-        return {
-            "W": cpu(self.W), "b": cpu(self.b), "p": cpu(self.p), "z": cpu(self.z), "q": cpu(self.q),
-            "u": cpu(self.u), **{k: None if v is None else v.cpu() for k, v in opt.items()},
-            "rho": self.params.rho, "nu": self.params.nu,
-        }  # fmt: skip
+        def cpu(v: Any) -> Any:
+            if isinstance(v, dict):
+                return {k: cpu(x) for k, x in v.items()}
+            return v.cpu() if isinstance(v, Tensor) else v
+
+        variables = {k: getattr(self, k) for k in ("W", "b", "p", "z", "q", "u")}
+        variables |= {k: getattr(self, k) for k in ("q_left", "u_left", "p_right")}
+        return cpu(
+            {
+                **variables,
+                "rho": self.params.rho,
+                "nu": self.params.nu,
+                "prev": self._prev,
+                "stats": {l: None if st is None else vars(st) for l, st in self.stats.items()},
+            }
+        )
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         """Restore :meth:`state_dict` onto ``device``."""
+
+        def to(v: Any) -> Any:
+            if isinstance(v, dict):
+                return {k: to(x) for k, x in v.items()}
+            return v.to(device) if isinstance(v, Tensor) else v
+
         for k in ("W", "b", "p", "z", "q", "u"):
             setattr(self, k, {int(i): v.to(device) for i, v in state[k].items()})
         for k in ("q_left", "u_left", "p_right"):
             setattr(self, k, None if state[k] is None else state[k].to(device))
         self._data_gram = None
         self.params.rho, self.params.nu = state["rho"], state["nu"]
+        self._prev = to(state.get("prev"))
+        self.stats = {
+            int(l): None if st is None else U.WbStats(**to(st))
+            for l, st in state.get("stats", {}).items()
+        } or {l: None for l in self.layers}

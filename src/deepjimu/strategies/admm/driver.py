@@ -100,20 +100,36 @@ def distributed_iteration(
 
 
 def init_blocks_forward(
-    block: LayerBlock, x: Tensor | None, n_samples: int, ex: Exchange, rank: int, world: int
+    block: LayerBlock,
+    x: Tensor | None,
+    n_samples: int,
+    ex: Exchange,
+    rank: int,
+    world: int,
+    scale: bool = False,
 ) -> None:
     """Initialise every block by one forward pass: rank r waits for rank r-1's output.
 
     The activations travel at full precision (the block projects them onto its grid), and
-    this start-up sweep is the only sequential chain in pdADMM.
+    this start-up sweep is the only sequential chain in pdADMM. With ``scale`` every layer
+    is rescaled to unit pre-activation RMS on the way (:meth:`LayerBlock.init_forward`),
+    and the factor accumulated so far travels with the activations.
     """
+    plain = Exchange(ex.comm, 0, ex.device)
+    s: float | None = 1.0 if scale else None
     if rank == 0:
         assert x is not None
         p_in = x
     else:
         shape = (n_samples, block.W[block.lo].shape[1])
-        p_in = Exchange(ex.comm, 0, ex.device).irecv(shape, rank - 1).wait()
-    out = block.init_forward(p_in)
+        incoming = plain.irecv(shape, rank - 1)
+        if scale:
+            s = float(plain.irecv((1,), rank - 1).wait())
+        p_in = incoming.wait()
+    out, s = block.init_forward(p_in, s)
     if rank < world - 1:
-        for s in Exchange(ex.comm, 0, ex.device).isend(out, rank + 1):
-            s.wait()
+        sends = plain.isend(out, rank + 1)
+        if s is not None:
+            sends += plain.isend(torch.tensor([s], device=ex.device), rank + 1)
+        for pending in sends:
+            pending.wait()

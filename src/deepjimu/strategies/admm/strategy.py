@@ -20,7 +20,7 @@ from deepjimu.strategies.admm.driver import (
     init_blocks_forward,
     serial_iteration,
 )
-from deepjimu.strategies.base import FitResult, Strategy, epoch_order, split_steps
+from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
     block_shapes,
@@ -89,6 +89,15 @@ class AdmmStrategy(Strategy):
     precisions = PRECISIONS
 
     @classmethod
+    def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:
+        """rho and nu scaled together on a log grid over 0.1x..10x their defaults.
+
+        Their common scale sets how strongly the layer equations are enforced against the
+        loss (the quantity the results are most sensitive to; admm.md); their ratio is kept.
+        """
+        return [{"rho": cfg.rho * f, "nu": cfg.nu * f} for f in log_grid(1.0, trials)]
+
+    @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
         if parse_spec(cfg.model).kind != "mlp":
             return [f"admm trains MLPs (mlp:WIDTHxDEPTH); model {cfg.model!r} is not one"]
@@ -122,7 +131,14 @@ class AdmmStrategy(Strategy):
             )
         self.model, self.run, self.linears = model, run, linears
         self.shapes = block_shapes(model, data.train_x[:1])
-        params = AdmmParams(rho=cfg.rho, nu=cfg.nu, bits=cfg.quantize, tau=1.0)
+        params = AdmmParams(
+            rho=cfg.rho,
+            nu=cfg.nu,
+            bits=cfg.quantize,
+            tau=cfg.admm_tau,
+            momentum=cfg.admm_momentum,
+            memory=cfg.admm_memory if cfg.admm_batch else 0.0,
+        )
         W = [linears[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
         b = [linears[l].bias.detach().to(run.device).clone() for l in range(lo, hi)]
         self.block = LayerBlock(lo, hi, L, W, b, params)
@@ -130,17 +146,18 @@ class AdmmStrategy(Strategy):
         x = data.train_x.flatten(1)
         y = data.train_y if hi == L else None
         start, steps = 0, 0
+        self.history: list[float] = []
+        # a scaled start rescales the weights once, on the first (mini-)batch of the run
+        self._scale = cfg.admm_init == "scaled" and run.resumed is None
         if run.resumed is not None:
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
+            self.history = list(run.resumed.rank_state.get("history", []))
             start, steps = run.resumed.epoch, run.resumed.step
         elif not cfg.admm_batch:
             with run.training(), run.autocast():
-                init_blocks_forward(
-                    self.block, x if lo == 0 else None, len(x), self.exchange, run.rank, run.world
-                )
+                self._init_forward(x if lo == 0 else None, len(x))
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
-        self.history: list[float] = []
         samples = 0
         for epoch in range(start, cfg.epochs):
             with run.training(), run.autocast():
@@ -165,12 +182,21 @@ class AdmmStrategy(Strategy):
         )
 
     # ---- iterations -----------------------------------------------------------------------------
+    def _init_forward(self, x: Tensor | None, n_samples: int) -> None:
+        run = self.run
+        init_blocks_forward(
+            self.block, x, n_samples, self.exchange, run.rank, run.world, scale=self._scale
+        )
+        self._scale = False
+
     def _iterate(self, y: Tensor | None) -> None:
         if self.run.world == 1:
             assert y is not None
             serial_iteration(self.block, y)
         else:
             distributed_iteration(self.block, y, self.exchange, self.run.rank, self.run.world)
+        if self.block.params.momentum:
+            self.block.extrapolate()
 
     def _minibatch_epoch(self, x: Tensor, y: Tensor, epoch: int) -> int:
         """One pass over mini-batches; the auxiliary variables live only for their batch.
@@ -180,7 +206,9 @@ class AdmmStrategy(Strategy):
         2 per layer: the labels' pull needs one iteration per layer to reach layer 1) update
         every variable, W included. W carries what earlier batches taught it: each W step is
         the exact minimiser for this batch plus the proximal term (tau/2)||W - W_old||^2, so
-        directions this batch does not constrain keep their old values. Device memory holds
+        directions this batch does not constrain keep their old values; with
+        ``--admm-memory D`` it is the exact minimiser over every batch seen so far, older
+        ones weighted by D per batch, from O(n^2) statistics per layer. Device memory holds
         one batch of auxiliary variables, whatever N is; only the data set grows with N, in
         host memory.
         """
@@ -191,9 +219,11 @@ class AdmmStrategy(Strategy):
         for idx in batches:
             xb = x[idx].to(run.device) if block.lo == 0 else None
             yb = y[idx].to(run.device) if block.hi == block.L else None
-            init_blocks_forward(block, xb, len(idx), self.exchange, run.rank, run.world)
+            self._init_forward(xb, len(idx))
             for _ in range(inner):
                 self._iterate(yb)
+            if block.params.memory:
+                block.commit_batch()
         return len(batches)
 
     # ---- logging, divergence, rho schedule ----------------------------------------------------------
@@ -246,7 +276,8 @@ class AdmmStrategy(Strategy):
     def _checkpoint(self, step: int, done: int) -> None:
         self._write_back()
         full = gather_model(self.model, self.plan, self.run)
-        self.run.save_checkpoint(step, done, full, {"block": self.block.state_dict()})
+        state = {"block": self.block.state_dict(), "history": self.history}
+        self.run.save_checkpoint(step, done, full, state)
 
 
 def _finite(v: Any) -> bool:

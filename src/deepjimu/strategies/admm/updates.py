@@ -37,13 +37,17 @@ __all__ = [
     "LastLayerSolve",
     "LayerVars",
     "WStep",
+    "WbStats",
     "augmented_lagrangian",
     "centred_gram",
+    "combine_stats",
+    "extrapolate",
     "last_layer_objective",
     "layer_lagrangian",
     "primal_residual",
     "update_W",
     "update_Wb",
+    "update_Wb_stats",
     "update_b",
     "update_p",
     "update_q",
@@ -330,6 +334,103 @@ def update_Wb(
     W_new = _solve_right_psd(nu * G_centred + (mu + tau) * eye, nu * zc_t_p + tau * W)
     # b = mean z - W m cancels as much as the Gram would: elementwise, so it stays float32
     return W_new, z.mean(dim=0) - (W_new * p_mean).sum(dim=1)
+
+
+@dataclass(frozen=True)
+class WbStats:
+    """Weighted, centred sufficient statistics of the (W, b) problem over several batches.
+
+    For samples i with weights w_i (older batches decayed): ``n`` = sum w_i, ``p_mean`` and
+    ``z_mean`` the weighted means, ``C_pp`` = sum w_i (p_i - p_mean)(p_i - p_mean)^T and
+    ``C_zp`` = sum w_i (z_i - z_mean)(p_i - p_mean)^T. They hold everything the exact (W, b)
+    step over those samples needs, in O(n_{l-1}^2) memory whatever their number.
+    """
+
+    n: float
+    p_mean: Tensor
+    z_mean: Tensor
+    C_pp: Tensor
+    C_zp: Tensor
+
+
+def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> WbStats:
+    """``old`` with every weight multiplied by ``decay``, plus the batch (p, z) at weight 1.
+
+    Chan et al.'s pairwise update of centred moments: the batch is centred on its own mean
+    and the means' difference enters as one rank-one term, so no large mean is subtracted
+    from a large scatter (the cancellation ``update_Wb`` avoids too).
+
+    Args:
+        old: the statistics so far, or None for the first batch.
+        p: the batch's layer inputs, [B, n_{l-1}].
+        z: the batch's pre-activations, [B, n_l].
+        decay: weight factor of the old samples, in [0, 1].
+
+    Returns:
+        the combined statistics.
+
+    Raises:
+        ValueError: on mismatched shapes or ``decay`` outside [0, 1].
+    """
+    if not 0 <= decay <= 1:
+        raise ValueError(f"decay must be in [0, 1] (decay: {decay})")
+    B = p.shape[0]
+    _check_shape("z", z, (B, z.shape[1]))
+    p_mean, z_mean = p.mean(dim=0), z.mean(dim=0)
+    pc, zc = p - p_mean, z - z_mean
+    C_pp, C_zp = _gram(pc), zc.T @ pc
+    if old is None or decay == 0 or old.n == 0:
+        return WbStats(float(B), p_mean, z_mean, C_pp, C_zp)
+    _check_shape("p", p, (B, old.p_mean.shape[0]))
+    n_old = old.n * decay
+    n = n_old + B
+    dp, dz = p_mean - old.p_mean, z_mean - old.z_mean
+    f = n_old * B / n
+    return WbStats(
+        n,
+        old.p_mean + dp * (B / n),
+        old.z_mean + dz * (B / n),
+        old.C_pp * decay + C_pp + f * torch.outer(dp, dp),
+        old.C_zp * decay + C_zp + f * torch.outer(dz, dp),
+    )
+
+
+def update_Wb_stats(
+    stats: WbStats, W: Tensor, nu: float, *, tau: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """(W, b)-subproblem over the samples that ``stats`` summarises, each with its weight:
+
+    argmin sum_i w_i (nu/2)||z_i - W p_i - b||^2 + (tau/2)||W - W_old||^2, solved exactly as
+    in ``update_Wb``: W (nu C_pp + tau I) = nu C_zp + tau W_old, b = z_mean - W p_mean.
+
+    Args:
+        stats: from ``combine_stats``.
+        W: current weight W_old, [n_l, n_{l-1}].
+        nu: weight of the fit term, > 0.
+        tau: proximal weight towards W_old, >= 0.
+
+    Returns:
+        (W, b), shapes [n_l, n_{l-1}] and [n_l].
+
+    Raises:
+        ValueError: on mismatched shapes or nu <= 0, tau < 0.
+    """
+    _check_positive(nu=nu)
+    _check_nonnegative(tau=tau)
+    n_out, n_in = W.shape
+    _check_shape("C_zp", stats.C_zp, (n_out, n_in))
+    eye = torch.eye(n_in, dtype=W.dtype, device=W.device)
+    W_new = _solve_right_psd(nu * stats.C_pp + tau * eye, nu * stats.C_zp + tau * W)
+    return W_new, stats.z_mean - (W_new * stats.p_mean).sum(dim=1)
+
+
+def extrapolate(x: Tensor, x_prev: Tensor, beta: float) -> Tensor:
+    """Momentum (heavy-ball / Nesterov-type extrapolation) of an iterate: x + beta (x - x_prev).
+
+    At a fixed point of the iteration x = x_prev, so the extrapolated iteration has the
+    same fixed points as the plain one.
+    """
+    return torch.add(x, torch.sub(x, x_prev), alpha=beta)
 
 
 def update_z_hidden(a: Tensor, q: Tensor, z_old: Tensor) -> Tensor:
