@@ -111,6 +111,9 @@ def test_measure_reads_target_bytes_memory_and_bubble(tmp_path: Path) -> None:
     assert m["bytes_per_sample"] == pytest.approx(150 / 300)
     assert m["peak_mem_mb"] == 30.0
     assert m["idle_frac"] is None and m["bubble_theory"] == pytest.approx(1 / 5)
+    inter = _fake_run(tmp_path / "i", "pipeline", 2, {})
+    (inter / "config.json").write_text(json.dumps({"microbatches": 4, "schedule": "interleaved"}))
+    assert measure(inter, 0.9)["bubble_theory"] == pytest.approx(1 / 9)  # (n-1)/(v m + n-1), v = 2
     logged = measure(_fake_run(tmp_path / "q", "pipeline", 2, {"idle_frac": 0.3}), 0.99)
     assert logged["idle_frac"] == pytest.approx(0.3) and logged["time_to_target_s"] is None
     with pytest.raises(JimuError, match=r"summary\.json does not exist"):

@@ -165,11 +165,16 @@ def _figure(summary: dict[str, Any], events: list[dict[str, Any]], key: str) -> 
 def _bubble_theory(
     summary: dict[str, Any], events: list[dict[str, Any]], config: dict[str, Any]
 ) -> float | None:
-    """The logged GPipe bubble (n-1)/(m+n-1), else computed from the run's config (pipeline only)."""
+    """The logged pipeline bubble, else (n-1)/(v m + n-1) from the run's config (pipeline only)."""
     logged = _figure(summary, events, "bubble_theory")
     if logged is not None or summary.get("strategy") != "pipeline":
         return logged
+    from deepjimu.config import RunConfig
+    from deepjimu.strategies.model_parallel import bubble_fraction
+    from deepjimu.strategies.pipeline import PipelineStrategy
+
     n, m = summary.get("workers"), config.get("microbatches")
     if isinstance(n, int) and isinstance(m, int) and n >= 1 and m >= 1:
-        return (n - 1) / (m + n - 1)
+        cfg = RunConfig(schedule=config.get("schedule", "gpipe"))
+        return bubble_fraction(n, m, PipelineStrategy.chunks(cfg))
     return None
