@@ -22,13 +22,16 @@ def _block(params: AdmmParams, seed: int = 0) -> tuple[LayerBlock, torch.Tensor,
     return LayerBlock(0, 3, 3, W, b, params), x, y
 
 
-def test_scaled_start_gives_unit_rms_and_keeps_the_predictions() -> None:
+def test_scaled_start_gives_every_layer_the_first_rms_and_keeps_the_predictions() -> None:
     block, x, _ = _block(AdmmParams())
     before = block.forward(x)
-    block.init_forward(x, scale=1.0)
+    W0 = block.W[0].clone()
+    block.init_forward(x, scale=(1.0, 0.0))
+    assert torch.equal(block.W[0], W0)  # the first layer keeps its weights
+    first = float(block.z[0].square().mean().sqrt())
     for l in block.layers:
         rms = float(block.z[l].square().mean().sqrt())
-        assert abs(rms - 1) < 1e-5, (l, rms)
+        assert abs(rms / first - 1) < 1e-5, (l, rms, first)
     after = block.forward(x)
     ratio = after / before  # ReLU is positively homogeneous: one positive factor overall
     assert float(ratio.min()) > 0

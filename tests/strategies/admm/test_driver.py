@@ -48,7 +48,7 @@ def _serial(bits: int, momentum: float = 0.0, scale: bool = False) -> dict[str, 
     torch.set_num_threads(1)
     x, y, W, b = _problem()
     block = LayerBlock(0, 4, 4, W, b, _params(bits, momentum))
-    block.init_forward(x, 1.0 if scale else None)
+    block.init_forward(x, (1.0, 0.0) if scale else None)
     for _ in range(ITERS):
         serial_iteration(block, y)
         if momentum:

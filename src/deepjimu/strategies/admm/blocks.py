@@ -84,20 +84,23 @@ class LayerBlock:
 
     # ---- initialisation ---------------------------------------------------------------------
     @torch.no_grad()
-    def init_forward(self, p_in: Tensor, scale: float | None = None) -> tuple[Tensor, float | None]:
+    def init_forward(
+        self, p_in: Tensor, scale: tuple[float, float] | None = None
+    ) -> tuple[Tensor, tuple[float, float] | None]:
         """Set z, q, p by a forward pass from the block input; u = 0.
 
         ``p_in`` is the data (lo = 0) or the previous block's output (then also ``q_left``).
-        With a ``scale`` (1.0 for the data), the block first reparametrises its layers so
-        that each one's pre-activations have a root mean square of 1 on ``p_in``, which no
-        longer vanish with depth (a data-dependent start): ``scale`` is the factor s by
-        which the previous layers already multiplied ``p_in``; layer l's W is multiplied by
-        its own factor c and its b by c s, so its pre-activations become s c times the
-        original ones (ReLU is positively homogeneous), and s becomes s c. The network's
-        output is the original one times a positive constant: the predictions do not change.
+        With ``scale`` = (s, r), the block first reparametrises its layers so that each
+        one's pre-activations have the root mean square r of the first layer's (r = 0: take
+        it from layer 0, which keeps its weights): activations no longer shrink or grow with
+        depth (a data-dependent start). s is the factor by which the previous layers
+        already multiplied ``p_in`` (1 for the data); layer l's W is multiplied by its own
+        factor c and its b by c s, so its pre-activations become s c times the original ones
+        (ReLU is positively homogeneous), and s becomes s c. The network's output is the
+        original one times a positive constant: the predictions do not change.
 
         Returns:
-            the block output (the next block's input) and the scale it carries (None
+            the block output (the next block's input) and the (s, r) it carries on (None
             without ``scale``).
         """
         self.p[self.lo] = p_in if self.lo == 0 else self._grid(p_in)
@@ -108,12 +111,15 @@ class LayerBlock:
         out = p_in
         for l in self.layers:
             if scale is not None:
-                self.b[l] = self.b[l] * scale
+                self.b[l] = self.b[l] * scale[0]
             a = self.p[l] @ self.W[l].T + self.b[l]
             if scale is not None:
-                c = 1 / float(a.square().mean().sqrt().clamp(min=torch.finfo(a.dtype).tiny))
+                s, r = scale
+                rms = float(a.square().mean().sqrt())
+                r = r or rms
+                c = r / max(rms, torch.finfo(a.dtype).tiny)
                 self.W[l], self.b[l], a = self.W[l] * c, self.b[l] * c, a * c
-                scale *= c
+                scale = (s * c, r)
             self.z[l] = a
             if l == self.L - 1:
                 return a, scale

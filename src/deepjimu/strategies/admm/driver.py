@@ -112,11 +112,12 @@ def init_blocks_forward(
 
     The activations travel at full precision (the block projects them onto its grid), and
     this start-up sweep is the only sequential chain in pdADMM. With ``scale`` every layer
-    is rescaled to unit pre-activation RMS on the way (:meth:`LayerBlock.init_forward`),
-    and the factor accumulated so far travels with the activations.
+    is rescaled to the first layer's pre-activation RMS on the way
+    (:meth:`LayerBlock.init_forward`); the factor accumulated so far and that RMS travel
+    with the activations.
     """
     plain = Exchange(ex.comm, 0, ex.device)
-    s: float | None = 1.0 if scale else None
+    s: tuple[float, float] | None = (1.0, 0.0) if scale else None
     if rank == 0:
         assert x is not None
         p_in = x
@@ -124,12 +125,13 @@ def init_blocks_forward(
         shape = (n_samples, block.W[block.lo].shape[1])
         incoming = plain.irecv(shape, rank - 1)
         if scale:
-            s = float(plain.irecv((1,), rank - 1).wait())
+            factor, rms = plain.irecv((2,), rank - 1).wait().tolist()
+            s = (factor, rms)
         p_in = incoming.wait()
     out, s = block.init_forward(p_in, s)
     if rank < world - 1:
         sends = plain.isend(out, rank + 1)
         if s is not None:
-            sends += plain.isend(torch.tensor([s], device=ex.device), rank + 1)
+            sends += plain.isend(torch.tensor(s, device=ex.device), rank + 1)
         for pending in sends:
             pending.wait()
