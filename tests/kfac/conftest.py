@@ -1,4 +1,4 @@
-"""K-FAC tests compare against dense computations in float64."""
+"""K-FAC math tests compare against dense computations in float64 (``usefixtures("float64")``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def float64() -> Iterator[None]:
     """float64 as the default dtype for the test, restored after it."""
     old = torch.get_default_dtype()

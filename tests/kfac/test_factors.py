@@ -15,6 +15,8 @@ from deepjimu.kfac.factors import (
     triu_unpack,
 )
 
+pytestmark = pytest.mark.usefixtures("float64")
+
 
 def _output_grad(module: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """dL/ds of the batch-mean cross-entropy of ``module(x)`` (flattened), by autograd."""

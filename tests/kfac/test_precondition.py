@@ -8,6 +8,8 @@ from torch import Tensor
 
 from deepjimu.kfac.precondition import Eigen, Inverse, decompose, kl_clip_scale
 
+pytestmark = pytest.mark.usefixtures("float64")
+
 
 def _spd(n: int, seed: int, rank: int | None = None) -> Tensor:
     """A positive semi-definite n x n matrix (singular when ``rank`` < n, as factors of small batches are)."""

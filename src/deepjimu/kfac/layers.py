@@ -14,14 +14,14 @@ __all__ = ["KFACLayer", "kfac_candidates"]
 
 
 def kfac_candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The (name, module) pairs K-FAC can precondition: Linear and ungrouped Conv2d layers.
+    """The (name, module) pairs K-FAC can precondition: trainable Linear and ungrouped Conv2d layers.
 
     Whether they take part is decided later, by whether their hooks fire in a training step.
     """
     return [
         (name, m)
         for name, m in model.named_modules()
-        if isinstance(m, KFAC_MODULES) and getattr(m, "groups", 1) == 1
+        if isinstance(m, KFAC_MODULES) and getattr(m, "groups", 1) == 1 and m.weight.requires_grad
     ]
 
 
@@ -77,14 +77,14 @@ class KFACLayer:
         return a, g
 
     def grad(self) -> Tensor:
-        """The (n_g, n_a) gradient matrix ``[dW | db]`` (conv kernels flattened per output channel)."""
+        """A copy of the (n_g, n_a) gradient matrix ``[dW | db]`` (conv kernels flattened per channel)."""
         w = self.module.weight.grad  # type: ignore[union-attr]
         if w is None:
             raise RuntimeError(f"K-FAC layer {self.name} has no gradient this step")
-        m = w.reshape(self.n_g, -1)
+        parts = [w.reshape(self.n_g, -1)]
         if self.module.bias is not None:
-            m = torch.cat([m, self.module.bias.grad.reshape(-1, 1)], dim=1)  # type: ignore[union-attr]
-        return m
+            parts.append(self.module.bias.grad.reshape(-1, 1))  # type: ignore[union-attr]
+        return torch.cat(parts, dim=1)
 
     def set_grad(self, m: Tensor) -> None:
         """Write the (n_g, n_a) matrix ``m`` back into the weight's and bias's ``.grad``."""

@@ -69,8 +69,10 @@ class Eigen(Decomposition):
     def of(cls, a: Tensor, g: Tensor) -> Eigen:
         da, qa = torch.linalg.eigh(a)
         dg, qg = torch.linalg.eigh(g)
-        # factors are positive semi-definite; rounding can make tiny eigenvalues negative
-        return cls(qa, da.clamp(min=0), qg, dg.clamp(min=0))
+        # factors are positive semi-definite; rounding can make tiny eigenvalues negative.
+        # eigh returns column-major eigenvectors: row-major copies make the products, and so
+        # the preconditioned gradients, bitwise the same as from a received (unpacked) copy
+        return cls(qa.contiguous(), da.clamp(min=0), qg.contiguous(), dg.clamp(min=0))
 
     def precondition(self, grad: Tensor, damping: float) -> Tensor:
         v = self.qg.T @ grad @ self.qa

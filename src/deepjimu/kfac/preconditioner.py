@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from deepjimu.comm import Comm
+from deepjimu.config import RunConfig
 from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost
 from deepjimu.kfac.factors import running_average, triu_pack, triu_unpack
 from deepjimu.kfac.layers import KFACLayer, kfac_candidates
@@ -48,6 +49,19 @@ class KFACSettings:
     inv_every: int = 10
     grad_workers: float = 1.0
     method: str = "eigen"
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> KFACSettings:
+        """The settings of a run's ``kfac_*`` options."""
+        return cls(
+            damping=cfg.kfac_damping,
+            kl_clip=cfg.kfac_kl_clip,
+            factor_decay=cfg.kfac_factor_decay,
+            factor_every=cfg.kfac_factor_every,
+            inv_every=cfg.kfac_inv_every,
+            grad_workers=cfg.kfac_grad_workers,
+            method=cfg.kfac_method,
+        )
 
 
 class KFACPreconditioner:

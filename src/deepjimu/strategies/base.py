@@ -96,15 +96,7 @@ def make_optimizer(
         from deepjimu.kfac import KFAC, KFACSettings
 
         assert model is not None, "kfac needs the model"
-        settings = KFACSettings(
-            damping=cfg.kfac_damping,
-            kl_clip=cfg.kfac_kl_clip,
-            factor_decay=cfg.kfac_factor_decay,
-            factor_every=cfg.kfac_factor_every,
-            inv_every=cfg.kfac_inv_every,
-            grad_workers=cfg.kfac_grad_workers,
-            method=cfg.kfac_method,
-        )
+        settings = KFACSettings.from_config(cfg)
         return KFAC(params, model, cfg.lr, cfg.momentum, cfg.weight_decay, settings, comm)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
