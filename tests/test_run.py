@@ -19,7 +19,7 @@ def _params(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoint" / latest / "model.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd", "kfac"])
 def test_resumed_local_run_equals_uninterrupted(tmp_path: Path, optimizer: str) -> None:
     common = {
         "strategy": "local",
