@@ -92,7 +92,7 @@ class RunConfig:
     # kfac (issue 12): --optimizer kfac, K-FAC-preconditioned SGD with momentum (KAISA)
     kfac_factor_every: int = _opt(1, "kfac: steps between factor updates (A, G all-reduced)")
     kfac_inv_every: int = _opt(10, "kfac: steps between decompositions of the factors")
-    kfac_damping: float = _opt(0.003, "kfac: damping gamma added to each factor")
+    kfac_damping: float = _opt(0.1, "kfac: damping gamma added to each factor")
     kfac_kl_clip: float = _opt(0.001, "kfac: bound on the step's KL estimate (0: no clipping)")
     kfac_factor_decay: float = _opt(0.95, "kfac: running-average weight of the old factors")
     kfac_grad_workers: float = _opt(

@@ -15,6 +15,10 @@ from deepjimu.kfac import KFAC, KFACSettings
 from deepjimu.launch import train
 
 
+def test_settings_defaults_are_the_run_options_defaults() -> None:
+    assert KFACSettings.from_config(RunConfig()) == KFACSettings()
+
+
 @pytest.mark.usefixtures("float64")
 def test_first_step_moves_weights_by_the_clipped_dense_natural_gradient() -> None:
     torch.manual_seed(0)

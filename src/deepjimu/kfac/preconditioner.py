@@ -42,7 +42,7 @@ class KFACSettings:
         method: ``eigen`` or ``inverse``.
     """
 
-    damping: float = 0.003
+    damping: float = 0.1
     kl_clip: float = 0.001
     factor_decay: float = 0.95
     factor_every: int = 1
