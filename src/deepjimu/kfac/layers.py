@@ -56,8 +56,10 @@ class KFACLayer:
         # evaluation (eval mode or no_grad) leaves no trace in the factors
         if not (self.collect and module.training and output.requires_grad):
             return
-        dtype = module.weight.dtype  # type: ignore[union-attr]
-        self._a.append(input_factor(module, inputs[0].detach().to(dtype)))
+        x = inputs[0].detach().to(module.weight.dtype)  # type: ignore[union-attr]
+        # factors in the parameters' dtype even under bf16 autocast (eigh needs float32)
+        with torch.autocast(x.device.type, enabled=False):
+            self._a.append(input_factor(module, x))
         output.register_hook(self._backward)
 
     def _backward(self, grad: Tensor) -> None:
