@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -83,9 +84,13 @@ def _run(
         "optimizer": optimizer, "lr": lr, "seed": seed, "threads": 1, "quiet": True,
         "checkpoint_every": 0,
     }  # fmt: skip
-    epochs = min(chunk, task.max_epochs)
     try:
-        train(RunConfig(**base, epochs=epochs, runs_dir=str(root), name=name))
+        if (root / name / "summary.json").exists():  # kept by an earlier --runs-dir: go on from it
+            epochs = read_events(root / name)[-1]["epoch"]
+        else:
+            shutil.rmtree(root / name, ignore_errors=True)  # a run cut off before its first end
+            epochs = min(chunk, task.max_epochs)
+            train(RunConfig(**base, epochs=epochs, runs_dir=str(root), name=name))
         while True:
             events = read_events(root / name)
             done = _first(events, "test_acc", task.target) is not None and (
@@ -212,7 +217,10 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=5, help="epochs between early-stopping checks")
     p.add_argument("--workers", default="2,3", help="worker counts of the comm table")
     p.add_argument("--comm-epochs", type=int, default=2, help="epochs of each comm-table run")
-    p.add_argument("--runs-dir", help="keep the run folders here (default: a temporary folder)")
+    p.add_argument(
+        "--runs-dir",
+        help="keep the run folders here (default: a temporary folder); a re-run goes on from them",
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.runs_dir or tmp)

@@ -104,3 +104,14 @@ def test_log_merges_metrics_and_counts_bytes(tmp_path: Path) -> None:
     assert event["bytes_sent"] == 0, "events hold the interval's bytes, not the running total"
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert len(lines) == 2
+
+
+def test_log_splits_the_bytes_sent_by_kind_per_interval(tmp_path: Path) -> None:
+    run = Run(RunConfig(quiet=True), tmp_path)
+    run.comm.count(sent=100)
+    run.comm.count(sent=30, kind="kfac_factors")
+    event = run.log(1, 1)
+    assert event["bytes_sent"] == 130 and event["bytes_sent_by_kind"] == {"kfac_factors": 30}
+    run.comm.count(sent=5, kind="kfac_factors")
+    run.comm.count(sent=7, kind="kfac_gradients")
+    assert run.log(2, 2)["bytes_sent_by_kind"] == {"kfac_factors": 5, "kfac_gradients": 7}
