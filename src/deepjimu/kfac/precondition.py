@@ -8,14 +8,17 @@ where ``grad`` is the layer's (out, in + bias) gradient matrix ``[dW | db]``. Th
 form computes exactly this; the eigen form computes the same matrix from A = Qa diag(da)
 Qa^T and G = Qg diag(dg) Qg^T as Qg [(Qg^T grad Qa) / ((dg + gamma)(da + gamma)^T)] Qa^T,
 so the two forms agree (kfac-pytorch's eigen form instead divides by dg da^T + gamma,
-which damps the Kronecker product once and differs from its own inverse form).
+which damps the Kronecker product once and differs from its own inverse form). Because
+that divisor is an outer product, the eigen form equals (Qg diag(1/(dg + gamma)) Qg^T)
+grad (Qa diag(1/(da + gamma)) Qa^T): those two matrices are formed once per decomposition
+and damping, and each step costs two products, as with the inverse form.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -64,6 +67,8 @@ class Eigen(Decomposition):
     qg: Tensor
     dg: Tensor
     method: ClassVar[str] = "eigen"
+    # the damped inverses of the last damping used (see the module docstring)
+    _damped: tuple[float, Tensor, Tensor] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, a: Tensor, g: Tensor) -> Eigen:
@@ -75,9 +80,12 @@ class Eigen(Decomposition):
         return cls(qa.contiguous(), da.clamp(min=0), qg.contiguous(), dg.clamp(min=0))
 
     def precondition(self, grad: Tensor, damping: float) -> Tensor:
-        v = self.qg.T @ grad @ self.qa
-        v = v / torch.outer(self.dg + damping, self.da + damping)
-        return self.qg @ v @ self.qa.T
+        if self._damped is None or self._damped[0] != damping:
+            a_inv = (self.qa / (self.da + damping)) @ self.qa.T
+            g_inv = (self.qg / (self.dg + damping)) @ self.qg.T
+            self._damped = (damping, a_inv, g_inv)
+        _, a_inv, g_inv = self._damped
+        return g_inv @ grad @ a_inv
 
     def pack(self) -> Tensor:
         return torch.cat([self.qa.flatten(), self.da, self.qg.flatten(), self.dg])
