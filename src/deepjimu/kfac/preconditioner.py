@@ -75,8 +75,9 @@ class KFACPreconditioner:
     Args:
         model: the model (the module DDP wraps, not the wrapper: names must match on all ranks).
         settings: the K-FAC options.
-        comm: the counted messages of this rank; with torch.distributed initialised, K-FAC
-            spans its default group (rank and world from it), else this is one process.
+        comm: the counted messages of this rank. With torch.distributed initialised, K-FAC
+            spans its default group (the ranks that hold replicas of ``model``: ddp);
+            without a comm or a process group it runs alone.
     """
 
     def __init__(self, model: nn.Module, settings: KFACSettings, comm: Comm | None = None) -> None:
