@@ -162,8 +162,10 @@ def accuracy_table(tasks: list[str], seeds: int, chunk: int, root: Path) -> str:
             )
         better = min(medians["sgd"], medians["adam"])
         if math.isfinite(better) and math.isfinite(medians["kfac"]):
+            fewer = 1 - medians["kfac"] / better
+            verdict = f"{abs(fewer):.0%} {'fewer' if fewer >= 0 else 'more'} epochs"
             rows.append(
-                f"| {key} | kfac vs the better of sgd and adam | | | | **{1 - medians['kfac'] / better:.0%} fewer epochs** | | | | | |"
+                f"| {key} | kfac vs the better of sgd and adam | | | | **{verdict}** | | | | | |"
             )
     return "\n".join(rows)
 
