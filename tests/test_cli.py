@@ -25,6 +25,10 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
         (["train", "--config", "missing.toml"], "config file missing.toml does not exist"),
         (["train", "--resume", "nowhere"], "--resume nowhere: not a run folder"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (
+            ["train", "--strategy", "ddp", "--optimizer", "kfac", "--kfac-grad-workers", "0.1"],
+            "kfac-grad-workers must be in [1/workers, 1] = [0.5, 1]",
+        ),
     ],
 )
 def test_user_errors_print_one_line(

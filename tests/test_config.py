@@ -15,6 +15,9 @@ def test_validate_fills_strategy_defaults() -> None:
     assert (cfg.workers, cfg.epochs, cfg.lr) == (1, 30, 1e-3)
     assert validate(RunConfig(strategy="ddp", optimizer="sgd")).lr == 0.05
     assert validate(RunConfig(strategy="ddp")).workers == 2
+    assert validate(RunConfig(strategy="local", optimizer="kfac")).lr == 0.05
+    ok = RunConfig(strategy="ddp", workers=3, optimizer="kfac", kfac_grad_workers=0.33)
+    assert validate(ok).kfac_grad_workers == 0.33  # 1 of 3 workers
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,28 @@ def test_validate_fills_strategy_defaults() -> None:
         (
             {"strategy": "pipeline", "workers": 2, "precision": "bf16"},
             "strategy pipeline does not support --precision bf16 (supported: fp32, tf32)",
+        ),
+        # kfac (issue 12)
+        ({"kfac_damping": 0.0}, "kfac-damping must be a positive number (kfac-damping: 0.0)"),
+        ({"kfac_inv_every": 0}, "kfac-inv-every must be >= 1 (kfac-inv-every: 0)"),
+        ({"kfac_factor_every": 0}, "kfac-factor-every must be >= 1 (kfac-factor-every: 0)"),
+        ({"kfac_kl_clip": -1.0}, "kfac-kl-clip must be >= 0"),
+        ({"kfac_factor_decay": 1.0}, "kfac-factor-decay must be in [0, 1)"),
+        (
+            {"strategy": "admm", "optimizer": "kfac"},
+            "optimizer kfac runs with strategy local or ddp (strategy: admm)",
+        ),
+        (
+            {"strategy": "ddp", "workers": 2, "optimizer": "kfac", "kfac_grad_workers": 0.25},
+            "kfac-grad-workers must be in [1/workers, 1] = [0.5, 1] (kfac-grad-workers: 0.25, workers: 2)",
+        ),
+        (
+            {"optimizer": "kfac", "kfac_grad_workers": 0.5},
+            "kfac-grad-workers must be in [1/workers, 1] = [1, 1]",
+        ),
+        (
+            {"strategy": "ddp", "workers": 3, "optimizer": "kfac", "kfac_grad_workers": 2 / 3},
+            "kfac-grad-workers times workers must be a whole divisor of workers",
         ),
     ],
 )

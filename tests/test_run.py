@@ -20,7 +20,7 @@ def _params(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoint" / latest / "model.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd", "kfac"])
 def test_resumed_local_run_equals_uninterrupted(tmp_path: Path, optimizer: str) -> None:
     common = {
         "strategy": "local",
@@ -97,3 +97,14 @@ def test_log_merges_metrics_and_counts_bytes(tmp_path: Path) -> None:
     assert event["train_s"] >= 0.02 and 0.01 <= event["eval_s"] < 0.02
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert len(lines) == 2
+
+
+def test_log_splits_the_bytes_sent_by_kind_per_interval(tmp_path: Path) -> None:
+    run = Run(RunConfig(quiet=True), tmp_path)
+    run.comm.count(sent=100)
+    run.comm.count(sent=30, kind="kfac_factors")
+    event = run.log(1, 1)
+    assert event["bytes_sent"] == 130 and event["bytes_sent_by_kind"] == {"kfac_factors": 30}
+    run.comm.count(sent=5, kind="kfac_factors")
+    run.comm.count(sent=7, kind="kfac_gradients")
+    assert run.log(2, 2)["bytes_sent_by_kind"] == {"kfac_factors": 5, "kfac_gradients": 7}

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Comm", "CommStats", "Pending", "nbytes"]
+__all__ = ["Comm", "CommStats", "Pending", "nbytes", "sum_by_kind"]
 
 
 def nbytes(t: Tensor) -> int:
@@ -17,15 +17,29 @@ def nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def sum_by_kind(counts: list[dict[str, int]]) -> dict[str, int]:
+    """Per kind, the sum of ``counts`` (e.g. every rank's ``sent_by_kind``), kinds sorted."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for kind, n in c.items():
+            out[kind] = out.get(kind, 0) + n
+    return dict(sorted(out.items()))
+
+
 @dataclass
 class CommStats:
-    """Counters of one rank. ``wait_s`` is time blocked on messages; ``compute_s`` the rest."""
+    """Counters of one rank. ``wait_s`` is time blocked on messages; ``compute_s`` the rest.
+
+    ``sent_by_kind`` splits ``bytes_sent`` by the optional kind a message was labelled with
+    (e.g. ``kfac_factors``); unlabelled bytes are only in the total.
+    """
 
     bytes_sent: int = 0
     bytes_recv: int = 0
     wait_s: float = 0.0
     compute_s: float = 0.0
     messages: int = 0
+    sent_by_kind: dict[str, int] = field(default_factory=dict)
 
     def as_list(self) -> list[float]:
         return [float(self.bytes_sent), float(self.bytes_recv), self.compute_s, self.wait_s]
@@ -69,15 +83,17 @@ class Comm:
     def _sync(self, t: Tensor) -> bool:
         return t.is_cuda
 
-    def count(self, sent: int = 0, recv: int = 0) -> None:
-        """Record bytes that a library moved on this rank's behalf."""
+    def count(self, sent: int = 0, recv: int = 0, kind: str | None = None) -> None:
+        """Record bytes that a library moved on this rank's behalf (``kind``: an optional label)."""
         self.stats.bytes_sent += sent
         self.stats.bytes_recv += recv
         self.stats.messages += 1
+        if kind is not None:
+            self.stats.sent_by_kind[kind] = self.stats.sent_by_kind.get(kind, 0) + sent
 
-    def isend(self, t: Tensor, dst: int) -> Pending:
+    def isend(self, t: Tensor, dst: int, kind: str | None = None) -> Pending:
         """Start sending ``t`` to rank ``dst``."""
-        self.count(sent=nbytes(t))
+        self.count(sent=nbytes(t), kind=kind)
         return Pending(dist.isend(t, dst, group=self.group), self.stats, self._sync(t))
 
     def irecv(self, t: Tensor, src: int) -> Pending:
@@ -92,4 +108,27 @@ class Comm:
     def recv(self, t: Tensor, src: int) -> Tensor:
         """Receive into ``t`` from ``src``; the time blocked counts as wait."""
         self.irecv(t, src).wait()
+        return t
+
+    def all_reduce(self, t: Tensor, kind: str | None = None) -> Tensor:
+        """Sum ``t`` in place over every rank of the group; the time blocked counts as wait."""
+        self.count(sent=nbytes(t), recv=nbytes(t), kind=kind)
+        work = dist.all_reduce(t, group=self.group, async_op=True)
+        Pending(work, self.stats, self._sync(t)).wait()
+        return t
+
+    def broadcast(
+        self, t: Tensor, src: int, group: dist.ProcessGroup | None = None, kind: str | None = None
+    ) -> Tensor:
+        """Copy ``t`` of rank ``src`` (a global rank) into ``t`` on every rank of ``group``.
+
+        ``src`` counts ``t`` as sent, the others as received; ``group`` defaults to the
+        Comm's own group.
+        """
+        mine = dist.get_rank() == src
+        self.count(sent=nbytes(t) if mine else 0, recv=0 if mine else nbytes(t), kind=kind)
+        work = dist.broadcast(
+            t, src, group=group if group is not None else self.group, async_op=True
+        )
+        Pending(work, self.stats, self._sync(t)).wait()
         return t

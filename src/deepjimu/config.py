@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "tf32", "bf16")  # see deepjimu.precision
-DEFAULT_LR = {"adam": 1e-3, "sgd": 0.05}  # per --optimizer, when --lr is not given
+DEFAULT_LR = {"adam": 1e-3, "sgd": 0.05, "kfac": 0.05}  # per --optimizer, when --lr is not given
 
 
 def _opt(
@@ -96,8 +96,10 @@ class RunConfig:
     # optimisation (gradient strategies)
     epochs: int | None = _opt(None, "passes over the training data (admm: iterations)")
     batch_size: int = _opt(64, "global mini-batch size (split over data-parallel workers)")
-    optimizer: str = _opt("adam", "optimizer of gradient strategies", choices=("adam", "sgd"))
-    lr: float | None = _opt(None, "learning rate (default: 1e-3 adam, 0.05 sgd)")
+    optimizer: str = _opt(
+        "adam", "optimizer of gradient strategies", choices=("adam", "sgd", "kfac")
+    )
+    lr: float | None = _opt(None, "learning rate (default: 1e-3 adam, 0.05 sgd and kfac)")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(0.0, "L2 weight decay")
     # checkpoints and logging
@@ -131,6 +133,19 @@ class RunConfig:
         0.0,
         "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
         "by this decay per batch (0: the current batch only)",
+    )
+    # kfac (issue 12): --optimizer kfac, K-FAC-preconditioned SGD with momentum (KAISA)
+    kfac_factor_every: int = _opt(1, "kfac: steps between factor updates (A, G all-reduced)")
+    kfac_inv_every: int = _opt(10, "kfac: steps between decompositions of the factors")
+    kfac_damping: float = _opt(0.1, "kfac: damping gamma added to each factor")
+    kfac_kl_clip: float = _opt(0.001, "kfac: bound on the step's KL estimate (0: no clipping)")
+    kfac_factor_decay: float = _opt(0.95, "kfac: running-average weight of the old factors")
+    kfac_grad_workers: float = _opt(
+        1.0,
+        "kfac: fraction F of workers preconditioning each layer, 1/workers (MEM-OPT) to 1 (COMM-OPT)",
+    )
+    kfac_method: str = _opt(
+        "eigen", "kfac: eigen decompositions or damped inverses", choices=("eigen", "inverse")
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -367,6 +382,27 @@ def basic_problems(cfg: RunConfig) -> list[str]:
     need(
         0 <= cfg.admm_memory < 1, f"admm-memory must be in [0, 1) (admm-memory: {cfg.admm_memory})"
     )
+    # kfac (issue 12)
+    need(
+        cfg.kfac_factor_every >= 1,
+        f"kfac-factor-every must be >= 1 (kfac-factor-every: {cfg.kfac_factor_every})",
+    )
+    need(
+        cfg.kfac_inv_every >= 1,
+        f"kfac-inv-every must be >= 1 (kfac-inv-every: {cfg.kfac_inv_every})",
+    )
+    need(
+        math.isfinite(cfg.kfac_damping) and cfg.kfac_damping > 0,
+        f"kfac-damping must be a positive number (kfac-damping: {cfg.kfac_damping})",
+    )
+    need(
+        math.isfinite(cfg.kfac_kl_clip) and cfg.kfac_kl_clip >= 0,
+        f"kfac-kl-clip must be >= 0 (kfac-kl-clip: {cfg.kfac_kl_clip})",
+    )
+    need(
+        0 <= cfg.kfac_factor_decay < 1,
+        f"kfac-factor-decay must be in [0, 1) (kfac-factor-decay: {cfg.kfac_factor_decay})",
+    )
     if cfg.classes is not None:
         need(
             len(cfg.classes) >= 2, f"classes must name at least 2 classes (classes: {cfg.classes})"
@@ -388,6 +424,27 @@ def basic_problems(cfg: RunConfig) -> list[str]:
                 f"{f.name.replace('_', '-')} must be one of {', '.join(choices)} (got {value!r})"
             )
     return problems
+
+
+def kfac_worker_problems(fraction: float, workers: int) -> list[str]:
+    """``--kfac-grad-workers F`` must be in [1/workers, 1] and F x workers a divisor of workers.
+
+    F x workers ranks precondition each layer (KAISA's gradient workers; rounded to a whole
+    number within 0.05, so that 0.33 means 1 of 3); the ranks form a grid with that many
+    rows, so it must divide the worker count.
+    """
+    count = fraction * workers
+    if not (math.isfinite(count) and 0.95 <= count <= workers + 0.05):
+        return [
+            f"kfac-grad-workers must be in [1/workers, 1] = [{1 / workers:.4g}, 1] "
+            f"(kfac-grad-workers: {fraction}, workers: {workers})"
+        ]
+    if abs(count - round(count)) > 0.05 or workers % round(count):
+        return [
+            f"kfac-grad-workers times workers must be a whole divisor of workers "
+            f"(kfac-grad-workers: {fraction}, workers: {workers}, product: {count:.4g})"
+        ]
+    return []
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -434,10 +491,17 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.precision == "tf32" and cfg.device == "cpu":
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
+    # kfac (issue 12)
+    if cfg.optimizer == "kfac" and not strategy.supports_kfac:
+        problems.append(
+            f"optimizer kfac runs with strategy local or ddp (strategy: {cfg.strategy})"
+        )
+    if cfg.optimizer == "kfac" and workers >= 1:
+        problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
     if not problems:
         problems.extend(strategy.problems(cfg, n_blocks))
     if problems:
         raise ConfigErrors(problems)
-    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR.get(cfg.optimizer, DEFAULT_LR["adam"])
+    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
     epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
     return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr)

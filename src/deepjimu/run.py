@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from deepjimu.atomic import atomic_path, atomic_write_text
-from deepjimu.comm import Comm, CommStats
+from deepjimu.comm import Comm, CommStats, sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.precision import autocast
@@ -84,6 +84,7 @@ class Run:
         self._last: list[float] = [0.0, 0.0, 0.0, 0.0]
         self._train_s = 0.0  # since the last event
         self._eval_s = 0.0
+        self._last_kinds: dict[str, int] = {}
         self._bar: Any = None
         self.resumed: Checkpoint | None = None
         if self.is_main:
@@ -185,10 +186,14 @@ class Run:
         current = self.stats.as_list()
         delta = [c - p for c, p in zip(current, self._last, strict=True)]
         self._last = current
+        kinds = dict(self.stats.sent_by_kind)
+        kinds_delta = {k: n - self._last_kinds.get(k, 0) for k, n in kinds.items()}
+        self._last_kinds = kinds
         gathered = self.gather_objects(
             {
                 "metrics": metrics,
                 "delta": delta,
+                "kinds": kinds_delta,
                 "mem": peak_memory_mb(self.device),
                 "samples": samples,
                 "train": self._train_s,
@@ -219,6 +224,7 @@ class Run:
             "eval_s": round(eval_s, 6),
             "bytes_sent": int(sum(per_rank[0])),
             "bytes_recv": int(sum(per_rank[1])),
+            "bytes_sent_by_kind": sum_by_kind([g["kinds"] for g in gathered]),
             "compute_s": round(compute_busy, 6),
             "wait_s": round(max(per_rank[3]), 6),
             "bytes_sent_per_rank": [int(b) for b in per_rank[0]],

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from deepjimu.atomic import atomic_write_text
+from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
@@ -155,7 +156,8 @@ def _train(
     t0 = time.perf_counter()
     result = strategy.fit(model, data, run)
     fit_s = time.perf_counter() - t0
-    totals = run.gather_objects(run.stats.as_list())
+    gathered = run.gather_objects((run.stats.as_list(), run.stats.sent_by_kind))
+    totals = [g[0] for g in gathered]
     if rank != 0:
         return None
     model = model.to(device)
@@ -184,6 +186,7 @@ def _train(
             "samples_per_s": round(_mean_throughput(events), 3),
             "bytes_sent": int(sum(t[0] for t in totals)),
             "bytes_recv": int(sum(t[1] for t in totals)),
+            "bytes_sent_by_kind": sum_by_kind([g[1] for g in gathered]),
             "compute_s_per_rank": [round(t[2], 4) for t in totals],
             "wait_s_per_rank": [round(t[3], 4) for t in totals],
             "peak_mem_mb_per_rank": last.get("peak_mem_mb_per_rank"),

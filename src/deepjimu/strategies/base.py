@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deepjimu.comm import Comm
 from deepjimu.config import DEFAULT_LR, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
@@ -51,7 +52,8 @@ class Strategy(ABC):
     rows); ``needs_group`` (a process group even for one worker, as DDP wants);
     ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
     supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
-    do not depend on the activations' dtype).
+    do not depend on the activations' dtype); ``supports_kfac``: ``--optimizer kfac`` works
+    (its optimizer sees the whole model, and ranks hold replicas of it).
     """
 
     name: ClassVar[str]
@@ -62,6 +64,7 @@ class Strategy(ABC):
     needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32")
+    supports_kfac: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -108,9 +111,21 @@ def log_grid(center: float, trials: int, span: float = 10.0) -> list[float]:
     return [center * span**e for e in exps]
 
 
-def make_optimizer(params: Any, cfg: RunConfig) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg`` (Adam, or SGD with momentum) over ``params``."""
+def make_optimizer(
+    params: Any, cfg: RunConfig, model: nn.Module | None = None, comm: Comm | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg`` (Adam, SGD with momentum, or K-FAC-preconditioned SGD) over ``params``.
+
+    ``kfac`` also needs the ``model`` whose layers it hooks and this rank's ``comm`` (its
+    messages are collective over the ranks that hold replicas of ``model``).
+    """
     assert cfg.lr is not None, "config not resolved"
+    if cfg.optimizer == "kfac":
+        from deepjimu.kfac import KFAC, KFACSettings
+
+        assert model is not None, "kfac needs the model"
+        settings = KFACSettings.from_config(cfg)
+        return KFAC(params, model, cfg.lr, cfg.momentum, cfg.weight_decay, settings, comm)
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
@@ -172,7 +187,7 @@ class GradientStrategy(Strategy):
         """Keep ``run``, prepare modules and optimizer (default: whole model on this rank)."""
         self.run = run
         self.model = model.to(run.device)
-        self.optimizer = make_optimizer(self.model.parameters(), self.cfg)
+        self.optimizer = make_optimizer(self.model.parameters(), self.cfg, self.model, run.comm)
 
     def steps_per_epoch(self, data: DataSplits) -> int:
         return max(1, math.ceil(data.train_size / self.cfg.batch_size))

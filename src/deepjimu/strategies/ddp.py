@@ -54,6 +54,7 @@ class DDPStrategy(GradientStrategy):
     shards_data = True
     needs_group = True
     precisions = PRECISIONS
+    supports_kfac = True
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
@@ -71,7 +72,7 @@ class DDPStrategy(GradientStrategy):
         self.hook = _HookState(run.comm)
         self.ddp.register_comm_hook(self.hook, _counting_hook)
         self.run = run
-        self.optimizer = make_optimizer(self.ddp.parameters(), self.cfg)
+        self.optimizer = make_optimizer(self.ddp.parameters(), self.cfg, self.model, run.comm)
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,7 @@ class LocalStrategy(GradientStrategy):
     name = "local"
     max_workers = 1
     precisions = PRECISIONS
+    supports_kfac = True
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
