@@ -52,6 +52,9 @@ def test_comma_lists_of_one_value_options_become_matrix_dimensions() -> None:
     cells = plan(RunConfig(), ["local"], [1], ["mlp:16x1"], variants[:1])
     assert cells[0].name == "local-w1-mlp-16x1-lr0.1-precisionfp32"
     assert cells[0].label == "local x1 mlp:16x1 lr=0.1 precision=fp32"
+    _, optimizers = split_variants({"optimizer": "adam,kfac"})
+    cells = plan(RunConfig(), ["local", "admm"], [1], ["mlp:16x1"], optimizers)
+    assert [c.skip is not None for c in cells] == [False, False, False, True]  # admm + kfac
 
 
 def test_tuning_keeps_the_best_validation_accuracy_and_the_default_on_ties() -> None:

@@ -212,12 +212,14 @@ def train_config(train_argv: Sequence[str], base: dict[str, object]) -> RunConfi
     return dataclasses.replace(load_config(flag_values(args)), **base)  # type: ignore[arg-type]
 
 
-def _skip_reason(cfg: RunConfig) -> str | None:
-    """Why ``cfg`` cannot run with its worker count, or None.
+def _skip_reason(cfg: RunConfig, plain: RunConfig) -> str | None:
+    """Why ``cfg`` cannot run, when the matrix made it impossible; else None.
 
-    A combination is impossible when its config is valid with the strategy's default
-    worker count but not with this one (``local`` with 2 workers, more stages than blocks).
-    Any other problem is a failure of the run, which the run itself will report.
+    A combination is impossible when its config is invalid but the same strategy and model
+    are valid without the cell's own dimensions (``plain``: the strategy's default worker
+    count, no varied options): ``local`` with 2 workers, more stages than blocks, admm with
+    ``--optimizer kfac``. Any other problem is a failure of the run, which the run itself
+    will report.
     """
     try:
         validate(cfg)
@@ -227,7 +229,7 @@ def _skip_reason(cfg: RunConfig) -> str | None:
     except Exception:  # e.g. a strategy module that does not import: the run will say so
         return None
     try:
-        validate(dataclasses.replace(cfg, workers=None))
+        validate(plain)
     except Exception:
         return None
     return "; ".join(here)
@@ -249,11 +251,12 @@ def plan(
     cells = []
     for strategy in strategies:
         for model in models:
+            plain = dataclasses.replace(base, strategy=strategy, workers=None, model=model)
             for options in variants:
                 typed = {k: coerce(k, v, "flag") for k, v in options}
                 for w in workers:
                     cfg = dataclasses.replace(
                         base, strategy=strategy, workers=w, model=model, **typed
                     )
-                    cells.append(Cell(strategy, w, model, options, _skip_reason(cfg)))
+                    cells.append(Cell(strategy, w, model, options, _skip_reason(cfg, plain)))
     return cells
