@@ -129,10 +129,11 @@ class AdmmStrategy(Strategy):
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
         x = data.train_x.flatten(1)
         y = data.train_y if hi == L else None
-        start, steps = 0, 0
+        start, steps, samples = 0, 0, 0
         if run.resumed is not None:
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
             start, steps = run.resumed.epoch, run.resumed.step
+            samples = run.resumed.extra.get("samples", 0)
         elif not cfg.admm_batch:
             with run.training(), run.autocast():
                 init_blocks_forward(
@@ -141,7 +142,6 @@ class AdmmStrategy(Strategy):
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         self.history: list[float] = []
-        samples = 0
         for epoch in range(start, cfg.epochs):
             with run.training(), run.autocast():
                 if cfg.admm_batch:
@@ -155,7 +155,7 @@ class AdmmStrategy(Strategy):
                 self._log(steps, done, data, samples)
                 samples = 0
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
-                self._checkpoint(steps, done)
+                self._checkpoint(steps, done, samples)
         run.close()
         self._checkpoint(steps, cfg.epochs)
         return FitResult(
@@ -243,10 +243,12 @@ class AdmmStrategy(Strategy):
             self.block.params.rho *= self.cfg.rho_growth
             self.history.clear()
 
-    def _checkpoint(self, step: int, done: int) -> None:
+    def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
         full = gather_model(self.model, self.plan, self.run)
-        self.run.save_checkpoint(step, done, full, {"block": self.block.state_dict()})
+        self.run.save_checkpoint(
+            step, done, full, {"block": self.block.state_dict()}, {"samples": samples}
+        )
 
 
 def _finite(v: Any) -> bool:
