@@ -12,6 +12,7 @@ import torch
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
+from deepjimu.report import read_events
 from deepjimu.run import Run
 
 
@@ -97,3 +98,37 @@ def test_log_merges_metrics_and_counts_bytes(tmp_path: Path) -> None:
     assert event["train_s"] >= 0.02 and 0.01 <= event["eval_s"] < 0.02
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert len(lines) == 2
+
+
+def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
+    cfg = RunConfig(quiet=True)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    run = Run(cfg, tmp_path)
+    for step in (1, 2):
+        run.comm.count(sent=100, recv=100)
+        run._train_s = 0.5
+        run.log(step, step, samples=10)
+    run.comm.count(sent=7, recv=7)  # traffic after the last event, before the checkpoint
+    run.begin_fit()
+    run.save_checkpoint(2, 2, model, {})
+    run.log(3, 3, samples=10)  # work that a crash loses: it will be done again
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"step": 4, "ep')  # and the line the crash cut short
+
+    again = Run(cfg, tmp_path)
+    ckpt = again.load_checkpoint()
+    assert ckpt is not None and ckpt.step == 2
+    again.continue_history(ckpt, "--resume")
+    kept = read_events(tmp_path)
+    assert [e["step"] for e in kept] == [1, 2]
+    assert again.elapsed() >= ckpt.time_s >= kept[-1]["time_s"]
+    assert again.fit_s() >= ckpt.fit_s > 0
+    again.comm.count(sent=1, recv=1)
+    event = again.log(3, 3, samples=10)
+    # the bytes since the last kept event: those before the checkpoint and those after
+    assert event["bytes_sent"] == 8 and event["time_s"] >= ckpt.time_s
+    assert event["resumed"] == {"step": 2, "epoch": 2, "by": "--resume", "events_dropped": 1}
+    assert again.stats.bytes_sent == 208, "the counters go on from the checkpoint's"
+    assert again.save_checkpoint(2, 2, model, {}) == again.checkpoint_dir / "step-00000002"
+    again.continue_history(None, "restart 1")  # no checkpoint: the history starts over
+    assert read_events(tmp_path) == []

@@ -64,14 +64,14 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
             return worker_main(cfg.to_dict(), None, True, plan)
         cfg = validate(cfg)
         assert cfg.workers is not None
+        if cfg.resume:
+            check_resume(cfg)
         plan = plan or plan_threads(cfg.workers, cfg.threads, cfg.omp_wait)
         # the device the workers will pick, so that --device cuda without GPUs or --precision
         # tf32 on a CPU fail here, before the run folder exists
         check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
         # read (and download) the data once here, so bad files fail before any worker starts
         load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-        if cfg.resume:
-            check_resume(cfg)
         out_dir = run_dir_of(cfg)
         with lock_run_dir(out_dir):
             if not cfg.resume:
