@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.report import read_events
 from deepjimu.run import Run
+from deepjimu.rundir import latest_checkpoint
+from processes import FAULT, descendants, events, fault_flags, params, start, wait_for_epochs
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -132,3 +138,55 @@ def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
     assert again.save_checkpoint(2, 2, model, {}) == again.checkpoint_dir / "step-00000002"
     again.continue_history(None, "restart 1")  # no checkpoint: the history starts over
     assert read_events(tmp_path) == []
+
+
+_SAME = ("step", "epoch", "loss", "train_acc", "val_acc", "test_acc", "bytes_sent", "bytes_recv")
+
+
+@pytest.mark.parametrize(("strategy", "workers"), [("local", 1), ("ddp", 2), ("admm", 2)])
+def test_kill_9_then_resume_equals_the_uninterrupted_run(
+    tmp_path: Path, uninterrupted: Callable[[str, int], Path], strategy: str, workers: int
+) -> None:
+    run = tmp_path / "k"
+    argv = ["train", "--strategy", strategy, "--workers", str(workers), *fault_flags()]
+    proc = start([*argv, "--runs-dir", str(tmp_path), "--name", "k"])
+    try:
+        wait_for_epochs(run, 2, proc)
+        spawned = [p for p in descendants(proc.pid) if b"spawn_main" in _cmdline(p)]
+        os.kill(max(spawned or [proc.pid]), signal.SIGKILL)  # a worker: rank 1, or the only one
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(events(run)) < FAULT["epochs"], "the run ended before it was killed"
+    found = latest_checkpoint(run)
+    assert found is not None
+    before = found[1]
+
+    assert main(["train", "--resume", str(run)]) == 0
+    ref, got = events(uninterrupted(strategy, workers)), events(run)
+    # one history: each step once, clocks that never go back, the resume recorded
+    assert [[e[k] for k in _SAME] for e in got] == [[e[k] for k in _SAME] for e in ref]
+    times = [e["time_s"] for e in got]
+    assert times == sorted(times) and times[-1] > before["time_s"]
+    (resumed,) = [e["resumed"] for e in got if "resumed" in e]
+    assert resumed["step"] == before["step"] and resumed["by"] == "--resume"
+    # the summary covers the whole run
+    summary = json.loads((run / "summary.json").read_text())
+    ref_summary = json.loads((uninterrupted(strategy, workers) / "summary.json").read_text())
+    assert (summary["epochs"], summary["steps"]) == (ref_summary["epochs"], ref_summary["steps"])
+    assert summary["bytes_sent"] == ref_summary["bytes_sent"] == sum(e["bytes_sent"] for e in got)
+    assert summary["train_s"] == pytest.approx(sum(e["train_s"] for e in got), abs=1e-3)
+    assert summary["time_s"] > before["fit_s"]
+    # and the same weights as a run that was never interrupted
+    full, resumed_params = params(uninterrupted(strategy, workers)), params(run)
+    assert full.keys() == resumed_params.keys()
+    for k in full:
+        assert torch.equal(full[k], resumed_params[k]), k
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

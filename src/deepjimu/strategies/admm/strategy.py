@@ -20,6 +20,7 @@ from deepjimu.strategies.admm.driver import (
     init_blocks_forward,
     serial_iteration,
 )
+from deepjimu.strategies.admm.health import HINT, Learning, chance_accuracy, solve_failed
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
@@ -142,13 +143,19 @@ class AdmmStrategy(Strategy):
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         self.history: list[float] = []
+        self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         for epoch in range(start, cfg.epochs):
             with run.training(), run.autocast():
-                if cfg.admm_batch:
-                    steps += self._minibatch_epoch(x, data.train_y, epoch)
-                else:
-                    self._iterate(y)
-                    steps += 1
+                try:
+                    if cfg.admm_batch:
+                        steps += self._minibatch_epoch(x, data.train_y, epoch)
+                    else:
+                        self._iterate(y)
+                        steps += 1
+                except torch.linalg.LinAlgError as e:  # the p and W solves factorise
+                    raise JimuError(
+                        solve_failed(e, epoch + 1, self.block.params.rho, cfg.nu)
+                    ) from None
             samples += len(data.train_y)
             done = epoch + 1
             if done % cfg.eval_every == 0 or done == cfg.epochs:
@@ -230,6 +237,10 @@ class AdmmStrategy(Strategy):
                 f"(rho: {self.block.params.rho}, nu: {self.block.params.nu}); "
                 f"last good checkpoint: {run.last_checkpoint_text()}"
             )
+        stuck = self.learning.check(done, event.get("loss"), event.get("train_acc"))
+        if stuck:
+            rho, nu = self.block.params.rho, cfg.nu
+            raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
         if cfg.rho_growth > 1 and not cfg.admm_batch:
             self._schedule(residual)
 
