@@ -153,12 +153,18 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(
     try:
         wait_for_epochs(run, 2, proc)
         spawned = [p for p in descendants(proc.pid) if b"spawn_main" in _cmdline(p)]
+        assert len(spawned) == (workers if workers > 1 else len(spawned)), spawned
         os.kill(max(spawned or [proc.pid]), signal.SIGKILL)  # a worker: rank 1, or the only one
-        proc.communicate(timeout=60)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert len(events(run)) < FAULT["epochs"], "the run ended before it was killed"
+    if workers > 1:  # the launcher stops the others quickly and names the dead one
+        assert time.time() - t0 < 30 and proc.returncode == 2
+        last = [x for x in err.splitlines() if x.strip()][-1]
+        assert last == "error: worker 1 died (killed by SIGKILL) without reporting an error", err
     found = latest_checkpoint(run)
     assert found is not None
     before = found[1]

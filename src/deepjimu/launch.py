@@ -117,8 +117,11 @@ def _launch_local(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # the agent's own log lines repeat what we report in one line below
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # the agent's own log lines repeat what we report in one line below; each of its
+    # modules sets its own logger's level, so the parent's level alone does not silence them
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
