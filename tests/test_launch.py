@@ -150,18 +150,22 @@ def test_under_torchrun_a_job_claims_its_run_folder_once(
     assert len(events(tmp_path / "t")) == 3
 
 
-@pytest.mark.parametrize(("sig", "group"), [(signal.SIGINT, True), (signal.SIGTERM, False)])
+@pytest.mark.parametrize(
+    ("sig", "strategy", "workers"), [(signal.SIGINT, "ddp", 2), (signal.SIGTERM, "local", 1)]
+)
 def test_a_signal_ends_every_worker_and_the_run_in_one_line(
-    tmp_path: Path, sig: signal.Signals, group: bool
+    tmp_path: Path, sig: signal.Signals, strategy: str, workers: int
 ) -> None:
-    """Ctrl-C reaches the whole process group; SIGTERM (kill, a scheduler) only the launcher."""
+    """Ctrl-C reaches the whole process group (here: the agent and its workers); SIGTERM
+    (kill, a scheduler) only the launcher (here: one worker in the launcher's process)."""
     run = tmp_path / "s"
-    argv = ["train", "--strategy", "ddp", "--workers", "2", *fault_flags(epochs=100000)]
+    argv = ["train", "--strategy", strategy, "--workers", str(workers)]
+    argv += fault_flags(epochs=100000)
     proc = start([*argv, "--runs-dir", str(tmp_path), "--name", "s"])
     try:
         wait_for_epochs(run, 2, proc)
         below = descendants(proc.pid)
-        (os.killpg if group else os.kill)(proc.pid, sig)
+        (os.killpg if sig == signal.SIGINT else os.kill)(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
