@@ -102,6 +102,13 @@ def test_a_torn_last_line_is_left_out_and_reported(
         err
         == f"warning: {run_dir / 'events.jsonl'} line 4 was cut short while being written; left out\n"
     )
+    # a resume shows under the table
+    resumed = {**_event(4, 0.96), "resumed": {"step": 20, "epoch": 2, "by": "restart 1",
+                                              "events_dropped": 1}}  # fmt: skip
+    (run_dir / "events.jsonl").write_text(json.dumps(resumed) + "\n")
+    report(run_dir, plots=False)
+    out = capsys.readouterr().out
+    assert "epoch 4: went on from the checkpoint at epoch 2 (by restart 1; 1 later" in out
     # a whole last line without its newline is an event like the others
     (run_dir / "events.jsonl").write_text(json.dumps(_event(1, 0.5)))
     assert [e["epoch"] for e in read_events(run_dir)] == [1]

@@ -283,7 +283,7 @@ def plot_run(run_dir: Path, events: list[dict[str, Any]], title: str) -> list[Pa
 
 
 def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
-    """Print a run's event table, time to ``target_acc`` and summary; write its plots.
+    """Print a run's event table, its resumes, time to ``target_acc`` and summary; write its plots.
 
     Args:
         run_dir: a run folder written by ``jimu train``.
@@ -302,6 +302,13 @@ def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
     title = run_title(run_dir, events, summary)
     print(f"{title}: {run_dir}")
     print(table(events))
+    for e in events:
+        r = e.get("resumed")
+        if isinstance(r, dict):
+            print(
+                f"epoch {e.get('epoch')}: went on from the checkpoint at epoch {r.get('epoch')} "
+                f"(by {r.get('by')}; {r.get('events_dropped')} later event(s) dropped)"
+            )
     train_s, wall_s = train_time_to(events, target_acc)
     if train_s is None:
         print(f"time to {target_acc:.0%} test accuracy: not reached")
