@@ -44,6 +44,8 @@ def test_torchrun_refuses_a_conflicting_worker_count(tmp_path: Path, monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(JimuError, match="--workers 3 disagrees with torchrun's WORLD_SIZE 2"):
         train(RunConfig(strategy="ddp", workers=3, runs_dir=str(tmp_path)))
+    with pytest.raises(JimuError, match="under torchrun, give torchrun --max-restarts 1 instead"):
+        train(RunConfig(strategy="ddp", max_restarts=1, runs_dir=str(tmp_path)))
 
 
 def test_a_worker_error_is_reported_in_one_line(tmp_path: Path) -> None:

@@ -56,6 +56,11 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
                 raise JimuError(
                     f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}"
                 )
+            if cfg.max_restarts:  # torchrun's agent restarts its workers, not this process
+                raise JimuError(
+                    f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
+                    f"instead (max-restarts: {cfg.max_restarts})"
+                )
             cfg = validate(dataclasses.replace(cfg, workers=world))
             if cfg.resume:
                 check_resume(cfg)
