@@ -199,3 +199,19 @@ def _cmd(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
     except OSError:
         return "?"
+
+
+def test_after_restarts_the_last_attempts_errors_explain_the_failure(tmp_path: Path) -> None:
+    from deepjimu.launch import _failure_line
+    from deepjimu.worker import error_dir
+
+    def record(rank: int, attempt: int, message: str) -> None:
+        rec = {"rank": rank, "attempt": attempt, "time": attempt, "user_error": True,
+               "message": message, "traceback": message}  # fmt: skip
+        path = error_dir(tmp_path) / f"rank{rank}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(rec))
+
+    record(0, 0, "an error of the first attempt")  # rank 0 did not report again
+    record(1, 1, "the error that ended the run")
+    assert _failure_line(tmp_path, RuntimeError()) == "worker 1: the error that ended the run"
