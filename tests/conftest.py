@@ -1,12 +1,14 @@
-"""Shared fixtures: a small config for fast runs, and a temporary runs folder."""
+"""Shared fixtures: a small config for fast runs, and the uninterrupted runs of the fault tests."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from deepjimu.config import RunConfig
+from processes import FAULT
 
 
 @pytest.fixture
@@ -20,3 +22,21 @@ def small_cfg(tmp_path: Path) -> RunConfig:
         runs_dir=str(tmp_path / "runs"),
         name="t",
     )
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Path]:
+    """The folder of an uninterrupted run of the fault tests' config (made once per session),
+    for a strategy and worker count: what a killed, resumed or restarted run must equal."""
+    from deepjimu.launch import train
+
+    root = tmp_path_factory.mktemp("uninterrupted")
+
+    def folder(strategy: str, workers: int) -> Path:
+        out = root / f"{strategy}-{workers}"
+        if not out.exists():
+            cfg = RunConfig(strategy=strategy, workers=workers, runs_dir=str(root), name=out.name)
+            assert train(RunConfig(**{**cfg.to_dict(), **FAULT})) is not None
+        return out
+
+    return folder

@@ -1,4 +1,4 @@
-"""The launcher: local workers under torch's elastic agent, torchrun, and failing workers."""
+"""The launcher: local workers under torch's elastic agent, torchrun, failing workers, restarts, signals."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
+from deepjimu.rundir import latest_checkpoint, lock_run_dir
+from processes import descendants, events, fault_flags, params, start, wait_for_epochs
 
 FAST = {"model": "mlp:64x2", "epochs": 8, "quiet": True, "lr": 3e-3}
 
@@ -38,81 +39,179 @@ def test_ddp_matches_local_accuracy(tmp_path: Path) -> None:
     assert all(e["wait_s"] >= 0 for e in events)
 
 
-def _env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
-def test_torchrun_joins_the_group(tmp_path: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "-m", "deepjimu", "train", "--strategy", "ddp", "--model", "mlp:32x1", "--epochs", "2",
-        "--quiet", "--runs-dir", str(tmp_path), "--name", "tr",
-    ]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=_env())
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads((tmp_path / "tr" / "summary.json").read_text())
-    assert summary["workers"] == 2 and summary["strategy"] == "ddp"
-
-
 def test_torchrun_refuses_a_conflicting_worker_count(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(JimuError, match="--workers 3 disagrees with torchrun's WORLD_SIZE 2"):
         train(RunConfig(strategy="ddp", workers=3, runs_dir=str(tmp_path)))
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
-
-
-def test_a_killed_worker_stops_the_run_quickly(tmp_path: Path) -> None:
-    cmd = [
-        sys.executable, "-m", "deepjimu", "train", "--strategy", "ddp", "--workers", "2",
-        "--model", "mlp:32x1", "--epochs", "100000", "--quiet", "--runs-dir", str(tmp_path), "--name", "k",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
-    )
-    events = tmp_path / "k" / "events.jsonl"
-    deadline = time.time() + 120
-    while not events.exists() and time.time() < deadline:
-        time.sleep(0.2)
-    assert events.exists(), "the run never started training"
-    workers = [
-        p for p in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
-    ]
-    assert len(workers) == 2, workers
-    os.kill(max(workers), signal.SIGKILL)
-    t0 = time.time()
-    _, err = proc.communicate(timeout=60)
-    assert time.time() - t0 < 30
-    assert proc.returncode == 2
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert lines[-1] == "error: worker 1 died (killed by SIGKILL) without reporting an error", err[
-        -2000:
-    ]
+    with pytest.raises(JimuError, match="under torchrun, give torchrun --max-restarts 1 instead"):
+        train(RunConfig(strategy="ddp", max_restarts=1, runs_dir=str(tmp_path)))
 
 
 def test_a_worker_error_is_reported_in_one_line(tmp_path: Path) -> None:
-    # a checkpoint written by 1 worker cannot be resumed by 2: every worker raises the same JimuError
-    train(RunConfig(strategy="local", runs_dir=str(tmp_path), name="one", **FAST))
-    cfg = RunConfig(
-        strategy="ddp", workers=2, runs_dir=str(tmp_path), resume=str(tmp_path / "one"), **FAST
-    )
+    # a diverging ddp run: every worker raises the same JimuError at the same epoch
+    cfg = RunConfig(strategy="ddp", workers=2, model="mlp:64x2", epochs=6, lr=1e6, optimizer="sgd",
+                    momentum=0.0, quiet=True, runs_dir=str(tmp_path), name="nan")  # fmt: skip
     with pytest.raises(JimuError) as e:
         train(cfg)
     msg = str(e.value)
     assert "\n" not in msg
-    # every worker raises the same error; the one that raised first is named
-    assert re.match(r"worker [01]: checkpoint .* was written by 1 workers", msg), msg
-    assert "resume with --workers 1" in msg
-    assert not (tmp_path / "one" / ".errors").exists()
+    # the one that raised first is named
+    assert re.match(r"worker [01]: training diverged at epoch \d+: loss is nan; lower --lr", msg), (
+        msg
+    )
+    assert not (tmp_path / "nan" / ".errors").exists()
+
+
+_SAME = ("step", "epoch", "loss", "train_acc", "test_acc", "bytes_sent")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "jimu"])
+def test_after_a_kill_restarted_workers_rejoin_and_finish_the_run(
+    tmp_path: Path, uninterrupted: Callable[[str, int], Path], launcher: str
+) -> None:
+    """torchrun --max-restarts 1 (and our launcher's --max-restarts 1): kill rank 1 mid-run;
+    the whole group restarts, rejoins and goes on from the latest checkpoint."""
+    run = tmp_path / "r"
+    argv = [
+        "train",
+        "--strategy",
+        "ddp",
+        *fault_flags(),
+        "--runs-dir",
+        str(tmp_path),
+        "--name",
+        "r",
+    ]
+    if launcher == "torchrun":
+        proc = start(argv, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"])
+    else:
+        proc = start([*argv, "--workers", "2", "--max-restarts", "1"])
+    try:
+        wait_for_epochs(run, 2, proc)
+        workers = _workers(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(max(workers), signal.SIGKILL)  # started second: rank 1
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "connectFullMesh" not in err
+    ref, got = events(uninterrupted("ddp", 2)), events(run)
+    assert [[e[k] for k in _SAME] for e in got] == [[e[k] for k in _SAME] for e in ref]
+    times = [e["time_s"] for e in got]
+    assert times == sorted(times)
+    (resumed,) = [e["resumed"] for e in got if "resumed" in e]
+    assert resumed["by"] == "restart 1" and resumed["step"] >= got[0]["step"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["workers"], summary["strategy"], summary["epochs"]) == (2, "ddp", 8)
+    full, restarted = params(uninterrupted("ddp", 2)), params(run)
+    for k in full:
+        assert torch.equal(full[k], restarted[k]), k
+
+
+def _workers(pid: int) -> list[int]:
+    """The worker processes below ``pid``: torchrun's run ``deepjimu train``, ours are spawned."""
+    out = []
+    for p in descendants(pid):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd or (b"deepjimu\0train" in cmd and b"distributed.run" not in cmd):
+            out.append(p)
+    return out
+
+
+def test_under_torchrun_a_job_claims_its_run_folder_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As torchrun starts rank 0 of a one-process job (the job's store is torchrun's agent's)."""
+    job = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(job.port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = RunConfig(strategy="local", model="mlp:8x1", epochs=2, checkpoint_every=1, quiet=True,
+                    threads=1, runs_dir=str(tmp_path), name="t")  # fmt: skip
+    with lock_run_dir(tmp_path / "t"), pytest.raises(JimuError, match="in use by another run"):
+        train(cfg)  # another run holds the folder
+    assert train(cfg) is not None
+    # torchrun restarts this job's group: it goes on in the folder the job claimed
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert train(RunConfig(**{**cfg.to_dict(), "epochs": 3})) is not None
+    got = events(tmp_path / "t")
+    assert [e["epoch"] for e in got] == [1, 2, 3] and got[2]["resumed"]["by"] == "restart 1"
+    # a later job with the same name never claimed it: refused, whatever its restart count
+    later = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(later.port))
+    with pytest.raises(JimuError, match="already holds a run; pick another --name or --resume"):
+        train(cfg)
+    assert len(events(tmp_path / "t")) == 3
+
+
+@pytest.mark.parametrize(
+    ("sig", "strategy", "workers"), [(signal.SIGINT, "ddp", 2), (signal.SIGTERM, "local", 1)]
+)
+def test_a_signal_ends_every_worker_and_the_run_in_one_line(
+    tmp_path: Path, sig: signal.Signals, strategy: str, workers: int
+) -> None:
+    """Ctrl-C reaches the whole process group (here: the agent and its workers); SIGTERM
+    (kill, a scheduler) only the launcher (here: one worker in the launcher's process)."""
+    run = tmp_path / "s"
+    argv = ["train", "--strategy", strategy, "--workers", str(workers)]
+    argv += fault_flags(epochs=100000)
+    proc = start([*argv, "--runs-dir", str(tmp_path), "--name", "s"])
+    try:
+        wait_for_epochs(run, 2, proc)
+        below = descendants(proc.pid)
+        (os.killpg if sig == signal.SIGINT else os.kill)(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    lines = [x for x in err.splitlines() if x.strip()]
+    found = latest_checkpoint(run)
+    assert found is not None, "the last checkpoint is kept"
+    assert lines == [
+        f"error: stopped by {sig.name}; every worker ended; last checkpoint: {found[0]} "
+        f"(go on with: jimu train --resume {run})"
+    ], err[-3000:]
+    left = [p for p in below if _alive(p)]
+    assert not left, f"left behind: {[_cmd(p) for p in left]}"
+    with lock_run_dir(run):  # and the folder is free
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie is dead; it waits for its parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return "?"
+
+
+def test_after_restarts_the_last_attempts_errors_explain_the_failure(tmp_path: Path) -> None:
+    from deepjimu.launch import _failure_line
+    from deepjimu.worker import error_dir
+
+    def record(rank: int, attempt: int, message: str) -> None:
+        rec = {"rank": rank, "attempt": attempt, "time": attempt, "user_error": True,
+               "message": message, "traceback": message}  # fmt: skip
+        path = error_dir(tmp_path) / f"rank{rank}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(rec))
+
+    record(0, 0, "an error of the first attempt")  # rank 0 did not report again
+    record(1, 1, "the error that ended the run")
+    assert _failure_line(tmp_path, RuntimeError()) == "worker 1: the error that ended the run"

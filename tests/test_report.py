@@ -89,6 +89,36 @@ def test_corrupt_line_names_file_and_line(run_dir: Path) -> None:
     assert "\n" not in str(err.value)
 
 
+def test_a_torn_last_line_is_left_out_and_reported(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a crash while appending leaves a last line without its newline
+    with open(run_dir / "events.jsonl", "a") as f:
+        f.write('{"step": 40, "epoch": 4, "lo')
+    assert main(["report", str(run_dir), "--no-plots"]) == 0
+    out, err = capsys.readouterr()
+    assert "ddp x2 on digits" in out and len(_table_rows(out)) == 3
+    assert (
+        err
+        == f"warning: {run_dir / 'events.jsonl'} line 4 was cut short while being written; left out\n"
+    )
+    # a resume shows under the table
+    resumed = {**_event(4, 0.96), "resumed": {"step": 20, "epoch": 2, "by": "restart 1",
+                                              "events_dropped": 1}}  # fmt: skip
+    (run_dir / "events.jsonl").write_text(json.dumps(resumed) + "\n")
+    report(run_dir, plots=False)
+    out = capsys.readouterr().out
+    assert "epoch 4: went on from the checkpoint at epoch 2 (by restart 1; 1 later" in out
+    # a whole last line without its newline is an event like the others
+    (run_dir / "events.jsonl").write_text(json.dumps(_event(1, 0.5)))
+    assert [e["epoch"] for e in read_events(run_dir)] == [1]
+
+
+def _table_rows(out: str) -> list[str]:
+    """The data rows of a printed event table (lines that start with an epoch number)."""
+    return [ln for ln in out.splitlines() if ln.strip()[:1].isdigit() and "s of training" not in ln]
+
+
 def test_corrupt_summary_is_named(run_dir: Path) -> None:
     (run_dir / "summary.json").write_text("{")
     with pytest.raises(JimuError, match=r"summary\.json is not valid JSON"):

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
+from deepjimu.report import read_events
 from deepjimu.run import Run
+from deepjimu.rundir import latest_checkpoint
+from processes import FAULT, descendants, events, fault_flags, params, start, wait_for_epochs
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -108,3 +115,95 @@ def test_log_splits_the_bytes_sent_by_kind_per_interval(tmp_path: Path) -> None:
     run.comm.count(sent=5, kind="kfac_factors")
     run.comm.count(sent=7, kind="kfac_gradients")
     assert run.log(2, 2)["bytes_sent_by_kind"] == {"kfac_factors": 5, "kfac_gradients": 7}
+
+
+def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
+    cfg = RunConfig(quiet=True)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    run = Run(cfg, tmp_path)
+    for step in (1, 2):
+        run.comm.count(sent=100, recv=100)
+        run._train_s = 0.5
+        run.log(step, step, samples=10)
+    run.comm.count(sent=7, recv=7)  # traffic after the last event, before the checkpoint
+    run.begin_fit()
+    run.save_checkpoint(2, 2, model, {})
+    run.log(3, 3, samples=10)  # work that a crash loses: it will be done again
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"step": 4, "ep')  # and the line the crash cut short
+
+    again = Run(cfg, tmp_path)
+    ckpt = again.load_checkpoint()
+    assert ckpt is not None and ckpt.step == 2
+    again.continue_history(ckpt, "--resume")
+    kept = read_events(tmp_path)
+    assert [e["step"] for e in kept] == [1, 2]
+    assert again.elapsed() >= ckpt.time_s >= kept[-1]["time_s"]
+    assert again.fit_s() >= ckpt.fit_s > 0
+    again.comm.count(sent=1, recv=1)
+    event = again.log(3, 3, samples=10)
+    # the bytes since the last kept event: those before the checkpoint and those after
+    assert event["bytes_sent"] == 8 and event["time_s"] >= ckpt.time_s
+    assert event["resumed"] == {"step": 2, "epoch": 2, "by": "--resume", "events_dropped": 1}
+    assert again.stats.bytes_sent == 208, "the counters go on from the checkpoint's"
+    assert again.save_checkpoint(2, 2, model, {}) == again.checkpoint_dir / "step-00000002"
+    again.continue_history(None, "restart 1")  # no checkpoint: the history starts over
+    assert read_events(tmp_path) == []
+
+
+_SAME = ("step", "epoch", "loss", "train_acc", "val_acc", "test_acc", "bytes_sent", "bytes_recv")
+
+
+@pytest.mark.parametrize(("strategy", "workers"), [("local", 1), ("ddp", 2), ("admm", 2)])
+def test_kill_9_then_resume_equals_the_uninterrupted_run(
+    tmp_path: Path, uninterrupted: Callable[[str, int], Path], strategy: str, workers: int
+) -> None:
+    run = tmp_path / "k"
+    argv = ["train", "--strategy", strategy, "--workers", str(workers), *fault_flags()]
+    proc = start([*argv, "--runs-dir", str(tmp_path), "--name", "k"])
+    try:
+        wait_for_epochs(run, 2, proc)
+        spawned = [p for p in descendants(proc.pid) if b"spawn_main" in _cmdline(p)]
+        assert len(spawned) == (workers if workers > 1 else len(spawned)), spawned
+        os.kill(max(spawned or [proc.pid]), signal.SIGKILL)  # a worker: rank 1, or the only one
+        t0 = time.time()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(events(run)) < FAULT["epochs"], "the run ended before it was killed"
+    if workers > 1:  # the launcher stops the others quickly and names the dead one
+        assert time.time() - t0 < 30 and proc.returncode == 2
+        last = [x for x in err.splitlines() if x.strip()][-1]
+        assert last == "error: worker 1 died (killed by SIGKILL) without reporting an error", err
+    found = latest_checkpoint(run)
+    assert found is not None
+    before = found[1]
+
+    assert main(["train", "--resume", str(run)]) == 0
+    ref, got = events(uninterrupted(strategy, workers)), events(run)
+    # one history: each step once, clocks that never go back, the resume recorded
+    assert [[e[k] for k in _SAME] for e in got] == [[e[k] for k in _SAME] for e in ref]
+    times = [e["time_s"] for e in got]
+    assert times == sorted(times) and times[-1] > before["time_s"]
+    (resumed,) = [e["resumed"] for e in got if "resumed" in e]
+    assert resumed["step"] == before["step"] and resumed["by"] == "--resume"
+    # the summary covers the whole run
+    summary = json.loads((run / "summary.json").read_text())
+    ref_summary = json.loads((uninterrupted(strategy, workers) / "summary.json").read_text())
+    assert (summary["epochs"], summary["steps"]) == (ref_summary["epochs"], ref_summary["steps"])
+    assert summary["bytes_sent"] == ref_summary["bytes_sent"] == sum(e["bytes_sent"] for e in got)
+    assert summary["train_s"] == pytest.approx(sum(e["train_s"] for e in got), abs=1e-3)
+    assert summary["time_s"] > before["fit_s"]
+    # and the same weights as a run that was never interrupted
+    full, resumed_params = params(uninterrupted(strategy, workers)), params(run)
+    assert full.keys() == resumed_params.keys()
+    for k in full:
+        assert torch.equal(full[k], resumed_params[k]), k
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
@@ -11,7 +10,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from deepjimu.config import RunConfig, add_options, flag_values, load_config, read_toml
-from deepjimu.errors import JimuError
+from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.rundir import saved_config
 from deepjimu.threads import OMP_WAITS, ThreadPlan, plan_threads, set_env, under_torchrun
 
 __all__ = ["main"]
@@ -53,13 +53,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The RunConfig of ``jimu train`` flags (defaults < --config file < flags; --resume loads the run's)."""
     flags = flag_values(args)
     if flags.get("resume"):
-        saved = Path(flags["resume"]) / "config.json"
-        if not saved.exists():
-            raise JimuError(f"--resume {flags['resume']}: not a run folder (no {saved})")
-        try:
-            base = json.loads(saved.read_text())
-        except ValueError as e:
-            raise JimuError(f"--resume: {saved} is damaged ({e})") from None
+        # the run's own options; launch.train then refuses what its checkpoint contradicts
+        base = dict(saved_config(Path(flags["resume"])))
         base.update(read_toml(args.config) if args.config else {})  # only the file's own keys
         base.update(flags)
         base["name"], base["runs_dir"] = (
@@ -71,38 +66,47 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``jimu``; returns the exit code (0 ok, 2 user error)."""
+    """Run ``jimu``; returns the exit code (0 ok, 2 user error, 130 / 143 stopped by SIGINT /
+    SIGTERM)."""
     try:
-        args = build_parser().parse_args(argv)
-        if args.command == "train":
-            cfg = config_from_args(args)
-            plan = _torchrun_thread_plan(cfg)
-            from deepjimu.launch import train  # loads torch, and with it OpenMP
-
-            summary = train(cfg, plan)
-            if summary is not None:
-                _print_summary(summary)
-            return 0
-        if args.command == "report":
-            from deepjimu.report import report
-
-            if not 0 < args.target_acc <= 1:
-                raise JimuError(
-                    f"--target-acc must be a fraction in (0, 1] (target-acc: {args.target_acc})"
-                )
-            report(Path(args.run_dir), plots=not args.no_plots, target_acc=args.target_acc)
-            return 0
-        from deepjimu.bench import bench_from_args
-
-        bench_from_args(args)
-        return 0
+        with signals_interrupt():
+            return _command(build_parser().parse_args(argv))
     except JimuError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit code."""
+    if args.command == "train":
+        cfg = config_from_args(args)
+        plan = _torchrun_thread_plan(cfg)
+        from deepjimu.launch import train  # loads torch, and with it OpenMP
+
+        summary = train(cfg, plan)
+        if summary is not None:
+            _print_summary(summary)
+        return 0
+    if args.command == "report":
+        from deepjimu.report import report
+
+        if not 0 < args.target_acc <= 1:
+            raise JimuError(
+                f"--target-acc must be a fraction in (0, 1] (target-acc: {args.target_acc})"
+            )
+        report(Path(args.run_dir), plots=not args.no_plots, target_acc=args.target_acc)
+        return 0
+    from deepjimu.bench import bench_from_args
+
+    bench_from_args(args)
+    return 0
 
 
 def entry() -> NoReturn:

@@ -106,6 +106,12 @@ class RunConfig:
     checkpoint_every: int = _opt(0, "save a checkpoint every K epochs (0: only at the end)")
     resume: str | None = _opt(None, "run folder to resume from")
     eval_every: int = _opt(1, "evaluate and log every K epochs")
+    # runs that survive faults
+    max_restarts: int = _opt(
+        0,
+        "after a worker fails, restart all workers up to N times from the latest checkpoint "
+        "(under torchrun: give torchrun's own --max-restarts)",
+    )
     # pipeline
     schedule: str = _opt("gpipe", "pipeline schedule", choices=("gpipe", "1f1b", "interleaved"))
     microbatches: int = _opt(4, "pipeline micro-batches per mini-batch")
@@ -363,6 +369,7 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"checkpoint-every must be >= 0 (checkpoint-every: {cfg.checkpoint_every})",
     )
     need(cfg.threads >= 0, f"threads must be >= 0 (threads: {cfg.threads})")
+    need(cfg.max_restarts >= 0, f"max-restarts must be >= 0 (max-restarts: {cfg.max_restarts})")
     need(cfg.eval_every >= 1, f"eval-every must be >= 1 (eval-every: {cfg.eval_every})")
     need(cfg.microbatches >= 1, f"microbatches must be >= 1 (microbatches: {cfg.microbatches})")
     need(cfg.rho > 0 and math.isfinite(cfg.rho), f"rho must be a positive number (rho: {cfg.rho})")

@@ -1,8 +1,15 @@
-"""The one error type for mistakes a user can cause (config, data files, launch, divergence)."""
+"""The one error type for mistakes a user can cause (config, data files, launch, divergence),
+and the one exception for a run stopped by a signal."""
 
 from __future__ import annotations
 
-__all__ = ["JimuError", "one_line"]
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+__all__ = ["Interrupted", "JimuError", "one_line", "signals_interrupt"]
 
 
 class JimuError(Exception):
@@ -18,6 +25,47 @@ class JimuError(Exception):
     """
 
 
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by SIGINT or SIGTERM: ``str()`` is one line for the user, and the
+    CLI exits with :attr:`exit_code` (128 + the signal: 130, 143), as shells do.
+
+    A KeyboardInterrupt, so that ``except Exception`` blocks let it through as they let
+    Ctrl-C through.
+    """
+
+    def __init__(self, signum: int, message: str = "") -> None:
+        self.signum = signum
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 def one_line(e: object) -> str:
     """``str(e)`` with every run of whitespace, newlines included, made one space."""
     return " ".join(str(e).split())
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """For the block, SIGINT and SIGTERM raise :class:`Interrupted` (the old handlers after).
+
+    Python's default ends the process on SIGTERM without unwinding, and raises a bare
+    KeyboardInterrupt on SIGINT; with this, both unwind (locks released, workers stopped)
+    and name the signal. Outside the main thread, where handlers cannot be set, a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield
+    finally:
+        for s in sigs:
+            signal.signal(s, old[s])

@@ -15,10 +15,11 @@ from typing import Any
 from deepjimu.atomic import atomic_write_text
 from deepjimu.config import RunConfig, validate
 from deepjimu.data import DataOptions, load_dataset
-from deepjimu.errors import JimuError
+from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.precision import check_precision
+from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
-from deepjimu.worker import default_run_name, error_dir, pick_device, worker_main
+from deepjimu.worker import error_dir, pick_device, run_dir_of, worker_main
 
 __all__ = ["train"]
 
@@ -28,11 +29,13 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
 
     Locally, ``cfg.workers`` processes are started with
     :func:`torch.distributed.launcher.api.elastic_launch`, each with the OpenMP environment
-    of the run's :class:`~deepjimu.threads.ThreadPlan`. One worker runs in this process when
-    this process already has the plan's OpenMP wait policy (OpenMP reads it once, when torch
-    loads), else it is started like the others. Under torchrun this process is one of the
-    workers and joins its group; the CLI has set its environment from ``plan`` before torch
-    loaded.
+    of the run's :class:`~deepjimu.threads.ThreadPlan`; after a failure it restarts them
+    all up to ``cfg.max_restarts`` times, and they go on from the latest checkpoint. One
+    worker runs in this process when it needs no restarts and this process already has the
+    plan's OpenMP wait policy (OpenMP reads it once, when torch loads), else it is started
+    like the others. This process holds the run folder's lock until the run ends. Under
+    torchrun this process is one of the workers and joins its group (rank 0 holds the
+    lock); the CLI has set its environment from ``plan`` before torch loaded.
 
     Args:
         cfg: the run's options (validated here).
@@ -40,58 +43,90 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
             here from ``cfg`` and the number of local workers.
 
     Raises:
-        ConfigErrors: bad config (before any worker starts).
-        JimuError: bad data files, or a worker failed (its rank and error in one line).
+        ConfigErrors: bad config, or a resume that its checkpoint contradicts (before any
+            worker starts).
+        JimuError: bad data files, a run folder in use or already holding a run, or a
+            worker failed (its rank and error in one line).
+        Interrupted: SIGINT or SIGTERM stopped the run (every worker is ended first).
     """
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if cfg.workers is not None and cfg.workers != world:
-            raise JimuError(f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}")
-        cfg = validate(dataclasses.replace(cfg, workers=world))
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
-        return worker_main(cfg.to_dict(), None, True, plan)
-    cfg = validate(cfg)
+    with signals_interrupt():
+        if under_torchrun():
+            world = int(os.environ["WORLD_SIZE"])
+            if cfg.workers is not None and cfg.workers != world:
+                raise JimuError(
+                    f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}"
+                )
+            if cfg.max_restarts:  # torchrun's agent restarts its workers, not this process
+                raise JimuError(
+                    f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
+                    f"instead (max-restarts: {cfg.max_restarts})"
+                )
+            cfg = validate(dataclasses.replace(cfg, workers=world))
+            if cfg.resume:
+                check_resume(cfg)
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
+            return worker_main(cfg.to_dict(), None, True, plan)
+        cfg = validate(cfg)
+        assert cfg.workers is not None
+        if cfg.resume:
+            check_resume(cfg)
+        plan = plan or plan_threads(cfg.workers, cfg.threads, cfg.omp_wait)
+        # the device the workers will pick, so that --device cuda without GPUs or --precision
+        # tf32 on a CPU fail here, before the run folder exists
+        check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
+        # read (and download) the data once here, so bad files fail before any worker starts
+        load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+        out_dir = run_dir_of(cfg)
+        with lock_run_dir(out_dir):
+            if not cfg.resume:
+                check_new(out_dir)
+            try:
+                return _run_workers(cfg, out_dir, plan)
+            except Interrupted as e:
+                raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
+
+
+def _run_workers(cfg: RunConfig, out_dir: Path, plan: ThreadPlan) -> dict[str, Any] | None:
     assert cfg.workers is not None
-    plan = plan or plan_threads(cfg.workers, cfg.threads, cfg.omp_wait)
-    # the device the workers will pick, so that --device cuda without GPUs or --precision
-    # tf32 on a CPU fail here, before the run folder exists
-    check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
-    # read (and download) the data once here, so bad files fail before any worker starts
-    load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-    out_dir = _prepare_run_dir(cfg)
     cfg_dict = {**cfg.to_dict(), "download": False}
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     if not cfg.quiet:
         print(f"threads: {plan.describe()}", flush=True)
-    if cfg.workers == 1 and plan.matches(os.environ):
+    if cfg.workers == 1 and not cfg.max_restarts and plan.matches(os.environ):
         return worker_main(cfg_dict, str(out_dir), False, plan)
-    return _launch_local(cfg_dict, cfg.workers, out_dir, plan)
+    summary = _launch_local(cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan)
+    shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # errors of attempts that restarted
+    return summary
 
 
-def _prepare_run_dir(cfg: RunConfig) -> Path:
-    if cfg.resume:
-        return Path(cfg.resume)
-    out_dir = Path(cfg.runs_dir) / (cfg.name or default_run_name(cfg))
-    if (out_dir / "events.jsonl").exists() or (out_dir / "summary.json").exists():
-        raise JimuError(
-            f"run folder {out_dir} already holds a run; pick another --name or --resume it"
-        )
+def _stopped_line(signum: int, out_dir: Path) -> str:
+    """What the user reads when a signal stopped the run: which, and what is kept."""
+    name = signal.Signals(signum).name
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise JimuError(f"cannot create run folder {out_dir}: {e.strerror}") from None
-    return out_dir
+        found = latest_checkpoint(out_dir)
+    except JimuError:
+        found = None
+    if found is None:
+        return f"stopped by {name}; every worker ended; {out_dir} has no checkpoint yet"
+    return (
+        f"stopped by {name}; every worker ended; last checkpoint: {found[0]} "
+        f"(go on with: jimu train --resume {out_dir})"
+    )
 
 
 def _launch_local(
-    cfg_dict: dict[str, Any], workers: int, out_dir: Path, plan: ThreadPlan
+    cfg_dict: dict[str, Any], workers: int, max_restarts: int, out_dir: Path, plan: ThreadPlan
 ) -> dict[str, Any] | None:
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # the agent's own log lines repeat what we report in one line below
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # the agent's own log lines repeat what we report in one line below; each of its
+    # modules sets its own logger's level, so the parent's level alone does not silence them
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -99,7 +134,7 @@ def _launch_local(
         run_id=uuid.uuid4().hex,
         rdzv_backend="c10d",
         rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
         shutdown_timeout=5,
@@ -109,6 +144,8 @@ def _launch_local(
             results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir), True, plan)
     except ChildFailedError as e:
         raise JimuError(_failure_line(out_dir, e)) from None
+    except SignalException as e:  # the agent has stopped every worker
+        raise Interrupted(int(e.sigval)) from None
     return results.get(0)
 
 
@@ -119,13 +156,15 @@ def _failure_line(out_dir: Path, err: Exception) -> str:
     a user error (JimuError) that a worker reported; a worker that died without reporting
     (killed by a signal, out of memory); else the earliest reported error.
     """
-    records = {}
+    found = []
     for f in error_dir(out_dir).glob("rank*.json"):
         try:
-            r = json.loads(f.read_text())
+            found.append(json.loads(f.read_text()))
         except (OSError, ValueError):
             continue
-        records[r["rank"]] = r
+    # after restarts, only the last attempt's errors explain the failure
+    last = max((r.get("attempt", 0) for r in found), default=0)
+    records = {r["rank"]: r for r in found if r.get("attempt", 0) == last}
     if records:
         log = out_dir / "worker-errors.log"
         text = "\n".join(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ __all__ = [
     "format_bytes",
     "plot_run",
     "read_config",
+    "read_event_log",
     "read_events",
     "read_summary",
     "report",
@@ -37,22 +39,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """The events of a run folder, one dict per line of ``events.jsonl``.
+def read_event_log(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The events of a run folder, and a note if the last line was cut short.
 
-    Args:
-        run_dir: a run folder (``runs/<name>``).
-
-    Returns:
-        the events in file order (blank lines skipped).
+    A worker appends each event as one line ending in a newline; a last line without its
+    newline that is not valid JSON was being written when the run stopped (a crash, a full
+    disk). It is left out, and the note (one line, None if the file is whole) says so.
 
     Raises:
-        JimuError: the folder or ``events.jsonl`` is missing, or a line is not a JSON object
-            (the message names the file and line).
-
-    Example:
-        >>> read_events(Path("runs/ddp-digits-20250101-120000"))[-1]["test_acc"]  # doctest: +SKIP
-        0.975
+        JimuError: as :func:`read_events`.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -61,20 +56,50 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise JimuError(f"{path} does not exist (has the run logged an epoch yet?)")
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except OSError as e:
         raise JimuError(f"{path} cannot be read: {e.strerror}") from None
-    events = []
+    lines = text.splitlines()
+    events, torn = [], None
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
         except ValueError as e:
+            if i == len(lines) and not text.endswith("\n"):
+                torn = f"{path} line {i} was cut short while being written; left out"
+                break
             raise JimuError(f"{path} line {i} is not valid JSON: {e}") from None
         if not isinstance(event, dict):
             raise JimuError(f"{path} line {i} must be a JSON object (got {line.strip()[:40]!r})")
         events.append(event)
+    return events, torn
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The events of a run folder, one dict per line of ``events.jsonl``.
+
+    A last line cut short by a crash is left out with a one-line warning on stderr
+    (see :func:`read_event_log`).
+
+    Args:
+        run_dir: a run folder (``runs/<name>``).
+
+    Returns:
+        the events in file order (blank lines skipped).
+
+    Raises:
+        JimuError: the folder or ``events.jsonl`` is missing, or a line other than a torn
+            last one is not a JSON object (the message names the file and line).
+
+    Example:
+        >>> read_events(Path("runs/ddp-digits-20250101-120000"))[-1]["test_acc"]  # doctest: +SKIP
+        0.975
+    """
+    events, torn = read_event_log(run_dir)
+    if torn:
+        print(f"warning: {torn}", file=sys.stderr)
     return events
 
 
@@ -258,7 +283,7 @@ def plot_run(run_dir: Path, events: list[dict[str, Any]], title: str) -> list[Pa
 
 
 def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
-    """Print a run's event table, time to ``target_acc`` and summary; write its plots.
+    """Print a run's event table, its resumes, time to ``target_acc`` and summary; write its plots.
 
     Args:
         run_dir: a run folder written by ``jimu train``.
@@ -277,6 +302,13 @@ def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
     title = run_title(run_dir, events, summary)
     print(f"{title}: {run_dir}")
     print(table(events))
+    for e in events:
+        r = e.get("resumed")
+        if isinstance(r, dict):
+            print(
+                f"epoch {e.get('epoch')}: went on from the checkpoint at epoch {r.get('epoch')} "
+                f"(by {r.get('by')}; {r.get('events_dropped')} later event(s) dropped)"
+            )
     train_s, wall_s = train_time_to(events, target_acc)
     if train_s is None:
         print(f"time to {target_acc:.0%} test accuracy: not reached")

@@ -11,7 +11,7 @@ import resource
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ from deepjimu.comm import Comm, CommStats, sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.precision import autocast
+from deepjimu.report import read_event_log
+from deepjimu.rundir import latest_checkpoint
 
 __all__ = ["Checkpoint", "Run", "peak_memory_mb"]
 
@@ -42,13 +44,20 @@ def peak_memory_mb(device: torch.device) -> float:
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: progress counters, the full model state and this rank's own state."""
+    """A loaded checkpoint: progress counters, the full model state and this rank's own state.
+
+    ``time_s`` and ``fit_s`` are the run's clocks when it was written, and ``counters`` this
+    rank's byte and time counters (see :meth:`Run.continue_history`).
+    """
 
     step: int
     epoch: int
     model_state: dict[str, Any]
     rank_state: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    time_s: float = 0.0
+    fit_s: float = 0.0
+    counters: dict[str, Any] | None = None
 
 
 class Run:
@@ -81,19 +90,31 @@ class Run:
         self.comm = Comm(self.stats)
         self.is_main = rank == 0
         self._t0 = time.perf_counter()
+        self._fit_t0: float | None = None
+        self._before_s = self._before_fit_s = 0.0  # the clocks of the history this run continues
         self._last: list[float] = [0.0, 0.0, 0.0, 0.0]
         self._train_s = 0.0  # since the last event
         self._eval_s = 0.0
         self._last_kinds: dict[str, int] = {}
         self._bar: Any = None
+        self._resume_note: dict[str, Any] | None = None
         self.resumed: Checkpoint | None = None
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- timing -------------------------------------------------------------------------
     def elapsed(self) -> float:
-        """Seconds since the run started on this rank."""
-        return time.perf_counter() - self._t0
+        """Seconds since the run started on this rank (a resumed run goes on from its checkpoint's)."""
+        return self._before_s + time.perf_counter() - self._t0
+
+    def begin_fit(self) -> None:
+        """Start the fit clock (:meth:`fit_s`): called just before ``Strategy.fit``."""
+        self._fit_t0 = time.perf_counter()
+
+    def fit_s(self) -> float:
+        """Seconds spent in ``Strategy.fit`` over the whole run, resumed segments included."""
+        now = time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0
+        return self._before_fit_s + now
 
     def synchronize(self) -> None:
         """Wait for queued device work, so that host timers measure it."""
@@ -234,6 +255,8 @@ class Run:
             "peak_mem_mb_per_rank": [round(g["mem"], 1) for g in gathered],
         }
         event.update({k: _jsonable(v) for k, v in merged.items()})
+        if self._resume_note is not None:
+            event["resumed"], self._resume_note = self._resume_note, None
         if not self.is_main:
             return event
         with open(self.out_dir / "events.jsonl", "a") as f:
@@ -278,10 +301,16 @@ class Run:
         Rank 0 passes the full model (the others may pass None); every rank passes its own
         ``rank_state`` (optimizer, ADMM variables, ...). Files go into a temporary folder
         that is renamed into place once every rank has written, then ``latest`` is switched.
+        Besides the state, ``meta.json`` keeps the run's clocks, every rank's counters and
+        the config, so that a resumed run goes on with one history. A run resumed at the
+        step of its checkpoint keeps that checkpoint: it holds this very state.
         """
         root = self.checkpoint_dir
         final = root / f"step-{step:08d}"
         tmp = root / f".tmp-step-{step:08d}"
+        if self.resumed is not None and self.resumed.step == step:
+            return final  # resumed at its last step: that checkpoint holds this very state
+        counters = self.gather_objects(self._counters())
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -291,7 +320,16 @@ class Run:
             _torch_save_atomic(_cpu_state(model), tmp / "model.pt")
         self.barrier()
         if self.is_main:
-            meta = {"step": step, "epoch": epoch, "world": self.world, "extra": extra or {}}
+            meta = {
+                "step": step,
+                "epoch": epoch,
+                "world": self.world,
+                "extra": extra or {},
+                "time_s": self.elapsed(),
+                "fit_s": self.fit_s(),
+                "counters": counters,
+                "config": self.cfg.to_dict(),
+            }
             atomic_write_text(tmp / "meta.json", json.dumps(meta))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -308,29 +346,88 @@ class Run:
         Raises:
             JimuError: the checkpoint is damaged or was written with another worker count.
         """
-        root = Path(run_dir or self.out_dir) / "checkpoint"
-        latest = root / "latest"
-        if not latest.exists():
+        found = latest_checkpoint(Path(run_dir or self.out_dir))
+        if found is None:
             return None
-        folder = root / latest.read_text().strip()
+        folder, meta = found
+        if meta["world"] != self.world:
+            raise JimuError(
+                f"checkpoint {folder} was written by {meta['world']} workers; "
+                f"resume with --workers {meta['world']} (workers: {self.world})"
+            )
         try:
-            meta = json.loads((folder / "meta.json").read_text())
-            if meta["world"] != self.world:
-                raise JimuError(
-                    f"checkpoint {folder} was written by {meta['world']} workers; "
-                    f"resume with --workers {meta['world']} (workers: {self.world})"
-                )
             model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
             rank_state = torch.load(
                 folder / f"rank{self.rank}.pt", map_location="cpu", weights_only=True
             )
-        except JimuError:
-            raise
         except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
             raise JimuError(f"checkpoint {folder} is damaged: {e}") from None
+        counters = meta.get("counters")
         return Checkpoint(
-            meta["step"], meta["epoch"], model_state, rank_state, meta.get("extra", {})
+            meta["step"],
+            meta["epoch"],
+            model_state,
+            rank_state,
+            meta.get("extra", {}),
+            meta.get("time_s", 0.0),
+            meta.get("fit_s", 0.0),
+            counters[self.rank] if counters else None,
         )
+
+    def continue_history(self, ckpt: Checkpoint | None, how: str) -> None:
+        """Go on with this run folder's history from ``ckpt`` (None: from the start).
+
+        One history per run: rank 0 drops the events logged after the checkpoint's step
+        (the work they record is done again) and rewrites ``events.jsonl`` atomically; the
+        clocks (``time_s``, the fit time) and this rank's byte and time counters go on from
+        the checkpoint's, so events and summary read as one uninterrupted run. The next
+        event carries ``resumed``: the step it went on from, how (``--resume`` or the
+        elastic restart), and the events dropped.
+        """
+        self.resumed = ckpt
+        step = ckpt.step if ckpt is not None else 0
+        if ckpt is not None:
+            self._before_s, self._before_fit_s = ckpt.time_s, ckpt.fit_s
+            if ckpt.counters is not None:
+                for k, v in ckpt.counters["stats"].items():
+                    setattr(self.stats, k, v)
+                self._last = list(ckpt.counters["last"])
+                self._last_kinds = dict(ckpt.counters.get("last_kinds", {}))
+                self._train_s, self._eval_s = ckpt.counters["train_s"], ckpt.counters["eval_s"]
+        if not self.is_main:
+            return
+        dropped, torn = 0, None
+        if (self.out_dir / "events.jsonl").exists():
+            events, torn = read_event_log(self.out_dir)
+            kept = [e for e in events if e.get("step", 0) <= step]
+            dropped = len(events) - len(kept)
+            text = "".join(json.dumps(e) + "\n" for e in kept)
+            atomic_write_text(self.out_dir / "events.jsonl", text)
+        self._resume_note = {
+            "step": step,
+            "epoch": ckpt.epoch if ckpt is not None else 0,
+            "by": how,
+            "events_dropped": dropped,
+        }
+        where = (
+            f"its checkpoint at step {step}" if ckpt is not None else "the start (no checkpoint)"
+        )
+        cut = " and a last line cut short" if torn else ""
+        print(
+            f"{how}: {self.out_dir} goes on from {where}; "
+            f"{dropped} later event(s){cut} dropped from events.jsonl",
+            flush=True,
+        )
+
+    def _counters(self) -> dict[str, Any]:
+        """This rank's byte and time counters, for a checkpoint."""
+        return {
+            "stats": asdict(self.stats),
+            "last": self._last,
+            "last_kinds": self._last_kinds,
+            "train_s": self._train_s,
+            "eval_s": self._eval_s,
+        }
 
 
 def _cpu_state(model: nn.Module) -> dict[str, Any]:

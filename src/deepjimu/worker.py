@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -18,21 +19,33 @@ from deepjimu.atomic import atomic_write_text
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
-from deepjimu.errors import JimuError
+from deepjimu.errors import JimuError, one_line
 from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
 from deepjimu.report import read_events
 from deepjimu.run import Run
+from deepjimu.rundir import check_new, lock_run_dir
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import count_correct
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
 
-__all__ = ["default_run_name", "error_dir", "free_port", "worker_main"]
+__all__ = ["default_run_name", "error_dir", "free_port", "run_dir_of", "worker_main"]
+
+_TIMEOUT = datetime.timedelta(minutes=30)
+# key in torch elastic's job store: the run folder this torchrun job owns (see _claim)
+_CLAIM_KEY = "deepjimu/run_dir"
 
 
 def default_run_name(cfg: RunConfig) -> str:
     """``<strategy>-<dataset>-<YYYYmmdd-HHMMSS>``."""
     return f"{cfg.strategy}-{cfg.dataset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    """The run folder of ``cfg``: the one it resumes, else ``<runs-dir>/<name>``."""
+    if cfg.resume:
+        return Path(cfg.resume)
+    return Path(cfg.runs_dir) / (cfg.name or default_run_name(cfg))
 
 
 def error_dir(out_dir: Path) -> Path:
@@ -89,6 +102,7 @@ def worker_main(
         if folder is not None and report_errors:
             record = {
                 "rank": rank,
+                "attempt": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
                 "time": time.time(),
                 "user_error": isinstance(e, JimuError),
                 "message": str(e) if isinstance(e, JimuError) else f"{type(e).__name__}: {e}",
@@ -101,40 +115,104 @@ def worker_main(
 def _work(cfg: RunConfig, out_dir: Path | None, plan: ThreadPlan | None) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     plan = plan or plan_threads(local_world, cfg.threads, cfg.omp_wait)
     torch.set_num_threads(plan.threads)
     device = pick_device(cfg, local_rank, local_world)
+    # under a launcher (torch elastic: ours or torchrun) the job's store outlives restarts
+    store = None
+    if "MASTER_ADDR" in os.environ:
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
     if world > 1 or get_strategy(cfg.strategy).needs_group:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        # a one-worker run that still needs a group (ddp x1) has no launcher to rendezvous with
-        alone = (
-            {} if "MASTER_ADDR" in os.environ else {"init_method": f"tcp://127.0.0.1:{free_port()}"}
-        )
-        dist.init_process_group(
-            backend, rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30), **alone
-        )
+        if store is not None:
+            # torch elastic keeps one store for all restarts of a job (pytorch/pytorch#135712):
+            # a restarted group would read the addresses of its dead predecessors and fail
+            # in Gloo's connectFullMesh, so each attempt gets keys of its own
+            group_store = dist.PrefixStore(f"deepjimu/attempt-{attempt}", store)
+            dist.init_process_group(
+                backend, rank=rank, world_size=world, timeout=_TIMEOUT, store=group_store
+            )
+        else:  # a one-worker run that still needs a group (ddp x1) has no launcher
+            dist.init_process_group(
+                backend,
+                rank=rank,
+                world_size=world,
+                timeout=_TIMEOUT,
+                init_method=f"tcp://127.0.0.1:{free_port()}",
+            )
     try:
-        if out_dir is None:  # started by torchrun: rank 0 names the run folder for everyone
-            box = [Path(cfg.runs_dir) / (cfg.name or default_run_name(cfg))]
-            if world > 1:
-                dist.broadcast_object_list(box, src=0)
-            out_dir = box[0]
-        with matmul_precision(cfg.precision, device):
-            return _train(cfg, out_dir, rank, world, device, plan)
+        with contextlib.ExitStack() as held:
+            if out_dir is None:  # started by torchrun: rank 0 claims the run folder
+                out_dir, resume, how = _claim(cfg, rank, world, store, attempt, held)
+            elif attempt > 0:  # restarted by our launcher, which holds the folder
+                resume, how = out_dir, f"restart {attempt}"
+            else:
+                resume, how = (Path(cfg.resume) if cfg.resume else None), "--resume"
+            with matmul_precision(cfg.precision, device):
+                return _train(cfg, out_dir, rank, world, device, plan, resume, how)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
+def _claim(
+    cfg: RunConfig,
+    rank: int,
+    world: int,
+    store: dist.Store | None,
+    attempt: int,
+    held: contextlib.ExitStack,
+) -> tuple[Path, Path | None, str]:
+    """Collective, under torchrun: the run folder, where to resume from, and why.
+
+    Rank 0 takes the folder's lock for the life of its process (``held``). torchrun
+    restarts every worker after a failure, so the folder must outlive the processes: the
+    first attempt records it in the job's store (kept by torchrun's agent for all restarts
+    of this job, and only this job), and a later attempt that finds it there goes on from
+    that folder's latest checkpoint. A folder that no attempt of this job claimed is a new
+    run's and must be free, whatever the restart count says.
+    """
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            claimed = (
+                store.get(_CLAIM_KEY).decode() if store and store.check([_CLAIM_KEY]) else None
+            )
+            folder = Path(claimed) if claimed else run_dir_of(cfg)
+            held.enter_context(lock_run_dir(folder))
+            if claimed:
+                box[0] = ("ok", (folder, folder, f"restart {attempt}"))
+            else:
+                if not cfg.resume:
+                    check_new(folder)
+                if store is not None:
+                    store.set(_CLAIM_KEY, str(folder))
+                box[0] = ("ok", (folder, Path(cfg.resume) if cfg.resume else None, "--resume"))
+        except JimuError as e:
+            box[0] = ("error", str(e))
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise JimuError(value)
+    return value
+
+
 def _train(
-    cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device, plan: ThreadPlan
+    cfg: RunConfig,
+    out_dir: Path,
+    rank: int,
+    world: int,
+    device: torch.device,
+    plan: ThreadPlan,
+    resume: Path | None,
+    how: str,
 ) -> dict[str, Any] | None:
     strategy_cls = get_strategy(cfg.strategy)
     run = Run(cfg, out_dir, rank, world, device)
-    if rank == 0:
-        atomic_write_text(out_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
     if cfg.download and world > 1:  # one download, then everyone reads the files
         if rank == 0:
             load_dataset(cfg.dataset, DataOptions.from_config(cfg))
@@ -145,17 +223,22 @@ def _train(
     strategy = strategy_cls(cfg)
     data = data.to(strategy.data_device(device))
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
-    if cfg.resume:
-        ckpt = run.load_checkpoint(Path(cfg.resume))
-        if ckpt is None:
-            raise JimuError(
-                f"--resume {cfg.resume}: no checkpoint in {Path(cfg.resume) / 'checkpoint'}"
-            )
-        model.load_state_dict(ckpt.model_state)
-        run.resumed = ckpt
-    t0 = time.perf_counter()
+    if resume is not None:
+        ckpt = run.load_checkpoint(resume)
+        if ckpt is None and cfg.resume:
+            raise JimuError(f"--resume {resume}: no checkpoint in {resume / 'checkpoint'}")
+        if ckpt is not None:
+            try:
+                model.load_state_dict(ckpt.model_state)
+            except RuntimeError as e:
+                raise JimuError(
+                    f"checkpoint of {resume} does not fit model {cfg.model}: {one_line(e)[:200]}"
+                ) from None
+        run.continue_history(ckpt, how)
+    if rank == 0:  # only now: a resume that fails above leaves the folder as it was
+        atomic_write_text(out_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
+    run.begin_fit()
     result = strategy.fit(model, data, run)
-    fit_s = time.perf_counter() - t0
     gathered = run.gather_objects((run.stats.as_list(), run.stats.sent_by_kind))
     totals = [g[0] for g in gathered]
     if rank != 0:
@@ -172,7 +255,7 @@ def _train(
         "steps": result.steps,
         "seed": cfg.seed,
         "device": str(device),
-        "time_s": round(fit_s, 4),
+        "time_s": round(run.fit_s(), 4),
         "train_s": round(sum(e.get("train_s") or 0.0 for e in events), 4),
         "eval_s": round(sum(e.get("eval_s") or 0.0 for e in events), 4),
         "loss": last.get("loss"),

@@ -153,7 +153,13 @@ def test_bench_end_to_end_records_failures_and_goes_on(
     ]
     argv += ["--workers", "2", "--models", "mlp:16x1", "--epochs", "2", "--target-acc", "0.2"]
     argv += ["--train-args", "--batch-size 128", "--precision", "fp32,bf16"]
-    assert main(argv) == 0
+    assert main(argv) == 2  # everything is written, then the failed configurations are named
+    err = capsys.readouterr().err
+    assert err == (
+        "error: 2 of 4 runs failed: nope x2 mlp:16x1 precision=fp32 (failed), "
+        "nope x2 mlp:16x1 precision=bf16 (failed); "
+        f"their errors are in {tmp_path / 'tiny' / 'report.md'}\n"
+    )
     out = tmp_path / "tiny"
     all_rows = read_csv(out / "results.csv")
     bf16 = [r for r in all_rows if r["strategy"] == "ddp" and r["options"] == "precision=bf16"]

@@ -239,7 +239,7 @@ def run_bench(opts: BenchOptions) -> Path:
 
     ``results.csv`` is rewritten after every run, so an interrupted bench keeps what it
     measured. A run that fails or times out is recorded with its one-line error and the
-    bench goes on.
+    bench goes on; once everything is written, the bench fails if any run did.
 
     Args:
         opts: the matrix and the options shared by every run.
@@ -248,8 +248,9 @@ def run_bench(opts: BenchOptions) -> Path:
         the bench folder (``opts.out_dir``).
 
     Raises:
-        JimuError: the folder already holds a bench, bad train options, or ``--tune`` with
-            an option it tunes given as well.
+        JimuError: the folder already holds a bench, bad train options, ``--tune`` with
+            an option it tunes given as well, or (at the end) a run of the matrix that failed
+            or timed out, named (impossible combinations are skipped, not failed).
     """
     out = opts.out_dir
     if (out / "results.csv").exists():
@@ -335,6 +336,12 @@ def run_bench(opts: BenchOptions) -> Path:
     }
     write_markdown(out / "report.md", rows, setup, plots, tunings)
     print(f"wrote {out / 'results.csv'} and {out / 'report.md'}")
+    failed = [f"{c.label} ({r['status']})" for c, r in todo if r["status"] != "ok"]
+    if failed:
+        raise JimuError(
+            f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}; "
+            f"their errors are in {out / 'report.md'}"
+        )
     return out
 
 

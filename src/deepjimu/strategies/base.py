@@ -227,13 +227,13 @@ class GradientStrategy(Strategy):
         cfg = self.cfg
         assert cfg.epochs is not None, "config not resolved"
         self.setup(model, data, run)
-        start, step = 0, 0
+        start, step, samples = 0, 0, 0  # samples: trained on since the last event
         if run.resumed is not None:
             self.load_rank_state(run.resumed.rank_state)
             start, step = run.resumed.epoch, run.resumed.step
+            samples = run.resumed.extra.get("samples", 0)
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
-        samples = 0
         for epoch in range(start, cfg.epochs):
             batches = self.batches(data, epoch, run)
             losses: list[Tensor] = []
@@ -257,7 +257,9 @@ class GradientStrategy(Strategy):
                         f"lower --lr (lr: {cfg.lr}); last good checkpoint: {run.last_checkpoint_text()}"
                     )
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
-                run.save_checkpoint(step, done, self.full_model(run), self.rank_state())
+                run.save_checkpoint(
+                    step, done, self.full_model(run), self.rank_state(), {"samples": samples}
+                )
         run.close()
         run.save_checkpoint(step, cfg.epochs, self.full_model(run), self.rank_state())
         return FitResult(epochs=cfg.epochs, steps=step)

@@ -20,6 +20,7 @@ from deepjimu.strategies.admm.driver import (
     init_blocks_forward,
     serial_iteration,
 )
+from deepjimu.strategies.admm.health import HINT, Learning, chance_accuracy, solve_failed
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
@@ -145,34 +146,40 @@ class AdmmStrategy(Strategy):
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
         x = data.train_x.flatten(1)
         y = data.train_y if hi == L else None
-        start, steps = 0, 0
+        start, steps, samples = 0, 0, 0
         self.history: list[float] = []
+        self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         # a scaled start rescales the weights once, on the first (mini-)batch of the run
         self._scale = cfg.admm_init == "scaled" and run.resumed is None
         if run.resumed is not None:
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
             self.history = list(run.resumed.rank_state.get("history", []))
             start, steps = run.resumed.epoch, run.resumed.step
+            samples = run.resumed.extra.get("samples", 0)
         elif not cfg.admm_batch:
             with run.training(), run.autocast():
                 self._init_forward(x if lo == 0 else None, len(x))
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
-        samples = 0
         for epoch in range(start, cfg.epochs):
             with run.training(), run.autocast():
-                if cfg.admm_batch:
-                    steps += self._minibatch_epoch(x, data.train_y, epoch)
-                else:
-                    self._iterate(y)
-                    steps += 1
+                try:
+                    if cfg.admm_batch:
+                        steps += self._minibatch_epoch(x, data.train_y, epoch)
+                    else:
+                        self._iterate(y)
+                        steps += 1
+                except torch.linalg.LinAlgError as e:  # the p and W solves factorise
+                    raise JimuError(
+                        solve_failed(e, epoch + 1, self.block.params.rho, cfg.nu)
+                    ) from None
             samples += len(data.train_y)
             done = epoch + 1
             if done % cfg.eval_every == 0 or done == cfg.epochs:
                 self._log(steps, done, data, samples)
                 samples = 0
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
-                self._checkpoint(steps, done)
+                self._checkpoint(steps, done, samples)
         run.close()
         self._checkpoint(steps, cfg.epochs)
         return FitResult(
@@ -260,6 +267,10 @@ class AdmmStrategy(Strategy):
                 f"(rho: {self.block.params.rho}, nu: {self.block.params.nu}); "
                 f"last good checkpoint: {run.last_checkpoint_text()}"
             )
+        stuck = self.learning.check(done, event.get("loss"), event.get("train_acc"))
+        if stuck:
+            rho, nu = self.block.params.rho, cfg.nu
+            raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
         if cfg.rho_growth > 1 and not cfg.admm_batch:
             self._schedule(residual)
 
@@ -273,11 +284,11 @@ class AdmmStrategy(Strategy):
             self.block.params.rho *= self.cfg.rho_growth
             self.history.clear()
 
-    def _checkpoint(self, step: int, done: int) -> None:
+    def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
         full = gather_model(self.model, self.plan, self.run)
         state = {"block": self.block.state_dict(), "history": self.history}
-        self.run.save_checkpoint(step, done, full, state)
+        self.run.save_checkpoint(step, done, full, state, {"samples": samples})
 
 
 def _finite(v: Any) -> bool:

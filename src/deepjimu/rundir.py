@@ -1,0 +1,170 @@
+"""The run folder: one run at a time (an OS lock), new runs only in a free folder, resumes as the checkpoint says.
+
+No torch import here: the CLI reads a run's saved config before torch loads (under
+torchrun the thread plan must be in the environment first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.errors import JimuError
+
+__all__ = [
+    "RESUME_KEEPS",
+    "check_new",
+    "check_resume",
+    "latest_checkpoint",
+    "lock_run_dir",
+    "saved_config",
+]
+
+# what a resumed run must share with its checkpoint: the state's shapes (strategy, workers,
+# model) and the data it was trained on (the split depends on the seed and the fractions)
+RESUME_KEEPS = (
+    "strategy",
+    "workers",
+    "dataset",
+    "model",
+    "seed",
+    "val_fraction",
+    "downsample",
+    "classes",
+    "normalize",
+    "synthetic_n",
+    "synthetic_features",
+    "synthetic_classes",
+)
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The folder and ``meta.json`` of the latest complete checkpoint of ``run_dir``, or None.
+
+    Raises:
+        JimuError: ``latest`` names a folder that is missing or has a damaged ``meta.json``.
+    """
+    latest = Path(run_dir) / "checkpoint" / "latest"
+    if not latest.exists():
+        return None
+    folder = latest.parent / latest.read_text().strip()
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        if not isinstance(meta, dict) or not {"step", "epoch", "world"} <= meta.keys():
+            raise ValueError("not a checkpoint's meta.json")
+    except (OSError, ValueError) as e:
+        raise JimuError(f"checkpoint {folder} is damaged: {e}") from None
+    return folder, meta
+
+
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """The options a run folder was last started with: its ``config.json``, else its checkpoint's.
+
+    Raises:
+        JimuError: the folder holds neither (not a run folder), or a damaged file.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / "config.json"
+    if path.exists():
+        try:
+            value = json.loads(path.read_text())
+            if isinstance(value, dict):
+                return value
+        except (OSError, ValueError):
+            pass
+    found = latest_checkpoint(run_dir)
+    if found is not None and isinstance(found[1].get("config"), dict):
+        return found[1]["config"]
+    if path.exists():
+        raise JimuError(f"--resume: {path} is damaged and no checkpoint holds the run's options")
+    raise JimuError(f"--resume {run_dir}: not a run folder (no {path})")
+
+
+def check_resume(cfg: RunConfig) -> None:
+    """Refuse a resume that its checkpoint contradicts, before anything is written.
+
+    The checkpoint's options are the truth: a resumed run keeps every option of
+    :data:`RESUME_KEEPS`, and trains to ``--epochs`` no fewer than the checkpoint's.
+
+    Args:
+        cfg: the validated options of the resumed run (``cfg.resume`` set).
+
+    Raises:
+        ConfigErrors: one line per contradicting option, naming both values.
+        JimuError: the folder has no checkpoint, or a damaged one.
+    """
+    assert cfg.resume
+    folder = Path(cfg.resume)
+    found = latest_checkpoint(folder)
+    if found is None:
+        raise JimuError(f"--resume {folder}: no checkpoint in {folder / 'checkpoint'}")
+    ckpt, meta = found
+    saved = meta.get("config") or saved_config(folder)
+    given = cfg.to_dict()
+    problems = [
+        f"--resume {folder}: --{k.replace('_', '-')} {_text(given[k])} contradicts the "
+        f"checkpoint's {_text(saved[k])} ({ckpt})"
+        for k in RESUME_KEEPS
+        if k in saved and given[k] != saved[k]
+    ]
+    if cfg.epochs is not None and cfg.epochs < meta["epoch"]:
+        problems.append(
+            f"--resume {folder}: --epochs {cfg.epochs} is below the checkpoint's epoch "
+            f"{meta['epoch']} ({ckpt}); give --epochs {meta['epoch']} or more"
+        )
+    if problems:
+        raise ConfigErrors(problems)
+
+
+def _text(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def check_new(run_dir: Path) -> None:
+    """Refuse to start a new run in a folder that already holds one.
+
+    Raises:
+        JimuError: ``events.jsonl`` or ``summary.json`` exists.
+    """
+    if (run_dir / "events.jsonl").exists() or (run_dir / "summary.json").exists():
+        raise JimuError(
+            f"run folder {run_dir} already holds a run; pick another --name or --resume it"
+        )
+
+
+@contextlib.contextmanager
+def lock_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold ``<run_dir>/.lock`` for the block: an exclusive ``flock`` that the OS releases
+    when this process ends, however it ends (kill -9 included), so no stale lock survives.
+
+    The folder is created if missing.
+
+    Raises:
+        JimuError: another process holds the lock (its pid is named), or the folder cannot
+            be created.
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise JimuError(f"cannot create run folder {run_dir}: {e.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise JimuError(
+                f"run folder {run_dir} is in use by another run (pid {holder}); "
+                "wait for it to end or pick another --name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
