@@ -1,4 +1,4 @@
-"""The ``jimu`` command: ``train``, ``report``, ``bench``. User errors print one line and exit 2."""
+"""The ``jimu`` command: ``train``, ``probe``, ``report``, ``bench``. User errors print one line and exit 2."""
 
 from __future__ import annotations
 
@@ -50,13 +50,18 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jimu`` argument parser (subcommands train, report, bench)."""
+    """The ``jimu`` argument parser (subcommands train, probe, report, bench)."""
     parser = _Parser(
         prog="jimu", description="Train one network with every way of splitting it over workers."
     )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, required=True)
     train = sub.add_parser("train", help="train a model with one strategy")
     _add_run_options(train)
+    probe = sub.add_parser(
+        "probe",
+        help="time the link and this device for ddp; predict each --compress option's step",
+    )
+    _add_run_options(probe)
     report = sub.add_parser("report", help="print a run's table and write its loss/accuracy plots")
     report.add_argument("run_dir", help="a run folder, e.g. runs/admm-digits-...")
     report.add_argument("--no-plots", action="store_true", help="only print the table")
@@ -106,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(config_from_args(args))
             if summary is not None:
                 _print_summary(summary)
+            return 0
+        if args.command == "probe":
+            from deepjimu.launch import probe
+
+            result = probe(config_from_args(args))
+            if result is not None:
+                print(result["text"])
             return 0
         if args.command == "report":
             from deepjimu.report import report

@@ -19,7 +19,7 @@ from deepjimu.precision import check_precision
 from deepjimu.run import atomic_write_text
 from deepjimu.worker import default_run_name, error_dir, pick_device, worker_main
 
-__all__ = ["train", "under_torchrun"]
+__all__ = ["probe", "train", "under_torchrun"]
 
 
 def under_torchrun() -> bool:
@@ -38,12 +38,30 @@ def train(cfg: RunConfig) -> dict[str, Any] | None:
         ConfigErrors: bad config (before any worker starts).
         JimuError: bad data files, or a worker failed (its rank and error in one line).
     """
+    return _start(cfg, "train")
+
+
+def probe(cfg: RunConfig) -> dict[str, Any] | None:
+    """``jimu probe``: start ``cfg``'s workers as :func:`train` does, but to probe, not train.
+
+    The workers time the group's collectives and a ddp step of ``cfg``'s model with each
+    compressor (:mod:`deepjimu.compress.probe`); rank 0 writes ``<run folder>/probe.json``
+    with the cost model's predictions and returns ``{"probe", "choice", "text"}``. The
+    strategy is always ``ddp``, the one the probe is for.
+
+    Raises:
+        ConfigErrors, JimuError: as :func:`train`.
+    """
+    return _start(dataclasses.replace(cfg, strategy="ddp"), "probe")
+
+
+def _start(cfg: RunConfig, job: str) -> dict[str, Any] | None:
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if cfg.workers is not None and cfg.workers != world:
             raise JimuError(f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}")
         cfg = validate(dataclasses.replace(cfg, workers=world))
-        return worker_main(cfg.to_dict(), None)
+        return worker_main(cfg.to_dict(), None, job=job)
     cfg = validate(cfg)
     assert cfg.workers is not None
     # the device the workers will pick, so that --device cuda without GPUs or --precision
@@ -55,8 +73,8 @@ def train(cfg: RunConfig) -> dict[str, Any] | None:
     cfg_dict = {**cfg.to_dict(), "download": False}
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     if cfg.workers == 1:
-        return worker_main(cfg_dict, str(out_dir), report_errors=False)
-    return _launch_local(cfg_dict, cfg.workers, out_dir)
+        return worker_main(cfg_dict, str(out_dir), report_errors=False, job=job)
+    return _launch_local(cfg_dict, cfg.workers, out_dir, job)
 
 
 def _prepare_run_dir(cfg: RunConfig) -> Path:
@@ -74,7 +92,9 @@ def _prepare_run_dir(cfg: RunConfig) -> Path:
     return out_dir
 
 
-def _launch_local(cfg_dict: dict[str, Any], workers: int, out_dir: Path) -> dict[str, Any] | None:
+def _launch_local(
+    cfg_dict: dict[str, Any], workers: int, out_dir: Path, job: str
+) -> dict[str, Any] | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -94,7 +114,7 @@ def _launch_local(cfg_dict: dict[str, Any], workers: int, out_dir: Path) -> dict
         shutdown_timeout=5,
     )
     try:
-        results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir))
+        results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir), True, job)
     except ChildFailedError as e:
         raise JimuError(_failure_line(out_dir, e)) from None
     return results.get(0)

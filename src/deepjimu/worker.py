@@ -65,9 +65,12 @@ def pick_device(cfg: RunConfig, local_rank: int, local_world: int) -> torch.devi
 
 
 def worker_main(
-    cfg_dict: dict[str, Any], out_dir: str | None, report_errors: bool = True
+    cfg_dict: dict[str, Any], out_dir: str | None, report_errors: bool = True, job: str = "train"
 ) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
+
+    ``job`` is ``train``, or ``probe`` for ``jimu probe`` (rank 0 returns the probe and its
+    table instead of a summary).
 
     With ``report_errors`` a failure is written to ``<out_dir>/.errors/rank<r>.json`` before
     it propagates, so the launcher of several processes can name the worker and its error
@@ -77,7 +80,7 @@ def worker_main(
     rank = _env_int("RANK", 0)
     folder = Path(out_dir) if out_dir else None
     try:
-        return _work(cfg, folder)
+        return _work(cfg, folder, job)
     except BaseException as e:
         if folder is not None and report_errors:
             record = {
@@ -91,7 +94,7 @@ def worker_main(
         raise
 
 
-def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
+def _work(cfg: RunConfig, out_dir: Path | None, job: str) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local_world))
@@ -114,7 +117,7 @@ def _work(cfg: RunConfig, out_dir: Path | None) -> dict[str, Any] | None:
                 dist.broadcast_object_list(box, src=0)
             out_dir = box[0]
         with matmul_precision(cfg.precision, device):
-            return _train(cfg, out_dir, rank, world, device)
+            return (_probe if job == "probe" else _train)(cfg, out_dir, rank, world, device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -183,6 +186,25 @@ def _train(
     )
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _probe(
+    cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device
+) -> dict[str, Any] | None:
+    """``jimu probe``: measure the link and this device, write ``probe.json`` with the cost model's predictions."""
+    from deepjimu.compress.cost import CostModel, candidates, format_predictions
+    from deepjimu.compress.probe import format_probe, measure, write_probe
+
+    run = Run(cfg, out_dir, rank, world, device)
+    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world).to(device)
+    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    probe = measure(model.to(device), data, cfg, run)
+    if rank != 0:
+        return None
+    choice, predictions = CostModel(probe).choose(candidates(cfg.optimizer))
+    write_probe(probe, out_dir / "probe.json", predictions, choice)
+    text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
+    return {"probe": probe.to_dict(), "choice": choice, "text": text}
 
 
 def _mean_throughput(events: list[dict[str, Any]]) -> float:

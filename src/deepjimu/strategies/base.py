@@ -51,7 +51,8 @@ class Strategy(ABC):
     rows); ``needs_group`` (a process group even for one worker, as DDP wants);
     ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
     supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
-    do not depend on the activations' dtype).
+    do not depend on the activations' dtype); ``reduces_gradients``: it all-reduces
+    gradients, so ``--compress`` and ``--local-sgd`` apply.
     """
 
     name: ClassVar[str]
@@ -62,6 +63,7 @@ class Strategy(ABC):
     needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32")
+    reduces_gradients: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

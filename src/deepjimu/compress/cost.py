@@ -1,0 +1,171 @@
+"""The cost model of ``--compress auto``: every option's step time from a probe, and the rule that picks one.
+
+A step of option o is predicted to take
+
+    compute_s + codec_s[o] + sum over its messages m of (alpha_c + beta_c * bytes_m)
+
+where the messages are what o's comm hook hands to collective c (all-reduce or all-gather)
+for each DDP bucket of the probe's layout, and alpha_c, beta_c are the probe's fit for c.
+Communication is assumed not to overlap the backward pass (on CPUs the gradient compute
+and gloo share the cores); the prediction is for a step past the compressor's warm-up.
+
+**Choice rule.** Only options whose accuracy cost is small are candidates:
+:data:`CANDIDATES`, the settings that end within 1 point of uncompressed ddp on digits in
+this project's tests (tests/strategies/test_ddp.py) and that the literature reports as
+lossless with these safeguards (16-bit floats; QSGD with 8 bits; PowerSGD of rank 4 with
+error feedback and warm start; top-1% with error feedback; the last two after a warm-up of
+plain all-reduce). topk is a candidate only with ``--optimizer sgd``: under Adam it lost
+2.8 points on digits after 30 epochs (95.6% -> 92.8%, mlp:64x2), since Adam rescales each
+coordinate by its own history and a coordinate that top-k sends rarely arrives as a large
+accumulated residual. Among the candidates the fastest predicted one wins, except that an
+option predicted within :data:`TIE` (5%) of the fastest is preferred when it comes earlier
+in :data:`CANDIDATES`, which lists them from the least to the most lossy: a few percent of
+predicted time are not worth more approximation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from deepjimu.compress.probe import Probe
+from deepjimu.compress.qsgd import qsgd_payload_bytes
+from deepjimu.compress.spec import parse_compress
+from deepjimu.compress.topk import topk_k
+from deepjimu.errors import JimuError
+
+__all__ = ["CANDIDATES", "TIE", "CostModel", "Prediction", "candidates", "format_predictions"]
+
+CANDIDATES = ("none", "fp16", "bf16", "qsgd:8", "powersgd:4", "topk:0.01")
+TIE = 0.05
+
+
+def candidates(optimizer: str) -> tuple[str, ...]:
+    """The options ``auto`` chooses from under ``optimizer`` (see the module docstring)."""
+    return tuple(o for o in CANDIDATES if optimizer == "sgd" or not o.startswith("topk"))
+
+
+_GRAD_BYTES = 4  # gradients are float32: parameters stay float32 under every --precision
+_POWERSGD_MIN_RATE = 2  # torch's PowerSGDState default min_compression_rate
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One option's predicted step (seconds) and the bytes one rank hands to collectives per step."""
+
+    option: str
+    step_s: float
+    compute_s: float
+    codec_s: float
+    comm_s: float
+    bytes_per_step: int
+
+
+class CostModel:
+    """Predicts the step time of each ``--compress`` option from a :class:`~deepjimu.compress.probe.Probe`.
+
+    Pure: no measurement, no communication, so it can be checked on made-up probes.
+
+    Example:
+        >>> model = CostModel(probe)  # doctest: +SKIP
+        >>> choice, predictions = model.choose()  # doctest: +SKIP
+    """
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    def messages(self, option: str) -> list[tuple[str, int]]:
+        """The collectives (name, bytes per rank) that ``option``'s hook makes in one step past its warm-up."""
+        spec = parse_compress(option)
+        out: list[tuple[str, int]] = []
+        for shapes in self.probe.buckets:
+            n = sum(math.prod(s) for s in shapes)
+            if spec.kind == "none":
+                out.append(("all_reduce", _GRAD_BYTES * n))
+            elif spec.kind in ("fp16", "bf16"):
+                out.append(("all_reduce", 2 * n))
+            elif spec.kind == "powersgd":
+                out.extend(
+                    ("all_reduce", _GRAD_BYTES * k) for k in _powersgd_sizes(shapes, spec.rank)
+                )
+            elif spec.kind == "topk":
+                out.append(("all_gather", topk_k(n, spec.ratio) * (_GRAD_BYTES + 4)))
+            elif spec.kind == "qsgd":
+                out.append(("all_gather", qsgd_payload_bytes(n, spec.bits)))
+            else:
+                raise JimuError(f"the cost model has no messages for {option!r}")
+        return out
+
+    def predict(self, option: str) -> Prediction:
+        """The predicted step of ``option`` past its warm-up.
+
+        Raises:
+            JimuError: the probe did not time ``option``'s encode/decode.
+        """
+        if option not in self.probe.codec_s:
+            raise JimuError(
+                f"the probe has no encode/decode time for {option!r} (probed: {', '.join(self.probe.codec_s)})"
+            )
+        msgs = self.messages(option)
+        comm_s = (
+            sum(self.probe.links[c].seconds(b) for c, b in msgs) if self.probe.world > 1 else 0.0
+        )
+        codec_s = self.probe.codec_s[option]
+        return Prediction(
+            option=option,
+            step_s=self.probe.compute_s + codec_s + comm_s,
+            compute_s=self.probe.compute_s,
+            codec_s=codec_s,
+            comm_s=comm_s,
+            bytes_per_step=sum(b for _, b in msgs),
+        )
+
+    def choose(self, options: tuple[str, ...] = CANDIDATES) -> tuple[str, list[Prediction]]:
+        """The option the rule picks (see the module docstring) and every option's prediction.
+
+        Args:
+            options: the candidates, from the least to the most lossy.
+        """
+        predictions = [self.predict(o) for o in options]
+        fastest = min(p.step_s for p in predictions)
+        choice = next(p.option for p in predictions if p.step_s <= fastest * (1 + TIE))
+        return choice, predictions
+
+
+def _powersgd_sizes(shapes: list[list[int]] | list[tuple[int, ...]], rank: int) -> list[int]:
+    """Elements of torch's three all-reduces of a bucket: uncompressed tensors, P, Q (powerSGD_hook's split)."""
+    uncompressed = p = q = 0
+    for shape in shapes:
+        n = shape[0]
+        m = math.prod(shape[1:])
+        r = min(n, m, rank)
+        if (n + m) * r * _POWERSGD_MIN_RATE < n * m:
+            p, q = p + n * r, q + m * r
+        else:
+            uncompressed += n * m
+    return [uncompressed, p, q]
+
+
+def format_predictions(predictions: list[Prediction], choice: str) -> str:
+    """The cost model's table and its choice, for the run's output."""
+    lines = [
+        f"{'option':<12}{'step ms':>10}{'compute':>10}{'codec':>10}{'comm':>10}{'sent/step':>12}"
+    ]
+    for p in predictions:
+        mark = "  <- chosen" if p.option == choice else ""
+        lines.append(
+            f"{p.option:<12}{p.step_s * 1e3:>10.2f}{p.compute_s * 1e3:>10.2f}{p.codec_s * 1e3:>10.2f}"
+            f"{p.comm_s * 1e3:>10.2f}{_bytes(p.bytes_per_step):>12}{mark}"
+        )
+    lines.append(
+        f"compress auto: {choice} (the fastest predicted step among {', '.join(p.option for p in predictions)}; "
+        f"within {TIE:.0%} of it, the less lossy option)"
+    )
+    return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("MB", 2**20), ("KB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
