@@ -88,8 +88,9 @@ class CostModel:
                 out.extend(
                     ("all_reduce", _GRAD_BYTES * k) for k in _powersgd_sizes(shapes, spec.rank)
                 )
-            elif spec.kind == "topk":
-                out.append(("all_gather", topk_k(n, spec.ratio) * (_GRAD_BYTES + 4)))
+            elif spec.kind == "topk":  # per tensor: a value and an int32 index per entry sent
+                sent = sum(topk_k(math.prod(s), spec.ratio) for s in shapes)
+                out.append(("all_gather", sent * (_GRAD_BYTES + 4)))
             elif spec.kind == "qsgd":
                 out.append(("all_gather", qsgd_payload_bytes(n, spec.bits)))
             else:

@@ -36,8 +36,8 @@ def topk_indices(a: Tensor, k: int, generator: torch.Generator | None = None) ->
     The result is the exact top k either way; the sample only decides how fast.
     """
     n = a.numel()
-    m = min(n, math.ceil(256 * n / k))  # about 256 sampled entries above the threshold
-    if m > n // 4:
+    m = math.ceil(256 * n / k)  # about 256 sampled entries above the threshold
+    if 8 * k > n or m > n // 4:  # sampling pays for small fractions of large tensors only
         return a.topk(k, sorted=False).indices
     sample = a[torch.randint(n, (m,), generator=generator, device=a.device)]
     threshold = sample.topk(math.ceil(1.5 * k * m / n), sorted=False).values.min()
