@@ -25,6 +25,8 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
         (["train", "--config", "missing.toml"], "config file missing.toml does not exist"),
         (["train", "--resume", "nowhere"], "--resume nowhere: not a run folder"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["train", "--strategy", "ddp", "--compress", "qsgd:9"], "bits must be in 2..8"),
+        (["probe", "--workers", "2", "--compress", "topk:0"], "ratio must be in (0, 1]"),
     ],
 )
 def test_user_errors_print_one_line(
@@ -36,6 +38,7 @@ def test_user_errors_print_one_line(
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert expected in err
     assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # before any run folder or worker
 
 
 def test_missing_data_file_is_one_line_and_leaves_no_run_folder(

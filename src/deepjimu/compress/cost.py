@@ -33,6 +33,7 @@ from deepjimu.compress.qsgd import qsgd_payload_bytes
 from deepjimu.compress.spec import parse_compress
 from deepjimu.compress.topk import topk_k
 from deepjimu.errors import JimuError
+from deepjimu.report import format_bytes
 
 __all__ = ["CANDIDATES", "TIE", "CostModel", "Prediction", "candidates", "format_predictions"]
 
@@ -156,17 +157,10 @@ def format_predictions(predictions: list[Prediction], choice: str) -> str:
         mark = "  <- chosen" if p.option == choice else ""
         lines.append(
             f"{p.option:<12}{p.step_s * 1e3:>10.2f}{p.compute_s * 1e3:>10.2f}{p.codec_s * 1e3:>10.2f}"
-            f"{p.comm_s * 1e3:>10.2f}{_bytes(p.bytes_per_step):>12}{mark}"
+            f"{p.comm_s * 1e3:>10.2f}{format_bytes(p.bytes_per_step):>12}{mark}"
         )
     lines.append(
         f"compress auto: {choice} (the fastest predicted step among {', '.join(p.option for p in predictions)}; "
         f"within {TIE:.0%} of it, the less lossy option)"
     )
     return "\n".join(lines)
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("MB", 2**20), ("KB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"

@@ -73,6 +73,12 @@ def _powersgd_hook(
     fut = powerSGD_hook.powerSGD_hook(ps, bucket)
     payload = (ps.total_numel_after_compression - before) * buf.element_size()
     state.comm.count(sent=payload, recv=payload)
+    if not buf.is_cuda:
+        # torch's hook all-reduces P and Q from the callbacks of the previous all-reduce;
+        # gloo runs those on its own threads, so with several buckets the ranks could hand
+        # the group their collectives in different orders (seen: a size mismatch that
+        # aborted a run on mlp:1024x4). Finishing each bucket before the next keeps one order.
+        fut.wait()
     return fut
 
 

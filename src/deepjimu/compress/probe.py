@@ -36,6 +36,7 @@ from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
+from deepjimu.report import format_bytes
 from deepjimu.run import Run, atomic_write_text
 
 __all__ = [
@@ -192,44 +193,64 @@ def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tupl
     return points
 
 
-def _time_steps(
-    option: str,
+def _time_options(
+    options: list[str],
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     cfg: RunConfig,
     run: Run,
     group: Any,
-) -> tuple[float, float, list[list[list[int]]]]:
-    """Median step time of ``option`` on a DDP over ``group`` (this rank alone), its decode time per step, and the bucket layout."""
+    warm: int = 3,
+    rounds: int = 7,
+) -> tuple[dict[str, float], dict[str, float], list[list[list[int]]]]:
+    """Step time of each option on a DDP over ``group`` (this rank alone).
+
+    The options take turns, one step each per round, so that other work on the machine
+    slows them alike; the first ``warm`` steps (DDP's bucket rebuild, the compressors'
+    warm-up of 2 steps and their first allocations) are not timed.
+
+    Returns:
+        the median step per option, its decode time per step, and DDP's bucket layout.
+    """
     from torch.nn.parallel import DistributedDataParallel
 
     from deepjimu.compress.hooks import comm_hook
     from deepjimu.compress.spec import parse_compress
     from deepjimu.strategies.base import make_optimizer
 
-    warm, reps = 3, 5
     ids = [run.device.index] if run.device.type == "cuda" else None
-    ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=ids, process_group=group)
-    state, hook = comm_hook(
-        parse_compress(option), Comm(CommStats()), 2, run.device, seed=cfg.seed, group=group
-    )
-    ddp.register_comm_hook(state, hook)
-    opt = make_optimizer(ddp.parameters(), cfg)
-    times = []
-    for i in range(warm + reps):
-        if i == warm:
-            state.decode_s = 0.0
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with run.autocast():
-            loss = F.cross_entropy(ddp(x), y)
-        loss.backward()
-        opt.step()
-        run.synchronize()
-        times.append(time.perf_counter() - t0)
+    setups = {}
+    for option in options:
+        ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=ids, process_group=group)
+        spec = parse_compress(option)
+        state, hook = comm_hook(spec, Comm(CommStats()), 2, run.device, seed=cfg.seed, group=group)
+        ddp.register_comm_hook(state, hook)
+        setups[option] = (ddp, state, make_optimizer(ddp.parameters(), cfg))
+    times: dict[str, list[float]] = {o: [] for o in options}
+    for i in range(warm + rounds):
+        for option, (ddp, state, opt) in setups.items():
+            if i == warm:
+                state.decode_s = 0.0
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with run.autocast():
+                loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            run.synchronize()
+            times[option].append(time.perf_counter() - t0)
+    state = setups[options[0]][1]
     layout = [[list(s) for s in state.layout[i]] for i in sorted(state.layout)]
-    return statistics.median(times[warm:]), state.decode_s / reps, layout
+    medians = {o: statistics.median(t[warm:]) for o, t in times.items()}
+    return medians, {o: st.decode_s / rounds for o, (_, st, _) in setups.items()}, layout
+
+
+def _slowest(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Collective: each value's maximum over the ranks (so that every rank holds the same probe)."""
+    t = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(values, t.tolist(), strict=True))
 
 
 def measure(
@@ -245,31 +266,27 @@ def measure(
         max_op_s: a collective is not timed at the next size once it took longer than this.
 
     Returns:
-        the figures of the slowest rank for collectives; this rank's for compute.
+        the same probe on every rank: each time is the slowest rank's.
     """
     from deepjimu.compress.cost import CANDIDATES
+    from deepjimu.compress.spec import parse_compress
 
     world = run.world
     batch = max(1, cfg.batch_size // world)
     x, y = data.train_x[:batch].to(run.device), data.train_y[:batch].to(run.device)
     points = _measure_links(run.device, max_op_s)
     links = {k: fit_alpha_beta([n for n, _ in v], [t for _, t in v]) for k, v in points.items()}
-    options = list(
-        dict.fromkeys(
-            [*CANDIDATES, *([cfg.compress] if cfg.compress not in ("auto", "none") else [])]
-        )
-    )
+    wanted = str(parse_compress(cfg.compress))  # the run's own option, if not a candidate
+    extra = [wanted] if wanted not in ("auto", *CANDIDATES) else []
+    options = ["none", *(o for o in [*CANDIDATES, *extra] if o != "none")]
     solo, _ = dist.new_subgroups(group_size=1)
-    steps = {}
-    layout: list[list[list[int]]] = []
-    for option in options:
-        dist.barrier()
-        step_s, decode_s, shapes = _time_steps(option, model, x, y, cfg, run, solo)
-        steps[option] = (step_s, decode_s)
-        layout = layout or shapes
+    steps, decode, layout = _time_options(options, model, x, y, cfg, run, solo)
     dist.destroy_process_group(solo)
-    compute_s = steps["none"][0]
-    codec = {o: max(0.0, s - compute_s) + (world - 1) * d for o, (s, d) in steps.items()}
+    steps, decode = _slowest(steps, run.device), _slowest(decode, run.device)
+    compute_s = steps["none"]
+    # a step's codec time: what the option adds to the plain step, plus, for the options
+    # that all-gather, one more payload to decode per further rank
+    codec = {o: max(0.0, steps[o] - compute_s) + (world - 1) * decode[o] for o in options}
     codec["none"] = 0.0
     return Probe(
         world=world,
@@ -293,7 +310,9 @@ def format_probe(probe: Probe) -> str:
         f"{'collective':<12}{'latency':>12}{'bandwidth':>16}   measured (per-rank payload: time)"
     )
     for kind, fit in probe.links.items():
-        pts = ", ".join(f"{_size(n)}: {t * 1e3:.3g} ms" for n, t in probe.points.get(kind, []))
+        pts = ", ".join(
+            f"{format_bytes(n)}: {t * 1e3:.3g} ms" for n, t in probe.points.get(kind, [])
+        )
         lines.append(
             f"{kind:<12}{fit.alpha_s * 1e6:>9.0f} us{fit.gbit_per_s:>11.3g} Gbit/s   {pts}"
         )
@@ -301,7 +320,3 @@ def format_probe(probe: Probe) -> str:
     codec = ", ".join(f"{o} {s * 1e3:.2f} ms" for o, s in probe.codec_s.items() if o != "none")
     lines.append(f"encode/decode per step: {codec}")
     return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    return f"{n // 2**20} MB" if n >= 2**20 else f"{n // 2**10} KB"
