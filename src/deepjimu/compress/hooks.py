@@ -98,7 +98,8 @@ def comm_hook(
         spec: a compressor (not ``auto``: the cost model resolves that first).
         comm: the rank's byte counter.
         start: plain all-reduce steps before powersgd, topk or qsgd take over (powersgd
-            with error feedback or warm start needs >= 2: DDP rebuilds its buckets after step 1).
+            with error feedback or warm start needs >= 2: DDP rebuilds its buckets after
+            step 1); none, fp16 and bf16 ignore it.
         device: where the gradients are (qsgd draws its random numbers there).
         error_feedback: powersgd, topk: keep what compression left out for the next step.
         warm_start: powersgd: start each step's power iteration from the last step's Q.

@@ -6,14 +6,16 @@ The probe is collective: every rank of the run's group calls :func:`measure`. It
   4 KB, 16 KB, ... 64 MB per rank (a size is measured only while the previous one took
   under ``max_op_s``: on a slow link the small sizes already fix the fit), and fits
   t(n) = alpha + beta n to each (:func:`fit_alpha_beta`);
-- one training step of the run's model on a batch of ``batch_size / world`` rows on this
-  device, under DDP over a group of this rank alone (so there is no communication), once
-  per compressor: the plain step is the compute time, the difference is the compressor's
-  encode/decode time; for compressors that all-gather, each further rank adds the decode
-  time of one more payload.
+- training steps of the run's model on a batch of ``batch_size / world`` rows on this
+  device, under DDP over a group of this rank alone (so there is no communication), with
+  each compressor in turn: the plain step is the compute time, the difference is the
+  compressor's encode/decode time; for compressors that all-gather, each further rank
+  adds the decode time of one more payload.
 
-It also records DDP's bucket layout (the gradient shapes of each bucket), from which the
-cost model (:mod:`deepjimu.compress.cost`) derives every option's messages.
+Every figure is the slowest rank's, so that all ranks hold the same probe and the cost
+model (:mod:`deepjimu.compress.cost`) makes the same choice on each. The probe also records
+DDP's bucket layout (the gradient shapes of each bucket), from which the cost model derives
+every option's messages.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 import math
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -11,7 +10,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
-from deepjimu.compress.spec import parse_compress
+from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.config import PRECISIONS, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
@@ -77,11 +76,10 @@ class DDPStrategy(GradientStrategy):
             self.ddp.register_comm_hook(self.hook, local_sgd_hook)
             self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
         else:
-            start = cfg.compress_start if cfg.compress_start is not None else tenth
             self.hook, hook = comm_hook(
                 self.spec,
                 run.comm,
-                start if self.spec.kind in ("powersgd", "topk", "qsgd") else 0,
+                cfg.compress_start if cfg.compress_start is not None else tenth,
                 run.device,
                 error_feedback=cfg.error_feedback,
                 warm_start=cfg.warm_start,
@@ -92,10 +90,10 @@ class DDPStrategy(GradientStrategy):
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
 
-    def _choose(self, data: DataSplits, run: Run) -> Any:
+    def _choose(self, data: DataSplits, run: Run) -> CompressSpec:
         """Collective: probe the link and this device, and let the cost model pick the option."""
         from deepjimu.compress.cost import CostModel, candidates, format_predictions
-        from deepjimu.compress.probe import measure, write_probe
+        from deepjimu.compress.probe import format_probe, measure, write_probe
 
         probe = measure(self.model, data, self.cfg, run)
         model = CostModel(probe)
@@ -103,7 +101,7 @@ class DDPStrategy(GradientStrategy):
         self.predictions = {p.option: p.step_s for p in predictions}
         if run.is_main:
             write_probe(probe, run.out_dir / "probe.json", predictions, choice)
-            print(format_predictions(predictions, choice), flush=True)
+            print(f"{format_probe(probe)}\n{format_predictions(predictions, choice)}", flush=True)
         return parse_compress(choice)
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
