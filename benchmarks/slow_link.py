@@ -22,7 +22,7 @@ and leftovers of an earlier run are removed first. Without root the script print
 and exits 0.
 
 Usage (as root, from the repository root):
-    python benchmarks/slow_link.py                       # 100mbit, 1gbit, uncapped; 3 epochs
+    python benchmarks/slow_link.py                       # 100mbit, 1gbit, uncapped; 5 epochs
     python benchmarks/slow_link.py --rates 100mbit --options none,powersgd:4,auto --epochs 2
 """
 

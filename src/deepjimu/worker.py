@@ -192,7 +192,7 @@ def _probe(
     cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device
 ) -> dict[str, Any] | None:
     """``jimu probe``: measure the link and this device, write ``probe.json`` with the cost model's predictions."""
-    from deepjimu.compress.cost import CostModel, candidates, format_predictions
+    from deepjimu.compress.cost import CostModel, format_predictions
     from deepjimu.compress.probe import format_probe, measure, write_probe
 
     run = Run(cfg, out_dir, rank, world, device)
@@ -201,7 +201,7 @@ def _probe(
     probe = measure(model.to(device), data, cfg, run)
     if rank != 0:
         return None
-    choice, predictions = CostModel(probe).choose(candidates(cfg.optimizer))
+    choice, predictions = CostModel(probe).choose()
     write_probe(probe, out_dir / "probe.json", predictions, choice)
     text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
     return {"probe": probe.to_dict(), "choice": choice, "text": text}

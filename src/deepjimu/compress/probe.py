@@ -270,7 +270,7 @@ def measure(
     Returns:
         the same probe on every rank: each time is the slowest rank's.
     """
-    from deepjimu.compress.cost import CANDIDATES
+    from deepjimu.compress.cost import PROBED
     from deepjimu.compress.spec import parse_compress
 
     world = run.world
@@ -279,8 +279,8 @@ def measure(
     points = _measure_links(run.device, max_op_s)
     links = {k: fit_alpha_beta([n for n, _ in v], [t for _, t in v]) for k, v in points.items()}
     wanted = str(parse_compress(cfg.compress))  # the run's own option, if not a candidate
-    extra = [wanted] if wanted not in ("auto", *CANDIDATES) else []
-    options = ["none", *(o for o in [*CANDIDATES, *extra] if o != "none")]
+    extra = [wanted] if wanted not in ("auto", *PROBED) else []
+    options = ["none", *(o for o in [*PROBED, *extra] if o != "none")]
     solo, _ = dist.new_subgroups(group_size=1)
     steps, decode, layout = _time_options(options, model, x, y, cfg, run, solo)
     dist.destroy_process_group(solo)

@@ -92,12 +92,12 @@ class DDPStrategy(GradientStrategy):
 
     def _choose(self, data: DataSplits, run: Run) -> CompressSpec:
         """Collective: probe the link and this device, and let the cost model pick the option."""
-        from deepjimu.compress.cost import CostModel, candidates, format_predictions
+        from deepjimu.compress.cost import CostModel, format_predictions
         from deepjimu.compress.probe import format_probe, measure, write_probe
 
         probe = measure(self.model, data, self.cfg, run)
         model = CostModel(probe)
-        choice, predictions = model.choose(candidates(self.cfg.optimizer))
+        choice, predictions = model.choose()
         self.predictions = {p.option: p.step_s for p in predictions}
         if run.is_main:
             write_probe(probe, run.out_dir / "probe.json", predictions, choice)
