@@ -205,10 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="100mbit,1gbit,none", help="tc rates; none: uncapped")
     p.add_argument("--options", default=OPTIONS, help=f"--compress options (default: {OPTIONS})")
     p.add_argument("--model", default="mlp:1024x4")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument(
-        "--train-args", default="--optimizer sgd", help="more jimu train flags for every run"
-    )
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--train-args", default="", help="more jimu train flags for every run")
     p.add_argument(
         "--out", default=None, help="folder for runs and logs (default: bench/slow-link-<time>)"
     )
