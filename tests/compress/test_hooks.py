@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -60,9 +61,48 @@ def _hook_steps(rank: int, world: int) -> dict[str, dict]:
     return out
 
 
-def test_each_option_delivers_the_mean_gradient_and_counts_what_the_cost_model_predicts() -> None:
-    results = run_world(_hook_steps, 2)
-    r0, r1 = results
+def _local_sgd_steps(rank: int, world: int) -> dict:
+    """Local SGD, H = 3 after 2 warm-up steps: the replicas drift between averagings, not after."""
+    model = _model()
+    ddp = DistributedDataParallel(model)
+    comm = Comm(CommStats())
+    ddp.register_comm_hook(LocalSGDState(comm, 2), local_sgd_hook)
+    averaging = Averaging(comm, period=3, warmup=2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    drift, sent = [], []
+    for step in range(8):
+        before = comm.stats.bytes_sent
+        opt.zero_grad()
+        x, y = _batch(rank, step)
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        averaging.after_step(model.parameters())
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(every, flat)
+        drift.append(float((every[0] - every[1]).abs().max()))
+        sent.append(comm.stats.bytes_sent - before)
+    averaging.average_now(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(every, flat)
+    return {"drift": drift, "sent": sent, "final": float((every[0] - every[1]).abs().max())}
+
+
+def _both(rank: int, world: int) -> tuple[dict[str, dict], dict]:
+    return _hook_steps(rank, world), _local_sgd_steps(rank, world)
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list[tuple[dict[str, dict], dict]]:
+    """Both bodies in one group of 2 gloo ranks (one start-up for the module)."""
+    return run_world(_both, 2)
+
+
+def test_each_option_delivers_the_mean_gradient_and_counts_what_the_cost_model_predicts(
+    ranks,
+) -> None:
+    r0, r1 = ranks[0][0], ranks[1][0]
     for option in OPTIONS:
         got, mean = r0[option]["got"], r0[option]["mean"]
         torch.testing.assert_close(got, r1[option]["got"])  # both ranks apply the same update
@@ -92,36 +132,8 @@ def test_each_option_delivers_the_mean_gradient_and_counts_what_the_cost_model_p
     assert r0["none"]["bytes"] == 4 * n and r0["bf16"]["bytes"] == 2 * n
 
 
-def _local_sgd_steps(rank: int, world: int) -> dict:
-    """Local SGD, H = 3 after 2 warm-up steps: the replicas drift between averagings, not after."""
-    model = _model()
-    ddp = DistributedDataParallel(model)
-    comm = Comm(CommStats())
-    ddp.register_comm_hook(LocalSGDState(comm, 2), local_sgd_hook)
-    averaging = Averaging(comm, period=3, warmup=2)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    drift, sent = [], []
-    for step in range(8):
-        before = comm.stats.bytes_sent
-        opt.zero_grad()
-        x, y = _batch(rank, step)
-        F.cross_entropy(ddp(x), y).backward()
-        opt.step()
-        averaging.after_step(model.parameters())
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        every = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(every, flat)
-        drift.append(float((every[0] - every[1]).abs().max()))
-        sent.append(comm.stats.bytes_sent - before)
-    averaging.average_now(model.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    every = [torch.empty_like(flat) for _ in range(world)]
-    dist.all_gather(every, flat)
-    return {"drift": drift, "sent": sent, "final": float((every[0] - every[1]).abs().max())}
-
-
-def test_local_sgd_averages_every_h_steps_after_the_warmup() -> None:
-    r = run_world(_local_sgd_steps, 2)[0]
+def test_local_sgd_averages_every_h_steps_after_the_warmup(ranks) -> None:
+    r = ranks[0][1]
     n_bytes = 4 * sum(p.numel() for p in _model().parameters())
     # steps 0, 1: gradients all-reduced; then averaged at steps 2, 5 (0-based); else nothing sent
     assert r["sent"] == [n_bytes, n_bytes, n_bytes, 0, 0, n_bytes, 0, 0]

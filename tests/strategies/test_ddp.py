@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from deepjimu.compress import probe
 from deepjimu.compress.cost import CANDIDATES
 from deepjimu.config import RunConfig, validate
@@ -90,39 +92,47 @@ def test_every_compressor_and_local_sgd_end_within_a_point_of_plain_ddp(tmp_path
     )
 
 
-def test_powersgd_and_topk_send_8x_fewer_bytes_per_step_on_a_wide_mlp(tmp_path: Path) -> None:
-    # 2 epochs of 5 steps (digits 0 and 1), compression from step 3: epoch 2 is all compressed
-    base = {"model": "mlp:1024x4", "classes": [0, 1], "epochs": 2, "compress_start": 2}
+@pytest.fixture(scope="module")
+def short_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """One group of 2 ranks for the short runs: mlp:1024x4 with each option, and mlp:64x2 with auto.
+
+    mlp:1024x4: 2 epochs of 5 steps (digits 0 and 1), compression from step 3, so epoch 2 is
+    all compressed. auto: a probe over two message sizes only.
+    """
+    tmp = tmp_path_factory.mktemp("short")
+    wide = {"model": "mlp:1024x4", "classes": [0, 1], "compress_start": 2}
     variants = {
-        "none": {},
-        "powersgd:4": {"compress": "powersgd:4"},
-        "topk:0.01": {"compress": "topk:0.01"},
+        "none": wide,
+        "powersgd:4": {**wide, "compress": "powersgd:4"},
+        "topk:0.01": {**wide, "compress": "topk:0.01"},
+        "auto": {"model": "mlp:64x2", "compress": "auto"},
     }
-    run_world(_fit, 2, variants, base, str(tmp_path), timeout=300)
+    results = run_world(_fit, 2, variants, {"epochs": 2}, str(tmp), (4096, 65536), timeout=300)
+    return tmp, results[0]
+
+
+def test_powersgd_and_topk_send_8x_fewer_bytes_per_step_on_a_wide_mlp(short_runs) -> None:
+    tmp, _ = short_runs
     per_step = {}
-    for name in variants:
-        first, second = _events(tmp_path / name)
+    for name in ("none", "powersgd:4", "topk:0.01"):
+        first, second = _events(tmp / name)
         per_step[name] = second["bytes_sent"] / (second["step"] - first["step"])
         assert second["step_s"] > 0
-    assert per_step["none"] == 2 * 4 * sum(p.numel() for p in _wide_mlp().parameters())
+    n_params = sum(p.numel() for p in build_model("mlp:1024x4", (64,), 2, seed=0).parameters())
+    assert per_step["none"] == 2 * 4 * n_params  # both ranks, float32
     for name in ("powersgd:4", "topk:0.01"):
         assert per_step["none"] >= 8 * per_step[name], (name, per_step)
 
 
-def _wide_mlp() -> Any:
-    return build_model("mlp:1024x4", (64,), 2, seed=0)
-
-
-def test_auto_probes_predicts_and_logs_predicted_and_measured_steps(tmp_path: Path) -> None:
-    base = {"model": "mlp:64x2", "epochs": 2, "compress": "auto"}
-    r = run_world(_fit, 2, {"auto": {}}, base, str(tmp_path), (4096, 65536), timeout=300)[0]
-    extra = r["auto"]["extra"]
-    found = json.loads((tmp_path / "auto" / "probe.json").read_text())
+def test_auto_probes_predicts_and_logs_predicted_and_measured_steps(short_runs) -> None:
+    tmp, results = short_runs
+    extra = results["auto"]["extra"]
+    found = json.loads((tmp / "auto" / "probe.json").read_text())
     assert extra["compress"] == found["choice"] != "auto"
-    assert set(extra["compress_predictions"]) == {p["option"] for p in found["predictions"]}
     assert set(extra["compress_predictions"]) == set(CANDIDATES)
+    assert {p["option"] for p in found["predictions"]} == set(CANDIDATES)
     assert found["world"] == 2 and [n for n, _ in found["points"]["all_reduce"]] == [4096, 65536]
     assert found["compute_s"] > 0 and found["buckets"]
     chosen = extra["compress_predictions"][extra["compress"]]
-    for e in _events(tmp_path / "auto"):
+    for e in _events(tmp / "auto"):
         assert e["predicted_step_s"] == chosen and e["step_s"] > 0
