@@ -72,7 +72,8 @@ def test_topk_and_qsgd_gather_their_payloads() -> None:
 def test_a_slow_link_picks_the_strongest_compression_that_pays() -> None:
     model = CostModel(_probe(1e-4, 0.1, CODEC))  # 100 Mbit/s
     choice, predictions = model.choose()
-    by = {p.option: p.step_s for p in predictions}
+    assert [p.option for p in predictions] == list(PROBED)  # what the probe timed
+    by = {p.option: p.step_s for p in predictions if p.option in CANDIDATES}
     assert choice == min(by, key=by.__getitem__) == "powersgd:4"
     assert by["none"] > 10 * by["powersgd:4"]
     assert "powersgd:4" in format_predictions(predictions, choice)
@@ -102,8 +103,10 @@ def test_one_worker_sends_nothing_and_topk_is_predicted_not_chosen() -> None:
     # topk the fastest by far: still not chosen (its accuracy cost), but predicted
     model = CostModel(_probe(1e-4, 0.1, {**CODEC, "topk:0.01": 0.0}))
     choice, predictions = model.choose()
-    assert model.predict("topk:0.01").step_s < min(p.step_s for p in predictions)
+    steps = {p.option: p.step_s for p in predictions}
+    assert steps["topk:0.01"] < min(steps[o] for o in CANDIDATES)
     assert choice != "topk:0.01" and "topk:0.01" not in CANDIDATES and "topk:0.01" in PROBED
+    assert "topk:0.01" in format_predictions(predictions, choice).split("(not a candidate)")[0]
 
 
 def test_an_option_the_probe_did_not_time_is_one_line() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from deepjimu.compress import probe
-from deepjimu.compress.cost import CANDIDATES
+from deepjimu.compress.cost import CANDIDATES, PROBED
 from deepjimu.config import RunConfig, validate
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
@@ -129,8 +129,9 @@ def test_auto_probes_predicts_and_logs_predicted_and_measured_steps(short_runs) 
     extra = results["auto"]["extra"]
     found = json.loads((tmp / "auto" / "probe.json").read_text())
     assert extra["compress"] == found["choice"] != "auto"
-    assert set(extra["compress_predictions"]) == set(CANDIDATES)
-    assert {p["option"] for p in found["predictions"]} == set(CANDIDATES)
+    assert set(extra["compress_predictions"]) == set(PROBED)  # topk predicted, not chosen
+    assert {p["option"] for p in found["predictions"]} == set(PROBED)
+    assert extra["compress"] in CANDIDATES
     assert found["world"] == 2 and [n for n, _ in found["points"]["all_reduce"]] == [4096, 65536]
     assert found["compute_s"] > 0 and found["buckets"]
     chosen = extra["compress_predictions"][extra["compress"]]

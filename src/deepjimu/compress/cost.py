@@ -118,15 +118,16 @@ class CostModel:
             bytes_per_step=sum(b for _, b in msgs),
         )
 
-    def choose(self, options: tuple[str, ...] = CANDIDATES) -> tuple[str, list[Prediction]]:
-        """The option the rule picks (see the module docstring) and every option's prediction.
+    def choose(self) -> tuple[str, list[Prediction]]:
+        """The option the rule picks among :data:`CANDIDATES` (see the module docstring).
 
-        Args:
-            options: the candidates, from the least to the most lossy.
+        Returns:
+            the choice, and the prediction of every option the probe timed.
         """
-        predictions = [self.predict(o) for o in options]
-        fastest = min(p.step_s for p in predictions)
-        choice = next(p.option for p in predictions if p.step_s <= fastest * (1 + TIE))
+        predictions = [self.predict(o) for o in self.probe.codec_s]
+        steps = {p.option: p.step_s for p in predictions if p.option in CANDIDATES}
+        fastest = min(steps.values())
+        choice = next(o for o in CANDIDATES if o in steps and steps[o] <= fastest * (1 + TIE))
         return choice, predictions
 
 
@@ -151,12 +152,13 @@ def format_predictions(predictions: list[Prediction], choice: str) -> str:
     ]
     for p in predictions:
         mark = "  <- chosen" if p.option == choice else ""
+        mark = mark if p.option in CANDIDATES else "  (not a candidate)"
         lines.append(
             f"{p.option:<12}{p.step_s * 1e3:>10.2f}{p.compute_s * 1e3:>10.2f}{p.codec_s * 1e3:>10.2f}"
             f"{p.comm_s * 1e3:>10.2f}{format_bytes(p.bytes_per_step):>12}{mark}"
         )
     lines.append(
-        f"compress auto: {choice} (the fastest predicted step among {', '.join(p.option for p in predictions)}; "
+        f"compress auto: {choice} (the fastest predicted step among {', '.join(CANDIDATES)}; "
         f"within {TIE:.0%} of it, the less lossy option)"
     )
     return "\n".join(lines)
