@@ -29,6 +29,8 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
             ["train", "--strategy", "ddp", "--optimizer", "kfac", "--kfac-grad-workers", "0.1"],
             "kfac-grad-workers must be in [1/workers, 1] = [0.5, 1]",
         ),
+        (["train", "--strategy", "ddp", "--compress", "qsgd:9"], "bits must be in 2..8"),
+        (["probe", "--workers", "2", "--compress", "topk:0"], "ratio must be in (0, 1]"),
     ],
 )
 def test_user_errors_print_one_line(
@@ -40,6 +42,7 @@ def test_user_errors_print_one_line(
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert expected in err
     assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # before any run folder or worker
 
 
 def test_missing_data_file_is_one_line_and_leaves_no_run_folder(

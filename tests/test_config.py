@@ -121,3 +121,51 @@ def test_toml_errors_name_the_file_and_key(tmp_path: Path) -> None:
         read_toml(p)
     with pytest.raises(JimuError, match="does not exist"):
         read_toml(tmp_path / "missing.toml")
+
+
+# ddp: gradient compression and local SGD
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"compress": "zip"}, "unknown compressor 'zip' (compress: zip; known:"),
+        ({"compress": "powersgd:0"}, "rank must be >= 1 (compress: powersgd:0)"),
+        ({"compress": "topk:0"}, "ratio must be in (0, 1] (compress: topk:0)"),
+        ({"compress": "topk:2"}, "ratio must be in (0, 1] (compress: topk:2)"),
+        ({"compress": "qsgd:1"}, "bits must be in 2..8 (compress: qsgd:1)"),
+        ({"compress": "qsgd:16"}, "bits must be in 2..8 (compress: qsgd:16)"),
+        (
+            {"strategy": "admm", "compress": "fp16"},
+            "strategy admm has no gradient all-reduce to compress or replace; --compress and "
+            "--local-sgd need ddp (compress: fp16, local-sgd: 0)",
+        ),
+        ({"strategy": "pipeline", "local_sgd": 4}, "strategy pipeline has no gradient all-reduce"),
+        ({"strategy": "local", "compress": "auto"}, "strategy local has no gradient all-reduce"),
+        ({"compress": "fp16", "local_sgd": 4}, "local-sgd and compress cannot be combined"),
+        ({"compress": "powersgd", "compress_start": 1}, "compress-start must be >= 2 for powersgd"),
+        ({"compress_start": -1}, "compress-start must be >= 0 (compress-start: -1)"),
+        ({"local_sgd": -2}, "local-sgd must be >= 0 (local-sgd: -2)"),
+    ],
+)
+def test_each_bad_compress_option_gives_one_line(changes: dict, expected: str) -> None:
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(**{"strategy": "ddp", **changes}))
+    assert len(e.value.problems) == 1, e.value.problems
+    assert expected in e.value.problems[0]
+    assert "\n" not in e.value.problems[0]
+
+
+def test_compress_options_that_are_fine() -> None:
+    for changes in (
+        {
+            "compress": "powersgd:1",
+            "compress_start": 1,
+            "error_feedback": False,
+            "warm_start": False,
+        },
+        {"compress": "topk:1", "compress_start": 0},
+        {"compress": "auto"},
+        {"local_sgd": 8, "local_sgd_warmup": 0},
+    ):
+        assert validate(RunConfig(strategy="ddp", **changes)).compress == changes.get(
+            "compress", "none"
+        )

@@ -1,4 +1,4 @@
-"""The ``jimu`` command: ``train``, ``report``, ``bench``. User errors print one line and exit 2."""
+"""The ``jimu`` command: ``train``, ``probe``, ``report``, ``bench``. User errors print one line and exit 2."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jimu`` argument parser (subcommands train, report, bench)."""
+    """The ``jimu`` argument parser (subcommands train, probe, report, bench)."""
     parser = _Parser(
         prog="jimu", description="Train one network with every way of splitting it over workers."
     )
@@ -33,6 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model with one strategy")
     train.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
     add_options(train)
+    probe = sub.add_parser(
+        "probe",
+        help="time the link and this device for ddp; predict each --compress option's step",
+    )
+    probe.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
+    add_options(probe)
     report = sub.add_parser("report", help="print a run's table and write its loss/accuracy plots")
     report.add_argument("run_dir", help="a run folder, e.g. runs/admm-digits-...")
     report.add_argument("--no-plots", action="store_true", help="only print the table")
@@ -93,6 +99,15 @@ def _command(args: argparse.Namespace) -> int:
         summary = train(cfg, plan)
         if summary is not None:
             _print_summary(summary)
+        return 0
+    if args.command == "probe":
+        cfg = config_from_args(args)
+        plan = _torchrun_thread_plan(cfg)
+        from deepjimu.launch import probe
+
+        result = probe(cfg, plan)
+        if result is not None:
+            print(result["text"])
         return 0
     if args.command == "report":
         from deepjimu.report import report

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from deepjimu.compress.spec import compress_problems
 from deepjimu.errors import JimuError
 
 if sys.version_info >= (3, 11):
@@ -152,6 +153,27 @@ class RunConfig:
     )
     kfac_method: str = _opt(
         "eigen", "kfac: eigen decompositions or damped inverses", choices=("eigen", "inverse")
+    )
+    # ddp: gradient compression and local SGD (deepjimu.compress)
+    compress: str = _opt(
+        "none",
+        "ddp: gradient compression: none, fp16, bf16, powersgd[:RANK], topk[:RATIO], "
+        "qsgd[:BITS], or auto (probe the link, let the cost model pick)",
+    )
+    compress_start: int | None = _opt(
+        None,
+        "ddp: plain all-reduce steps before powersgd, topk or qsgd start "
+        "(default: a tenth of the run's steps, at least 2)",
+    )
+    error_feedback: bool = _opt(
+        True, "ddp powersgd, topk: add what compression left out to the next step's gradient"
+    )
+    warm_start: bool = _opt(True, "ddp powersgd: start each step from the last step's P and Q")
+    local_sgd: int = _opt(
+        0, "ddp: local SGD, average the models every H steps instead of the gradients (0: off)"
+    )
+    local_sgd_warmup: int | None = _opt(
+        None, "ddp local SGD: plain all-reduce steps first (default: a tenth of the run's steps)"
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -410,6 +432,32 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         0 <= cfg.kfac_factor_decay < 1,
         f"kfac-factor-decay must be in [0, 1) (kfac-factor-decay: {cfg.kfac_factor_decay})",
     )
+    # ddp: gradient compression and local SGD
+    problems.extend(compress_problems(cfg.compress))
+    start = cfg.compress_start
+    need(start is None or start >= 0, f"compress-start must be >= 0 (compress-start: {start})")
+    need(
+        start is None
+        or start >= 2
+        or not (cfg.error_feedback or cfg.warm_start)
+        or not cfg.compress.startswith(("powersgd", "auto")),
+        "compress-start must be >= 2 for powersgd with error feedback or warm start: DDP "
+        f"rebuilds its buckets after step 1 (compress-start: {start}, compress: {cfg.compress})",
+    )
+    need(cfg.local_sgd >= 0, f"local-sgd must be >= 0 (local-sgd: {cfg.local_sgd})")
+    need(
+        cfg.local_sgd_warmup is None or cfg.local_sgd_warmup >= 0,
+        f"local-sgd-warmup must be >= 0 (local-sgd-warmup: {cfg.local_sgd_warmup})",
+    )
+    need(
+        cfg.optimizer != "kfac" or (cfg.compress == "none" and not cfg.local_sgd),
+        "optimizer kfac runs with plain gradient all-reduce: drop --compress and --local-sgd "
+        f"(compress: {cfg.compress}, local-sgd: {cfg.local_sgd})",
+    )
+    need(
+        not (cfg.local_sgd and cfg.compress != "none"),
+        f"local-sgd and compress cannot be combined (local-sgd: {cfg.local_sgd}, compress: {cfg.compress})",
+    )
     if cfg.classes is not None:
         need(
             len(cfg.classes) >= 2, f"classes must name at least 2 classes (classes: {cfg.classes})"
@@ -495,6 +543,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         problems.append(
             f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
             f"(supported: {', '.join(strategy.precisions)})"
+        )
+    if (cfg.compress != "none" or cfg.local_sgd) and not strategy.reduces_gradients:
+        problems.append(
+            f"strategy {cfg.strategy} has no gradient all-reduce to compress or replace; "
+            f"--compress and --local-sgd need ddp (compress: {cfg.compress}, local-sgd: {cfg.local_sgd})"
         )
     if cfg.precision == "tf32" and cfg.device == "cpu":
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")

@@ -21,7 +21,7 @@ from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
 from deepjimu.worker import error_dir, pick_device, run_dir_of, worker_main
 
-__all__ = ["train"]
+__all__ = ["probe", "train"]
 
 
 def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | None:
@@ -49,6 +49,24 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
             worker failed (its rank and error in one line).
         Interrupted: SIGINT or SIGTERM stopped the run (every worker is ended first).
     """
+    return _start(cfg, "train", plan)
+
+
+def probe(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | None:
+    """``jimu probe``: start ``cfg``'s workers as :func:`train` does, but to probe, not train.
+
+    The workers time the group's collectives and a ddp step of ``cfg``'s model with each
+    compressor (:mod:`deepjimu.compress.probe`); rank 0 writes ``<run folder>/probe.json``
+    with the cost model's predictions and returns ``{"probe", "choice", "text"}``. The
+    strategy is always ``ddp``, the one the probe is for.
+
+    Raises:
+        ConfigErrors, JimuError, Interrupted: as :func:`train`.
+    """
+    return _start(dataclasses.replace(cfg, strategy="ddp"), "probe", plan)
+
+
+def _start(cfg: RunConfig, job: str, plan: ThreadPlan | None) -> dict[str, Any] | None:
     with signals_interrupt():
         if under_torchrun():
             world = int(os.environ["WORLD_SIZE"])
@@ -66,7 +84,7 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
                 check_resume(cfg)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
-            return worker_main(cfg.to_dict(), None, True, plan)
+            return worker_main(cfg.to_dict(), None, True, plan, job)
         cfg = validate(cfg)
         assert cfg.workers is not None
         if cfg.resume:
@@ -82,20 +100,22 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
             if not cfg.resume:
                 check_new(out_dir)
             try:
-                return _run_workers(cfg, out_dir, plan)
+                return _run_workers(cfg, out_dir, plan, job)
             except Interrupted as e:
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
 
 
-def _run_workers(cfg: RunConfig, out_dir: Path, plan: ThreadPlan) -> dict[str, Any] | None:
+def _run_workers(
+    cfg: RunConfig, out_dir: Path, plan: ThreadPlan, job: str
+) -> dict[str, Any] | None:
     assert cfg.workers is not None
     cfg_dict = {**cfg.to_dict(), "download": False}
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     if not cfg.quiet:
         print(f"threads: {plan.describe()}", flush=True)
     if cfg.workers == 1 and not cfg.max_restarts and plan.matches(os.environ):
-        return worker_main(cfg_dict, str(out_dir), False, plan)
-    summary = _launch_local(cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan)
+        return worker_main(cfg_dict, str(out_dir), False, plan, job)
+    summary = _launch_local(cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job)
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # errors of attempts that restarted
     return summary
 
@@ -116,7 +136,12 @@ def _stopped_line(signum: int, out_dir: Path) -> str:
 
 
 def _launch_local(
-    cfg_dict: dict[str, Any], workers: int, max_restarts: int, out_dir: Path, plan: ThreadPlan
+    cfg_dict: dict[str, Any],
+    workers: int,
+    max_restarts: int,
+    out_dir: Path,
+    plan: ThreadPlan,
+    job: str,
 ) -> dict[str, Any] | None:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -141,7 +166,7 @@ def _launch_local(
     )
     try:
         with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
-            results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir), True, plan)
+            results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir), True, plan, job)
     except ChildFailedError as e:
         raise JimuError(_failure_line(out_dir, e)) from None
     except SignalException as e:  # the agent has stopped every worker

@@ -85,11 +85,13 @@ def worker_main(
     out_dir: str | None,
     report_errors: bool = True,
     plan: ThreadPlan | None = None,
+    job: str = "train",
 ) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
 
     ``plan`` is the launcher's thread plan (default: made here from the config and the
-    local worker count). With ``report_errors`` a failure is written to ``<out_dir>/.errors/rank<r>.json`` before
+    local worker count). ``job`` is ``train``, or ``probe`` for ``jimu probe`` (rank 0
+    returns the probe and its table instead of a summary). With ``report_errors`` a failure is written to ``<out_dir>/.errors/rank<r>.json`` before
     it propagates, so the launcher of several processes can name the worker and its error
     in one line (a run in the launcher's own process just raises).
     """
@@ -97,7 +99,7 @@ def worker_main(
     rank = _env_int("RANK", 0)
     folder = Path(out_dir) if out_dir else None
     try:
-        return _work(cfg, folder, plan)
+        return _work(cfg, folder, plan, job)
     except BaseException as e:
         if folder is not None and report_errors:
             record = {
@@ -112,7 +114,9 @@ def worker_main(
         raise
 
 
-def _work(cfg: RunConfig, out_dir: Path | None, plan: ThreadPlan | None) -> dict[str, Any] | None:
+def _work(
+    cfg: RunConfig, out_dir: Path | None, plan: ThreadPlan | None, job: str
+) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
@@ -152,6 +156,8 @@ def _work(cfg: RunConfig, out_dir: Path | None, plan: ThreadPlan | None) -> dict
             else:
                 resume, how = (Path(cfg.resume) if cfg.resume else None), "--resume"
             with matmul_precision(cfg.precision, device):
+                if job == "probe":
+                    return _probe(cfg, out_dir, rank, world, device)
                 return _train(cfg, out_dir, rank, world, device, plan, resume, how)
     finally:
         if dist.is_initialized():
@@ -279,6 +285,25 @@ def _train(
     )
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _probe(
+    cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device
+) -> dict[str, Any] | None:
+    """``jimu probe``: measure the link and this device, write ``probe.json`` with the cost model's predictions."""
+    from deepjimu.compress.cost import CostModel, format_predictions
+    from deepjimu.compress.probe import format_probe, measure, write_probe
+
+    run = Run(cfg, out_dir, rank, world, device)
+    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world).to(device)
+    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    probe = measure(model.to(device), data, cfg, run)
+    if rank != 0:
+        return None
+    choice, predictions = CostModel(probe).choose()
+    write_probe(probe, out_dir / "probe.json", predictions, choice)
+    text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
+    return {"probe": probe.to_dict(), "choice": choice, "text": text}
 
 
 def _mean_throughput(events: list[dict[str, Any]]) -> float:

@@ -53,7 +53,9 @@ class Strategy(ABC):
     ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
     supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
     do not depend on the activations' dtype); ``supports_kfac``: ``--optimizer kfac`` works
-    (its optimizer sees the whole model, and ranks hold replicas of it).
+    (its optimizer sees the whole model, and ranks hold replicas of it);
+    ``reduces_gradients``: it all-reduces gradients, so ``--compress`` and ``--local-sgd``
+    apply.
     """
 
     name: ClassVar[str]
@@ -65,6 +67,7 @@ class Strategy(ABC):
     max_workers: ClassVar[int | None] = None
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32")
     supports_kfac: ClassVar[bool] = False
+    reduces_gradients: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

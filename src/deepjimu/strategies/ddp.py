@@ -1,44 +1,28 @@
-"""``ddp``: data parallel with torch DistributedDataParallel; bytes counted in its comm hook."""
+"""``ddp``: data parallel with torch DistributedDataParallel; compression and local SGD in its comm hook."""
 
+import math
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from deepjimu.comm import Comm, nbytes
+from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
+from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.config import PRECISIONS, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
-from deepjimu.strategies.base import GradientStrategy, accuracies, count_correct, make_optimizer
+from deepjimu.strategies.base import (
+    FitResult,
+    GradientStrategy,
+    accuracies,
+    count_correct,
+    make_optimizer,
+)
 
 __all__ = ["DDPStrategy"]
-
-
-class _HookState:
-    """State of :func:`_counting_hook`: the byte counter and when the last bucket was handed over."""
-
-    def __init__(self, comm: Comm) -> None:
-        self.comm = comm
-        self.last_call = 0.0
-
-
-# (no `from __future__ import annotations` here: DDP checks the hook's annotations at runtime)
-def _counting_hook(
-    state: _HookState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: count each bucket's payload, then all-reduce it with torch's own hook.
-
-    The time ``backward()`` still blocks after the last bucket was handed over is
-    communication not hidden behind gradient computation: that is the step's wait.
-    """
-    buf = bucket.buffer()
-    state.comm.count(sent=nbytes(buf), recv=nbytes(buf))
-    state.last_call = time.perf_counter()
-    return default_hooks.allreduce_hook(None, bucket)
 
 
 class DDPStrategy(GradientStrategy):
@@ -46,7 +30,14 @@ class DDPStrategy(GradientStrategy):
 
     ``--batch-size`` is the global batch: every step, each rank takes about
     ``batch_size / world`` of its shard, so the hyper-parameters mean what they mean for
-    ``local``.
+    ``local``. The gradients go through a comm hook (:mod:`deepjimu.compress.hooks`) that
+    counts every payload: plain all-reduce, a ``--compress`` option (``auto``: chosen by the
+    cost model from a probe of the link at the start), or local SGD (``--local-sgd H``:
+    no gradient all-reduce after the warm-up; the models are averaged every H steps, before
+    every checkpoint and at the end).
+
+    Events carry ``step_s``, the mean time of the interval's steps past the warm-up, and
+    with ``auto`` the cost model's ``predicted_step_s``.
     """
 
     name = "ddp"
@@ -55,6 +46,7 @@ class DDPStrategy(GradientStrategy):
     needs_group = True
     precisions = PRECISIONS
     supports_kfac = True
+    reduces_gradients = True
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
@@ -66,15 +58,55 @@ class DDPStrategy(GradientStrategy):
         return []
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
+        cfg = self.cfg
+        assert cfg.epochs is not None, "config not resolved"
+        self.run = run
         self.model = model.to(run.device)
         ids = [run.device.index] if run.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=ids)
-        self.hook = _HookState(run.comm)
-        self.ddp.register_comm_hook(self.hook, _counting_hook)
-        self.run = run
-        self.optimizer = make_optimizer(self.ddp.parameters(), self.cfg, self.model, run.comm)
+        # warm-up default: a tenth of the run, at least the 2 steps DDP needs to settle its buckets
+        tenth = max(2, math.ceil(self.steps_per_epoch(data) * cfg.epochs / 10))
+        self.spec = parse_compress(cfg.compress)
+        self.predictions: dict[str, float] = {}
+        if self.spec.kind == "auto":
+            self.spec = self._choose(data, run)
+        self.averaging: Averaging | None = None
+        if cfg.local_sgd:
+            warmup = cfg.local_sgd_warmup if cfg.local_sgd_warmup is not None else tenth
+            self.hook = LocalSGDState(run.comm, warmup)
+            self.ddp.register_comm_hook(self.hook, local_sgd_hook)
+            self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
+        else:
+            self.hook, hook = comm_hook(
+                self.spec,
+                run.comm,
+                cfg.compress_start if cfg.compress_start is not None else tenth,
+                run.device,
+                error_feedback=cfg.error_feedback,
+                warm_start=cfg.warm_start,
+                seed=cfg.seed,
+            )
+            self.ddp.register_comm_hook(self.hook, hook)
+        self.optimizer = make_optimizer(self.ddp.parameters(), cfg, self.model, run.comm)
+        self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
+        self._all_steps = [0.0, 0]  # the same over the run
+
+    def _choose(self, data: DataSplits, run: Run) -> CompressSpec:
+        """Collective: probe the link and this device, and let the cost model pick the option."""
+        from deepjimu.compress.cost import CostModel, format_predictions
+        from deepjimu.compress.probe import format_probe, measure, write_probe
+
+        probe = measure(self.model, data, self.cfg, run)
+        model = CostModel(probe)
+        choice, predictions = model.choose()
+        self.predictions = {p.option: p.step_s for p in predictions}
+        if run.is_main:
+            write_probe(probe, run.out_dir / "probe.json", predictions, choice)
+            print(f"{format_probe(probe)}\n{format_predictions(predictions, choice)}", flush=True)
+        return parse_compress(choice)
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+        t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         with self.run.autocast():
             loss = F.cross_entropy(self.ddp(x), y)
@@ -82,16 +114,45 @@ class DDPStrategy(GradientStrategy):
         self.run.synchronize()
         self.run.stats.wait_s += max(0.0, time.perf_counter() - self.hook.last_call)
         self.optimizer.step()
+        if self.averaging is not None:
+            self.averaging.after_step(self.model.parameters())
+        self.run.synchronize()
+        if self.hook.compressing:
+            dt = time.perf_counter() - t0
+            for acc in (self._steps, self._all_steps):
+                acc[0] += dt
+                acc[1] += 1
         return loss
+
+    def full_model(self, run: Run) -> nn.Module | None:
+        if self.averaging is not None:  # local SGD: the replicas differ between averagings
+            self.averaging.average_now(self.model.parameters())
+        return super().full_model(run)
 
     def evaluate(self, data: DataSplits, run: Run) -> dict[str, float | None]:
         # the training split is sharded: sum correct / count over ranks (bookkeeping, not counted)
         correct, _, n = count_correct(self.model, data.train_x, data.train_y)
         totals = torch.tensor([correct, n], dtype=torch.float64, device=run.device)  # NCCL: on GPU
         dist.all_reduce(totals)
+        seconds, steps = self._steps
+        self._steps = [0.0, 0]
         if not run.is_main:
             return {}
         return {
             "train_acc": float(totals[0] / totals[1]),
             **accuracies(self.model, data, ("val", "test")),
+            "step_s": seconds / steps if steps else None,
+            "predicted_step_s": self.predictions.get(str(self.spec)),
         }
+
+    def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
+        result = super().fit(model, data, run)
+        seconds, steps = self._all_steps
+        result.extra.update(
+            compress=str(self.spec),
+            step_s=seconds / steps if steps else None,
+            predicted_step_s=self.predictions.get(str(self.spec)),
+        )
+        if self.predictions:
+            result.extra["compress_predictions"] = self.predictions
+        return result

@@ -1,0 +1,325 @@
+"""Measure the link and this device: collective times fitted to latency + bytes / bandwidth, compute and codec time per step.
+
+The probe is collective: every rank of the run's group calls :func:`measure`. It times
+
+- ``all_reduce`` (float32) and ``all_gather`` (bytes) over the real group for payloads of
+  4 KB, 16 KB, ... 64 MB per rank (a size is measured only while the previous one took
+  under ``max_op_s``: on a slow link the small sizes already fix the fit), and fits
+  t(n) = alpha + beta n to each (:func:`fit_alpha_beta`);
+- training steps of the run's model on a batch of ``batch_size / world`` rows on this
+  device, under DDP over a group of this rank alone (so there is no communication), with
+  each compressor in turn: the plain step is the compute time, the difference is the
+  compressor's encode/decode time; for compressors that all-gather, each further rank
+  adds the decode time of one more payload.
+
+Every figure is the slowest rank's, so that all ranks hold the same probe and the cost
+model (:mod:`deepjimu.compress.cost`) makes the same choice on each. The probe also records
+DDP's bucket layout (the gradient shapes of each bucket), from which the cost model derives
+every option's messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from deepjimu.atomic import atomic_write_text
+from deepjimu.comm import Comm, CommStats
+from deepjimu.config import RunConfig
+from deepjimu.data import DataSplits
+from deepjimu.errors import JimuError
+from deepjimu.report import format_bytes
+from deepjimu.run import Run
+
+__all__ = [
+    "SIZES",
+    "LinkFit",
+    "Probe",
+    "fit_alpha_beta",
+    "format_probe",
+    "measure",
+    "read_probe",
+    "write_probe",
+]
+
+SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KB .. 64 MB per rank
+COLLECTIVES = ("all_reduce", "all_gather")
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """t(n) = ``alpha_s`` + ``beta_s_per_byte`` * n for a collective with n bytes per rank."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def seconds(self, nbytes: int) -> float:
+        """Predicted time of one collective moving ``nbytes`` per rank."""
+        return self.alpha_s + self.beta_s_per_byte * nbytes
+
+    @property
+    def gbit_per_s(self) -> float:
+        """The fitted bandwidth in Gbit/s (inf when the time does not grow with size)."""
+        return 8e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else float("inf")
+
+
+def fit_alpha_beta(sizes: list[int], seconds: list[float]) -> LinkFit:
+    """Fit t = alpha + beta n to measured (n, t) points, minimising the relative error.
+
+    Sizes span four orders of magnitude, so plain least squares would fit the largest
+    points only; each equation is divided by its measured time instead. alpha and beta are
+    kept >= 0 (a negative one is set to 0 and the other refitted).
+
+    Example:
+        >>> f = fit_alpha_beta([1000, 2000, 4000], [0.0011, 0.0012, 0.0014])
+        >>> round(f.alpha_s, 6), round(f.beta_s_per_byte * 1e9, 3)
+        (0.001, 100.0)
+
+    Raises:
+        ValueError: fewer than two points, or a time that is not positive.
+    """
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if len(n) < 2 or len(n) != len(t) or not np.all(t > 0):
+        raise ValueError(
+            f"need >= 2 points with positive times (sizes: {sizes}, seconds: {seconds})"
+        )
+    a = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
+    b = np.ones_like(t)
+    alpha, beta = np.linalg.lstsq(a, b, rcond=None)[0]
+    if alpha < 0:
+        alpha, beta = 0.0, float(np.sum(n / t) / np.sum((n / t) ** 2))
+    elif beta < 0:
+        alpha, beta = float(np.sum(1 / t) / np.sum(1 / t**2)), 0.0
+    return LinkFit(float(alpha), float(beta))
+
+
+@dataclass
+class Probe:
+    """What :func:`measure` found on this group and device (all times in seconds).
+
+    ``links``: the fit per collective; ``points``: its measured (bytes per rank, seconds);
+    ``compute_s``: one training step without communication; ``codec_s``: per option, the
+    encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
+    shapes of each DDP bucket.
+    """
+
+    world: int
+    device: str
+    model: str
+    batch_per_rank: int
+    compute_s: float
+    codec_s: dict[str, float]
+    links: dict[str, LinkFit]
+    points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    buckets: list[list[list[int]]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Probe:
+        fields = {**d, "links": {k: LinkFit(**v) for k, v in d["links"].items()}}
+        fields["points"] = {k: [tuple(p) for p in v] for k, v in d.get("points", {}).items()}
+        return cls(**{k: fields[k] for k in cls.__dataclass_fields__ if k in fields})
+
+
+def write_probe(
+    probe: Probe, path: Path, predictions: list[Any] | None = None, choice: str | None = None
+) -> None:
+    """Write ``probe`` (and the cost model's predictions and choice, when given) to ``path`` atomically."""
+    out = probe.to_dict()
+    if predictions is not None:
+        out["predictions"] = [asdict(p) for p in predictions]
+        out["choice"] = choice
+    atomic_write_text(path, json.dumps(out, indent=2))
+
+
+def read_probe(path: Path) -> Probe:
+    """The probe written by :func:`write_probe`.
+
+    Raises:
+        JimuError: the file is missing or damaged.
+    """
+    try:
+        return Probe.from_dict(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise JimuError(f"probe file {path} does not exist; run jimu probe first") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise JimuError(f"probe file {path} is damaged: {e}") from None
+
+
+def _time_collective(kind: str, nbytes: int, device: torch.device, reps: int) -> float:
+    """Median seconds of one blocking ``kind`` of ``nbytes`` per rank, the slowest rank's."""
+    world = dist.get_world_size()
+    if kind == "all_reduce":
+        t = torch.ones(nbytes // 4, device=device)
+        op = lambda: dist.all_reduce(t)  # noqa: E731
+    else:
+        t = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        out = [torch.empty_like(t) for _ in range(world)]
+        op = lambda: dist.all_gather(out, t)  # noqa: E731
+    op()  # connections and buffers warm
+    dist.barrier()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest)
+
+
+def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tuple[int, float]]]:
+    points: dict[str, list[tuple[int, float]]] = {}
+    for kind in COLLECTIVES:
+        points[kind] = []
+        for size in SIZES:
+            seconds = _time_collective(kind, size, device, reps=5 if size <= 2**20 else 3)
+            points[kind].append((size, seconds))
+            if seconds > max_op_s and len(points[kind]) >= 2:
+                break
+    return points
+
+
+def _time_options(
+    options: list[str],
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: RunConfig,
+    run: Run,
+    group: Any,
+    warm: int = 3,
+    rounds: int = 7,
+) -> tuple[dict[str, float], dict[str, float], list[list[list[int]]]]:
+    """Step time of each option on a DDP over ``group`` (this rank alone).
+
+    The options take turns, one step each per round, so that other work on the machine
+    slows them alike; the first ``warm`` steps (DDP's bucket rebuild, the compressors'
+    warm-up of 2 steps and their first allocations) are not timed.
+
+    Returns:
+        the median step per option, its decode time per step, and DDP's bucket layout.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    from deepjimu.compress.hooks import comm_hook
+    from deepjimu.compress.spec import parse_compress
+    from deepjimu.strategies.base import make_optimizer
+
+    ids = [run.device.index] if run.device.type == "cuda" else None
+    setups = {}
+    for option in options:
+        ddp = DistributedDataParallel(copy.deepcopy(model), device_ids=ids, process_group=group)
+        spec = parse_compress(option)
+        state, hook = comm_hook(spec, Comm(CommStats()), 2, run.device, seed=cfg.seed, group=group)
+        ddp.register_comm_hook(state, hook)
+        setups[option] = (ddp, state, make_optimizer(ddp.parameters(), cfg))
+    times: dict[str, list[float]] = {o: [] for o in options}
+    for i in range(warm + rounds):
+        for option, (ddp, state, opt) in setups.items():
+            if i == warm:
+                state.decode_s = 0.0
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with run.autocast():
+                loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            run.synchronize()
+            times[option].append(time.perf_counter() - t0)
+    state = setups[options[0]][1]
+    layout = [[list(s) for s in state.layout[i]] for i in sorted(state.layout)]
+    medians = {o: statistics.median(t[warm:]) for o, t in times.items()}
+    return medians, {o: st.decode_s / rounds for o, (_, st, _) in setups.items()}, layout
+
+
+def _slowest(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Collective: each value's maximum over the ranks (so that every rank holds the same probe)."""
+    t = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(values, t.tolist(), strict=True))
+
+
+def measure(
+    model: nn.Module, data: DataSplits, cfg: RunConfig, run: Run, max_op_s: float = 0.25
+) -> Probe:
+    """Collective: probe the run's group and this device for ``model`` (see the module docstring).
+
+    Args:
+        model: the model to time (copied; its weights are not touched).
+        data: this rank's data; the step is timed on its first ``batch_size / world`` rows.
+        cfg: the run's config (batch size, optimizer, precision, seed).
+        run: the rank's run (group, device).
+        max_op_s: a collective is not timed at the next size once it took longer than this.
+
+    Returns:
+        the same probe on every rank: each time is the slowest rank's.
+    """
+    from deepjimu.compress.cost import PROBED
+    from deepjimu.compress.spec import parse_compress
+
+    world = run.world
+    batch = max(1, cfg.batch_size // world)
+    x, y = data.train_x[:batch].to(run.device), data.train_y[:batch].to(run.device)
+    points = _measure_links(run.device, max_op_s)
+    links = {k: fit_alpha_beta([n for n, _ in v], [t for _, t in v]) for k, v in points.items()}
+    wanted = str(parse_compress(cfg.compress))  # the run's own option, if not a candidate
+    extra = [wanted] if wanted not in ("auto", *PROBED) else []
+    options = ["none", *(o for o in [*PROBED, *extra] if o != "none")]
+    solo, _ = dist.new_subgroups(group_size=1)
+    steps, decode, layout = _time_options(options, model, x, y, cfg, run, solo)
+    dist.destroy_process_group(solo)
+    steps, decode = _slowest(steps, run.device), _slowest(decode, run.device)
+    compute_s = steps["none"]
+    # a step's codec time: what the option adds to the plain step, plus, for the options
+    # that all-gather, one more payload to decode per further rank
+    codec = {o: max(0.0, steps[o] - compute_s) + (world - 1) * decode[o] for o in options}
+    codec["none"] = 0.0
+    return Probe(
+        world=world,
+        device=str(run.device),
+        model=cfg.model,
+        batch_per_rank=batch,
+        compute_s=compute_s,
+        codec_s=codec,
+        links=links,
+        points=points,
+        buckets=layout,
+    )
+
+
+def format_probe(probe: Probe) -> str:
+    """A short table of the probe's fits and device times."""
+    lines = [
+        f"probe: {probe.world} worker(s) on {probe.device}, {probe.model}, {probe.batch_per_rank} rows per worker"
+    ]
+    lines.append(
+        f"{'collective':<12}{'latency':>12}{'bandwidth':>16}   measured (per-rank payload: time)"
+    )
+    for kind, fit in probe.links.items():
+        pts = ", ".join(
+            f"{format_bytes(n)}: {t * 1e3:.3g} ms" for n, t in probe.points.get(kind, [])
+        )
+        lines.append(
+            f"{kind:<12}{fit.alpha_s * 1e6:>9.0f} us{fit.gbit_per_s:>11.3g} Gbit/s   {pts}"
+        )
+    lines.append(f"compute per step: {probe.compute_s * 1e3:.2f} ms")
+    codec = ", ".join(f"{o} {s * 1e3:.2f} ms" for o, s in probe.codec_s.items() if o != "none")
+    lines.append(f"encode/decode per step: {codec}")
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""jimu probe: the table, probe.json and its reading back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deepjimu.cli import main
+from deepjimu.compress import probe as probe_module
+from deepjimu.compress.cost import PROBED, CostModel
+from deepjimu.compress.probe import read_probe
+from deepjimu.errors import JimuError
+
+
+def test_jimu_probe_prints_the_table_and_writes_probe_json(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.setattr(probe_module, "SIZES", (4096, 16384, 65536))
+    argv = [
+        "probe",
+        "--workers",
+        "1",
+        "--model",
+        "mlp:16x1",
+        "--runs-dir",
+        str(tmp_path),
+        "--name",
+        "p",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "all_reduce" in out and "compute per step" in out and "compress auto: none" in out
+    found = read_probe(tmp_path / "p" / "probe.json")
+    assert found.world == 1 and found.model == "mlp:16x1" and found.batch_per_rank == 64
+    assert [n for n, _ in found.points["all_gather"]] == [4096, 16384, 65536]
+    assert set(found.codec_s) == set(PROBED) and found.compute_s > 0
+    # one bucket with the model's 4 tensors: 16 x 64, 16, 10 x 16, 10
+    assert sorted(map(tuple, found.buckets[0])) == [(10,), (10, 16), (16,), (16, 64)]
+    # what the file says the cost model chose is what the cost model chooses from it
+    saved = json.loads((tmp_path / "p" / "probe.json").read_text())
+    assert saved["choice"] == CostModel(found).choose()[0] == "none"  # one worker: nothing to save
+
+
+def test_a_missing_or_damaged_probe_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(JimuError, match="does not exist; run jimu probe first"):
+        read_probe(tmp_path / "probe.json")
+    (tmp_path / "probe.json").write_text('{"world": 2}')
+    with pytest.raises(JimuError, match="is damaged") as e:
+        read_probe(tmp_path / "probe.json")
+    assert "\n" not in str(e.value)
