@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -33,6 +34,9 @@ class LocalStrategy(GradientStrategy):
     def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
         if data.graph is None:
             return super().batches(data, epoch, run)
+        # dropout draws from torch's global generator: seeded by (seed, epoch), a run
+        # repeats exactly, resumed or not
+        torch.manual_seed(self.cfg.seed * 1_000_003 + epoch)
         nodes = data.graph.train_idx
         return [(nodes, data.graph.y[nodes])]
 
