@@ -49,8 +49,11 @@ def test_hop_features_match_dense_powers(mode: str) -> None:
     a = _dense_a_hat()
     powers = [np.linalg.matrix_power(a, k) @ x.numpy() for k in range(4)]
     want = np.concatenate(powers, 1) if mode == "concat" else powers[3]
-    np.testing.assert_allclose(hop_features(adj, x, 3, mode).numpy(), want, rtol=1e-5)
-    np.testing.assert_allclose(hop_features(adj, x, 0, mode).numpy(), x.numpy())
+    every, some = torch.arange(5), torch.tensor([4, 1])
+    got_all, got_some = hop_features(adj, x, 3, mode, [every, some])
+    np.testing.assert_allclose(got_all.numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(got_some.numpy(), want[[4, 1]], rtol=1e-5)
+    np.testing.assert_allclose(hop_features(adj, x, 0, mode, [every])[0].numpy(), x.numpy())
 
 
 def _sbm(**kw: object) -> DataOptions:

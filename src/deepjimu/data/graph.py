@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 GRAPH_DATASETS: set[str] = set()
-SPLITS = ("train", "val", "test")
 
 
 @dataclass
@@ -131,30 +130,37 @@ def normalized_adjacency(edges: Tensor, n: int) -> Tensor:
         return coo.to_sparse_csr()
 
 
-def hop_features(adj: Tensor, x: Tensor, hops: int, mode: str) -> Tensor:
-    """Features propagated ``hops`` times by ``adj``.
+def hop_features(
+    adj: Tensor, x: Tensor, hops: int, mode: str, nodes: Sequence[Tensor]
+) -> list[Tensor]:
+    """The rows of ``nodes`` of the features propagated ``hops`` times by ``adj``.
 
     Args:
         adj: ``A_hat``, sparse ``[N, N]``.
         x: node features ``[N, F]``.
         hops: K >= 0.
-        mode: ``concat`` -> ``[X, A X, ..., A^K X]`` ``[N, (K+1) F]``; ``last`` -> ``A^K X``.
+        mode: ``concat`` -> ``[X, A X, ..., A^K X]``, ``(K+1) F`` wide; ``last`` -> ``A^K X``.
+        nodes: index tensors (e.g. the splits' nodes); one block of rows is returned per
+            tensor.
 
     Returns:
-        float32 ``[N, (K+1) F]`` or ``[N, F]``; peak memory is the output plus two
-        ``[N, F]`` blocks.
+        float32 rows per entry of ``nodes``. Only these rows are kept: peak memory is
+        the rows plus two ``[N, F]`` blocks, not the whole ``[N, (K+1) F]`` matrix.
+
+    Example:
+        >>> train, test = hop_features(adj, x, 2, "concat", [train_idx, test_idx])  # doctest: +SKIP
     """
-    if mode == "last":
-        for _ in range(hops):
-            x = torch.sparse.mm(adj, x)
-        return x
-    n, f = x.shape
-    out = x.new_empty(n, (hops + 1) * f)
-    out[:, :f] = x
+    f = x.shape[1]
+    width = f if mode == "last" else (hops + 1) * f
+    out = [x.new_empty(len(idx), width) for idx in nodes]
     h = x
-    for k in range(1, hops + 1):
-        h = torch.sparse.mm(adj, h)
-        out[:, k * f : (k + 1) * f] = h
+    for k in range(hops + 1):
+        if k:
+            h = torch.sparse.mm(adj, h)
+        if mode == "concat" or k == hops:
+            col = 0 if mode == "last" else k * f
+            for rows, idx in zip(out, nodes, strict=True):
+                rows[:, col : col + f] = h.index_select(0, idx)
     return out
 
 
@@ -170,21 +176,21 @@ def graph_rows(g: Graph, opts: DataOptions) -> RawData:
     n = len(g.y)
     x = F.normalize(g.x, p=1, dim=1) if opts.graph_row_norm else g.x
     adj = normalized_adjacency(g.edges, n)
+    nodes = [g.train_idx, g.val_idx, g.test_idx]
     # a graph model propagates by itself: its rows are the raw features
-    feats = x if opts.node_level else hop_features(adj, x, opts.graph_hops, opts.graph_features)
-    idx = {"train": g.train_idx, "val": g.val_idx, "test": g.test_idx}
-    rows = {s: feats.index_select(0, idx[s]) for s in SPLITS}
-    labels = {s: g.y.index_select(0, idx[s]) for s in SPLITS}
+    hops = 0 if opts.node_level else opts.graph_hops
+    train_x, val_x, test_x = hop_features(adj, x, hops, opts.graph_features, nodes)
     seconds = time.perf_counter() - t0
     adj_bytes = sum(
         t.numel() * t.element_size() for t in (adj.crow_indices(), adj.col_indices(), adj.values())
     )
+    rows_bytes = sum(t.numel() * t.element_size() for t in (train_x, val_x, test_x))
     info = {
         "graph_nodes": n,
         "graph_edges": g.edges.shape[1] // 2,
-        "graph_feature_dim": feats.shape[1],
+        "graph_feature_dim": train_x.shape[1],
         "preprocess_s": round(seconds, 3),
-        "features_mb": round(feats.numel() * feats.element_size() / 2**20, 1),
+        "rows_mb": round(rows_bytes / 2**20, 1),
         "adjacency_mb": round(adj_bytes / 2**20, 1),
         "peak_rss_mb": round(peak_memory_mb(torch.device("cpu")), 1),
     }
@@ -192,13 +198,13 @@ def graph_rows(g: Graph, opts: DataOptions) -> RawData:
     if opts.node_level:
         graph = GraphData(x, adj, g.y, g.train_idx, g.val_idx, g.test_idx)
     return RawData(
-        rows["train"],
-        labels["train"],
-        rows["test"],
-        labels["test"],
+        train_x,
+        g.y[g.train_idx],
+        test_x,
+        g.y[g.test_idx],
         num_classes=g.num_classes,
-        val_x=rows["val"],
-        val_y=labels["val"],
+        val_x=val_x,
+        val_y=g.y[g.val_idx],
         graph=graph,
         info=info,
     )
