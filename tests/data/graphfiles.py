@@ -89,5 +89,5 @@ def make_planetoid_set(name: str = "citeseer", seed: int = 0) -> PlanetoidSet:
             while j in gap:
                 j = (j + 1) % n
             links[i].append(j)  # a ring, listed one way
-    links[0] += [5, 5, 0]  # a repeat and a self loop
+    links[0] += [5, np.int64(5), 0]  # a repeat (as a numpy integer) and a self loop
     return PlanetoidSet(name, features, labels, c, n_train, n_all, test_index, links)

@@ -47,8 +47,11 @@ VAL_SIZE = 500  # the public split's validation nodes: the 500 after the trainin
 
 def _allowed() -> dict[tuple[str, str], Any]:
     csr = scipy.sparse.csr_matrix
+    scalar = np.int64(0).__reduce__()[0]  # rebuilds a numpy scalar (a node id may be one)
     return {
         **numpy_globals(),
+        ("numpy.core.multiarray", "scalar"): scalar,
+        ("numpy._core.multiarray", "scalar"): scalar,
         # the module the class was pickled from: scipy < 1.8, scipy >= 1.8, the public name
         ("scipy.sparse.csr", "csr_matrix"): csr,
         ("scipy.sparse._csr", "csr_matrix"): csr,
