@@ -6,8 +6,12 @@ the table reads each run's summary.json. Example (the BENCHMARKS.md table, Cora)
 
     python benchmarks/graph_accuracy.py --data-dir ../shared/data
     python benchmarks/graph_accuracy.py --data-dir ../shared/data --only gcn,adam --seeds 0,1
-    python benchmarks/graph_accuracy.py --data-dir ../shared/data --only admm \\
-        --admm-grid 0.1:0.1,1:1,10:1     # admm at several rho:nu, nothing else
+    python benchmarks/graph_accuracy.py --data-dir ../shared/data --only admm-rho --seeds 0 \\
+        --admm-grid 0.1:0.1,10:1 --admm "--graph-features concat --graph-hops 4 --epochs 30" \\
+        --runs-dir runs/graph-accuracy-gamlp     # admm x1 at several rho:nu, nothing else
+
+A finished run (its summary.json under --runs-dir) is read, not run again: give each
+variant of --model / --admm its own --runs-dir.
 
 Times are each run's training time (``time_s``) on this machine: indicative only when the
 machine is shared.
@@ -24,15 +28,18 @@ import sys
 import time
 from pathlib import Path
 
-# label -> jimu train flags (besides dataset, data dir, seed); FEATURES and ADMM are
-# substituted from the command line so that one flag changes every row that uses them
+SGC = "--graph-features last --graph-hops 2"  # A_hat^2 X (SGC's input), the default
+GA_MLP = "--graph-features concat --graph-hops 4"  # [X, A_hat X, ..., A_hat^4 X] (pdADMM-G's)
+# label -> jimu train flags (besides data set, data dir, seed); {model} and {admm} are
+# the --model and --admm options, so that one flag changes every row that uses them
 CONFIGS: dict[str, str] = {
     "gcn": "--strategy local --model gcn --lr 0.01 --weight-decay 5e-4 --epochs 200",
-    "adam": "--strategy local --model {model} {features} --lr 0.01 --weight-decay 5e-4 --epochs 100",
-    "admm-w1": "--strategy admm --workers 1 --model {model} {features} {admm}",
-    "admm-w2": "--strategy admm --workers 2 --model {model} {features} {admm}",
-    "admm-w3": "--strategy admm --workers 3 --model {model} {features} {admm}",
-    "admm-w2-q8": "--strategy admm --workers 2 --model {model} {features} {admm} --quantize 8",
+    "adam-sgc": f"--strategy local --model {{model}} {SGC} --epochs 100",
+    "adam-gamlp": f"--strategy local --model {{model}} {GA_MLP} --epochs 100",
+    "admm-w1": "--strategy admm --workers 1 --model {model} {admm}",
+    "admm-w2": "--strategy admm --workers 2 --model {model} {admm}",
+    "admm-w3": "--strategy admm --workers 3 --model {model} {admm}",
+    "admm-w2-q8": "--strategy admm --workers 2 --model {model} {admm} --quantize 8",
 }
 
 
@@ -68,11 +75,14 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--runs-dir", default="runs/graph-accuracy")
     p.add_argument("--only", default="", help="comma list of labels or label prefixes")
-    p.add_argument("--model", default="mlp:256x1", help="MLP of the adam and admm rows")
     p.add_argument(
-        "--features", default="--graph-features last --graph-hops 2", help="graph feature flags"
+        "--model", default="mlp:256x2", help="MLP of the adam and admm rows (3 blocks: 3 workers)"
     )
-    p.add_argument("--admm", default="--epochs 50", help="flags of every admm row")
+    p.add_argument(
+        "--admm",
+        default=f"{SGC} --epochs 50",
+        help=f"flags of every admm row (default: %(default)s; pdADMM-G's input: {GA_MLP})",
+    )
     p.add_argument(
         "--admm-grid", default="", help="rho:nu,... : one admm x1 row per pair (admm-rho-nu)"
     )
@@ -87,7 +97,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for label, template in configs.items():
-        flags = template.format(model=args.model, features=args.features, admm=args.admm)
+        flags = template.format(model=args.model, admm=args.admm)
         runs = [run_one(label, flags, s, args) for s in seeds]
         rows.append(
             (

@@ -50,3 +50,13 @@ def test_dropout_only_in_training() -> None:
     assert not torch.equal(model(x, adj), model(x, adj))
     model.eval()
     assert torch.equal(model(x, adj), model(x, adj))
+
+
+def test_trains_under_bf16_autocast() -> None:
+    """--precision bf16: the dense products drop to bfloat16, the sparse ones stay float32."""
+    x, adj = _graph()
+    model = build_model("gcn", (5,), 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x, adj), torch.zeros(12, dtype=torch.long))
+    loss.backward()
+    assert torch.isfinite(loss) and float(model[0].linear.weight.grad.abs().sum()) > 0

@@ -30,8 +30,10 @@ class GraphConv(nn.Module):
 
     def forward(self, h: Tensor, adj: Tensor) -> Tensor:
         hw = F.linear(self.dropout(h), self.linear.weight)
-        # the sparse product in adj's dtype: CPU autocast has no bfloat16 sparse kernels
-        out = torch.sparse.mm(adj, hw.to(adj.dtype)) + self.linear.bias
+        # the sparse product in adj's dtype, outside autocast: there are no bfloat16
+        # sparse CSR kernels (bf16 runs cast it down and fail)
+        with torch.autocast(adj.device.type, enabled=False):
+            out = torch.sparse.mm(adj, hw.to(adj.dtype)) + self.linear.bias
         return torch.relu(out) if self.relu else out
 
 
