@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse
 import torch
 from torch import Tensor
 
@@ -46,6 +45,8 @@ VAL_SIZE = 500  # the public split's validation nodes: the 500 after the trainin
 
 
 def _allowed() -> dict[tuple[str, str], Any]:
+    import scipy.sparse  # here, not at import: it adds a second to every start-up
+
     csr = scipy.sparse.csr_matrix
     scalar = np.int64(0).__reduce__()[0]  # rebuilds a numpy scalar (a node id may be one)
     return {
@@ -96,6 +97,8 @@ def read_features(path: Path, shown: Path | None = None) -> np.ndarray:
         JimuError: unreadable or refused pickle, not a matrix, bad sparse structure, or a
             value that is not finite; naming ``shown`` (default ``path``).
     """
+    import scipy.sparse
+
     shown = shown or path
     obj = _unpickle(path, shown)
     if isinstance(obj, scipy.sparse.csr_matrix):
