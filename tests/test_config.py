@@ -72,6 +72,22 @@ def test_validate_fills_strategy_defaults() -> None:
             {"strategy": "ddp", "workers": 3, "optimizer": "kfac", "kfac_grad_workers": 2 / 3},
             "kfac-grad-workers times workers must be a whole divisor of workers",
         ),
+        ({"split": "full"}, "split must be one of public, random (got 'full')"),
+        ({"graph_hops": -1}, "graph-hops must be >= 0 (graph-hops: -1)"),
+        ({"sbm_degree": 0.0}, "sbm-degree must be > 0 and below synthetic-n - 1"),
+        ({"sbm_homophily": 1.5}, "sbm-homophily must be in [0, 1] (sbm-homophily: 1.5)"),
+        (
+            {"model": "gcn"},
+            "model gcn needs a graph data set (citeseer, cora, pubmed, sbm; dataset: digits)",
+        ),
+        (
+            {"strategy": "ddp", "model": "gcn:8", "dataset": "cora"},
+            "model gcn:8 trains on the whole graph: only --strategy local runs it (strategy: ddp)",
+        ),
+        (
+            {"strategy": "admm", "model": "gcn", "dataset": "sbm"},
+            "only --strategy local runs it (strategy: admm)",
+        ),
     ],
 )
 def test_each_bad_field_gives_one_line(changes: dict, expected: str) -> None:

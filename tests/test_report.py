@@ -9,7 +9,7 @@ import pytest
 
 from deepjimu.cli import main
 from deepjimu.errors import JimuError
-from deepjimu.report import format_bytes, read_events, report, run_title, table
+from deepjimu.report import best_validation, format_bytes, read_events, report, run_title, table
 
 
 def _event(epoch: int, acc: float) -> dict[str, object]:
@@ -136,3 +136,14 @@ def test_format_bytes_and_title(run_dir: Path) -> None:
     assert format_bytes(3 * 2**20) == "3.0 MB"
     assert format_bytes(None) == "-"
     assert run_title(run_dir, [], None) == "? x? on ? (?)"
+
+
+def test_best_validation_takes_the_first_best_epoch() -> None:
+    events = [_event(1, 0.5), _event(2, 0.9), _event(3, 0.7), _event(4, 0.9)]
+    events[3]["test_acc"] = 0.99  # a later tie does not replace the first best epoch
+    assert best_validation(events) == {
+        "best_val_acc": pytest.approx(0.88),
+        "best_val_epoch": 2,
+        "test_acc_at_best_val": pytest.approx(0.89),
+    }
+    assert best_validation([{**_event(1, 0.5), "val_acc": None}]) == {}

@@ -94,6 +94,21 @@ class RunConfig:
     synthetic_n: int = _opt(10000, "synthetic: number of samples (train + test)")
     synthetic_features: int = _opt(196, "synthetic: number of input features")
     synthetic_classes: int = _opt(10, "synthetic: number of classes")
+    # graphs (issue 10): Planetoid split, graph features, stochastic block model
+    split: str = _opt(
+        "public",
+        "planetoid: public split (20 per class / 500 / 1,000) or random (same sizes, by --seed)",
+        choices=("public", "random"),
+    )
+    graph_hops: int = _opt(2, "graphs: propagation steps K (features A_hat^k X, k <= K)")
+    graph_features: str = _opt(
+        "last",
+        "graphs: last (A_hat^K X, as SGC) or concat ([X, A_hat X, ..., A_hat^K X], as pdADMM-G)",
+        choices=("last", "concat"),
+    )
+    graph_row_norm: bool = _opt(True, "graphs: scale each node's features to sum 1 first")
+    sbm_degree: float = _opt(10.0, "sbm: average node degree (nodes: --synthetic-n)")
+    sbm_homophily: float = _opt(0.8, "sbm: fraction of edges inside a class")
     # optimisation (gradient strategies)
     epochs: int | None = _opt(None, "passes over the training data (admm: iterations)")
     batch_size: int = _opt(64, "global mini-batch size (split over data-parallel workers)")
@@ -458,6 +473,17 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         not (cfg.local_sgd and cfg.compress != "none"),
         f"local-sgd and compress cannot be combined (local-sgd: {cfg.local_sgd}, compress: {cfg.compress})",
     )
+    # graphs (issue 10)
+    need(cfg.graph_hops >= 0, f"graph-hops must be >= 0 (graph-hops: {cfg.graph_hops})")
+    need(
+        0 < cfg.sbm_degree < cfg.synthetic_n - 1,
+        f"sbm-degree must be > 0 and below synthetic-n - 1 (sbm-degree: {cfg.sbm_degree}, "
+        f"synthetic-n: {cfg.synthetic_n})",
+    )
+    need(
+        0 <= cfg.sbm_homophily <= 1,
+        f"sbm-homophily must be in [0, 1] (sbm-homophily: {cfg.sbm_homophily})",
+    )
     if cfg.classes is not None:
         need(
             len(cfg.classes) >= 2, f"classes must name at least 2 classes (classes: {cfg.classes})"
@@ -512,8 +538,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         ConfigErrors: one line per bad field (unknown strategy or dataset, workers < 1,
             more workers than blocks for a strategy that splits the model, ...).
     """
-    from deepjimu.data import dataset_names
-    from deepjimu.models import count_blocks
+    from deepjimu.data import GRAPH_DATASETS, dataset_names
+    from deepjimu.models import count_blocks, parse_spec
     from deepjimu.strategies import get_strategy
 
     problems = basic_problems(cfg)
@@ -558,6 +584,18 @@ def validate(cfg: RunConfig) -> RunConfig:
         )
     if cfg.optimizer == "kfac" and workers >= 1:
         problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
+    # graphs (issue 10): a graph model takes the whole graph, in one process
+    if n_blocks and parse_spec(cfg.model).needs_graph:
+        if not strategy.graph_models:
+            problems.append(
+                f"model {cfg.model} trains on the whole graph: only --strategy local runs it "
+                f"(strategy: {cfg.strategy})"
+            )
+        if cfg.dataset not in GRAPH_DATASETS:
+            problems.append(
+                f"model {cfg.model} needs a graph data set ({', '.join(sorted(GRAPH_DATASETS))}; "
+                f"dataset: {cfg.dataset})"
+            )
     if not problems:
         problems.extend(strategy.problems(cfg, n_blocks))
     if problems:

@@ -11,6 +11,7 @@ from typing import Any
 from deepjimu.errors import JimuError
 
 __all__ = [
+    "best_validation",
     "finite_number",
     "format_bytes",
     "plot_run",
@@ -101,6 +102,31 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
     if torn:
         print(f"warning: {torn}", file=sys.stderr)
     return events
+
+
+def best_validation(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The event with the best validation accuracy, as the graph literature reports results.
+
+    Returns:
+        ``best_val_acc``, ``best_val_epoch`` (the earliest epoch that reached it) and
+        ``test_acc_at_best_val`` (that event's test accuracy); empty when no event has a
+        validation accuracy (e.g. ``--val-fraction 0``).
+
+    Example:
+        >>> best_validation([{"epoch": 1, "val_acc": 0.7, "test_acc": 0.68},
+        ...                  {"epoch": 2, "val_acc": 0.8, "test_acc": 0.79},
+        ...                  {"epoch": 3, "val_acc": 0.8, "test_acc": 0.81}])
+        {'best_val_acc': 0.8, 'best_val_epoch': 2, 'test_acc_at_best_val': 0.79}
+    """
+    scored = [e for e in events if isinstance(e.get("val_acc"), (int, float))]
+    if not scored:
+        return {}
+    best = max(scored, key=lambda e: e["val_acc"])  # max keeps the first of equals
+    return {
+        "best_val_acc": best["val_acc"],
+        "best_val_epoch": best.get("epoch"),
+        "test_acc_at_best_val": best.get("test_acc"),
+    }
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

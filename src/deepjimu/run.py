@@ -7,7 +7,6 @@ import json
 import math
 import os
 import pickle
-import resource
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from deepjimu.atomic import atomic_path, atomic_write_text
 from deepjimu.comm import Comm, CommStats, sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
+from deepjimu.memory import peak_memory_mb
 from deepjimu.precision import autocast
 from deepjimu.report import read_event_log
 from deepjimu.rundir import latest_checkpoint
@@ -33,13 +33,6 @@ __all__ = ["Checkpoint", "Run", "peak_memory_mb"]
 def _torch_save_atomic(obj: Any, path: Path) -> None:
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: CUDA allocator peak on a GPU, max RSS on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass

@@ -22,11 +22,11 @@ from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError, one_line
 from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
-from deepjimu.report import read_events
+from deepjimu.report import best_validation, read_events
 from deepjimu.run import Run
 from deepjimu.rundir import check_new, lock_run_dir
 from deepjimu.strategies import get_strategy
-from deepjimu.strategies.base import count_correct
+from deepjimu.strategies.base import accuracies
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
 
 __all__ = ["default_run_name", "error_dir", "free_port", "run_dir_of", "worker_main"]
@@ -224,6 +224,8 @@ def _train(
             load_dataset(cfg.dataset, DataOptions.from_config(cfg))
         run.barrier()
     data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+    if rank == 0 and data.info and not cfg.quiet:
+        print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))
     if strategy_cls.shards_data:
         data = data.shard(rank, world)
     strategy = strategy_cls(cfg)
@@ -267,9 +269,9 @@ def _train(
         "loss": last.get("loss"),
         "train_acc": last.get("train_acc"),
     }
-    for split in ("val", "test"):
-        x, y = getattr(data, f"{split}_x").to(device), getattr(data, f"{split}_y").to(device)
-        summary[f"{split}_acc"] = count_correct(model, x, y)[0] / len(y) if len(y) else None
+    summary |= {"val_acc": None, "test_acc": None}
+    summary |= accuracies(model, data, ("val", "test"), device)
+    summary |= best_validation(events)
     summary.update(
         {
             "samples_per_s": round(_mean_throughput(events), 3),
@@ -280,6 +282,7 @@ def _train(
             "wait_s_per_rank": [round(t[3], 4) for t in totals],
             "peak_mem_mb_per_rank": last.get("peak_mem_mb_per_rank"),
             "threads": {**plan.record(), "env": speed_env()},
+            **({"data_info": data.info} if data.info else {}),
             **result.extra,
         }
     )

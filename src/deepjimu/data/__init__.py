@@ -1,6 +1,7 @@
 """Datasets behind one registry; each returns train / validation / test splits with a fixed seed."""
 
-from deepjimu.data import cifar, digits, idx, synthetic  # noqa: F401  (registers the datasets)
+# importing the loaders registers the datasets
+from deepjimu.data import cifar, digits, idx, planetoid, sbm, synthetic  # noqa: F401
 from deepjimu.data.base import (
     DataOptions,
     DataSplits,
@@ -9,10 +10,13 @@ from deepjimu.data.base import (
     load_dataset,
     register_dataset,
 )
+from deepjimu.data.graph import GRAPH_DATASETS, GraphData
 
 __all__ = [
+    "GRAPH_DATASETS",
     "DataOptions",
     "DataSplits",
+    "GraphData",
     "RawData",
     "dataset_names",
     "load_dataset",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -12,6 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.errors import JimuError
+
+if TYPE_CHECKING:
+    from deepjimu.data.graph import GraphData
 
 __all__ = [
     "DataOptions",
@@ -38,10 +42,20 @@ class DataOptions:
     synthetic_n: int = 10000
     synthetic_features: int = 196
     synthetic_classes: int = 10
+    # graphs: Planetoid split, graph features, SBM, node-level data for graph models
+    split: str = "public"
+    graph_hops: int = 2
+    graph_features: str = "last"
+    graph_row_norm: bool = True
+    sbm_degree: float = 10.0
+    sbm_homophily: float = 0.8
+    node_level: bool = False
 
     @classmethod
     def from_config(cls, cfg: object) -> DataOptions:
         """Take the data fields of a :class:`~deepjimu.config.RunConfig`."""
+        from deepjimu.models import parse_spec
+
         classes = getattr(cfg, "classes", None)
         return cls(
             data_dir=Path(cfg.data_dir),  # type: ignore[attr-defined]
@@ -55,6 +69,13 @@ class DataOptions:
             synthetic_n=cfg.synthetic_n,  # type: ignore[attr-defined]
             synthetic_features=cfg.synthetic_features,  # type: ignore[attr-defined]
             synthetic_classes=cfg.synthetic_classes,  # type: ignore[attr-defined]
+            split=cfg.split,  # type: ignore[attr-defined]
+            graph_hops=cfg.graph_hops,  # type: ignore[attr-defined]
+            graph_features=cfg.graph_features,  # type: ignore[attr-defined]
+            graph_row_norm=cfg.graph_row_norm,  # type: ignore[attr-defined]
+            sbm_degree=cfg.sbm_degree,  # type: ignore[attr-defined]
+            sbm_homophily=cfg.sbm_homophily,  # type: ignore[attr-defined]
+            node_level=parse_spec(cfg.model).needs_graph,  # type: ignore[attr-defined]
         )
 
 
@@ -64,13 +85,22 @@ class RawData:
 
     ``x`` arrays are float32 in [0, 1] (images) or real-valued (synthetic), shaped
     ``[N, *feature_shape]``; ``y`` arrays are int64 class indices in ``[0, num_classes)``.
+    A data set with a predefined validation split (Planetoid's public split) gives
+    ``val_x`` / ``val_y``, which :func:`prepare` uses instead of splitting off
+    ``val_fraction`` of the training set. ``graph`` is the node-level data of a graph data
+    set, given only when a graph model asked for it (``DataOptions.node_level``); ``info``
+    holds figures about the loading worth reporting (e.g. preprocessing time and memory).
     """
 
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
+    train_x: np.ndarray | Tensor
+    train_y: np.ndarray | Tensor
+    test_x: np.ndarray | Tensor
+    test_y: np.ndarray | Tensor
     num_classes: int
+    val_x: np.ndarray | Tensor | None = None
+    val_y: np.ndarray | Tensor | None = None
+    graph: GraphData | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +109,8 @@ class DataSplits:
 
     ``train_size`` is the size of the whole training split; after :meth:`shard` the
     tensors hold only one rank's rows, but ``train_size`` stays the global count.
+    ``graph`` (graph models only) is the whole graph at node level, whose split node
+    indices name the same nodes as the rows; ``info``: figures about the loading.
     """
 
     name: str
@@ -91,6 +123,8 @@ class DataSplits:
     num_classes: int
     feature_shape: tuple[int, ...]
     train_size: int
+    graph: GraphData | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
     def shard(self, rank: int, world: int) -> DataSplits:
         """This rank's rows of the training split (rows ``rank::world``); eval splits kept whole.
@@ -116,6 +150,7 @@ class DataSplits:
             val_y=self.val_y.to(device),
             test_x=self.test_x.to(device),
             test_y=self.test_y.to(device),
+            graph=self.graph.to(device) if self.graph is not None else None,
         )
 
 
@@ -159,40 +194,53 @@ def load_dataset(name: str, opts: DataOptions | None = None) -> DataSplits:
 
 
 def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
-    """Subset classes, down-sample, split off validation, normalise: the shared preprocessing."""
-    train_x, train_y = (
-        torch.as_tensor(raw.train_x, dtype=torch.float32),
-        torch.as_tensor(raw.train_y),
-    )
-    test_x, test_y = torch.as_tensor(raw.test_x, dtype=torch.float32), torch.as_tensor(raw.test_y)
-    train_y, test_y = train_y.long(), test_y.long()
+    """Subset classes, down-sample, split off validation, normalise: the shared preprocessing.
+
+    The validation split is ``raw``'s own when it has one, else a seeded random
+    ``val_fraction`` of the training set.
+    """
+    train_x, train_y = _tensors(raw.train_x, raw.train_y)
+    test_x, test_y = _tensors(raw.test_x, raw.test_y)
+    val: tuple[Tensor, Tensor] | None = None
+    if raw.val_x is not None and raw.val_y is not None:
+        val = _tensors(raw.val_x, raw.val_y)
     num_classes = raw.num_classes
+    graph = raw.graph
     if opts.classes is not None:
         bad = [c for c in opts.classes if not 0 <= c < num_classes]
         if bad:
             raise JimuError(f"classes {bad} do not exist in {name} (classes: 0..{num_classes - 1})")
+        if graph is not None:
+            raise JimuError(f"classes cannot subset the graph of {name}, which a graph model uses")
         keep = torch.tensor(opts.classes)
         remap = torch.full((num_classes,), -1, dtype=torch.long)
         remap[keep] = torch.arange(len(keep))
-        tr, te = torch.isin(train_y, keep), torch.isin(test_y, keep)
-        train_x, train_y = train_x[tr], remap[train_y[tr]]
-        test_x, test_y = test_x[te], remap[test_y[te]]
+        train_x, train_y = _subset(train_x, train_y, keep, remap)
+        test_x, test_y = _subset(test_x, test_y, keep, remap)
+        if val is not None:
+            val = _subset(*val, keep, remap)
         num_classes = len(keep)
     if opts.downsample > 1:
         train_x, test_x = (
             _downsample(train_x, opts.downsample, name),
             _downsample(test_x, opts.downsample, name),
         )
-    n_val = round(opts.val_fraction * len(train_y))
-    perm = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(opts.seed))
-    val_idx, tr_idx = perm[:n_val], perm[n_val:]
-    val_x, val_y = train_x[val_idx], train_y[val_idx]
-    train_x, train_y = train_x[tr_idx], train_y[tr_idx]
+        if val is not None:
+            val = (_downsample(val[0], opts.downsample, name), val[1])
+    if val is None:
+        n_val = round(opts.val_fraction * len(train_y))
+        perm = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(opts.seed))
+        val_idx, tr_idx = perm[:n_val], perm[n_val:]
+        val = train_x[val_idx], train_y[val_idx]
+        train_x, train_y = train_x[tr_idx], train_y[tr_idx]
+    val_x, val_y = val
     if len(train_y) == 0:
         raise JimuError(f"{name}: no training samples left after preprocessing")
     if opts.normalize:
         mean, std = train_x.mean(0, keepdim=True), train_x.std(0, keepdim=True).clamp_min(1e-6)
         train_x, val_x, test_x = (train_x - mean) / std, (val_x - mean) / std, (test_x - mean) / std
+        if graph is not None:  # a graph model's input: the same features, standardised alike
+            graph = replace(graph, x=(graph.x - mean) / std)
     return DataSplits(
         name=name,
         train_x=train_x.contiguous(),
@@ -204,7 +252,19 @@ def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
         num_classes=num_classes,
         feature_shape=tuple(train_x.shape[1:]),
         train_size=len(train_y),
+        graph=graph,
+        info=dict(raw.info),
     )
+
+
+def _tensors(x: np.ndarray | Tensor, y: np.ndarray | Tensor) -> tuple[Tensor, Tensor]:
+    return torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y).long()
+
+
+def _subset(x: Tensor, y: Tensor, keep: Tensor, remap: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows of ``x, y`` whose class is in ``keep``, labels renumbered by ``remap``."""
+    rows = torch.isin(y, keep)
+    return x[rows], remap[y[rows]]
 
 
 def _downsample(x: Tensor, k: int, name: str) -> Tensor:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
-import importlib
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +9,7 @@ import numpy as np
 
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.data.download import extract_tar, fetch
+from deepjimu.data.safepickle import RestrictedUnpickler, numpy_globals
 from deepjimu.errors import JimuError, one_line
 
 __all__ = ["ARCHIVE", "FOLDER", "TEST_BATCH", "TRAIN_BATCHES", "load_cifar10", "read_batch"]
@@ -79,7 +77,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """
     try:
         with open(path, "rb") as f:
-            batch = _BatchUnpickler(f, encoding="latin1").load()
+            batch = RestrictedUnpickler(f, numpy_globals(), encoding="latin1").load()
     except OSError as e:
         raise JimuError(f"{path}: cannot be read ({one_line(e)})") from None
     except Exception as e:  # a corrupt pickle can fail in almost any way
@@ -121,33 +119,3 @@ def _describe(v: object) -> str:
     if isinstance(v, np.ndarray):
         return f"{v.dtype} array of shape {v.shape}"
     return type(v).__name__
-
-
-def _numpy_reconstruct() -> Any:
-    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
-        try:
-            return importlib.import_module(module)._reconstruct
-        except ImportError:
-            continue
-    raise ImportError("numpy multiarray._reconstruct not found")
-
-
-class _BatchUnpickler(pickle.Unpickler):
-    """Unpickler that builds numpy arrays and nothing else (CIFAR batches need no more)."""
-
-    _allowed: dict[tuple[str, str], Any] | None = None
-
-    def find_class(self, module: str, name: str) -> Any:
-        if _BatchUnpickler._allowed is None:
-            rebuild = _numpy_reconstruct()
-            _BatchUnpickler._allowed = {
-                ("numpy.core.multiarray", "_reconstruct"): rebuild,
-                ("numpy._core.multiarray", "_reconstruct"): rebuild,
-                ("numpy", "ndarray"): np.ndarray,
-                ("numpy", "dtype"): np.dtype,
-                ("_codecs", "encode"): codecs.encode,  # how protocol 2 spells bytes
-            }
-        found = _BatchUnpickler._allowed.get((module, name))
-        if found is None:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a batch")
-        return found

@@ -1,4 +1,4 @@
-"""Parse model specs (``mlp:256x3``, ``lenet``, ``resnet``) and build the block sequence."""
+"""Parse model specs (``mlp:256x3``, ``lenet``, ``resnet``, ``gcn``) and build the block sequence."""
 
 from __future__ import annotations
 
@@ -12,16 +12,24 @@ from deepjimu.errors import JimuError
 
 __all__ = ["ModelSpec", "build_model", "count_blocks", "parse_spec"]
 
-_SPEC_HELP = "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., lenet, resnet or resnet:BLOCKS"
+_SPEC_HELP = (
+    "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., lenet, resnet or resnet:BLOCKS, "
+    "gcn or gcn:HIDDEN"
+)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A parsed spec: ``kind`` and its numbers (hidden widths for mlp, blocks per stage for resnet)."""
+    """A parsed spec: ``kind`` and its numbers (hidden widths for mlp and gcn, blocks per stage for resnet)."""
 
     kind: str
     widths: tuple[int, ...] = ()
     blocks_per_stage: int = 1
+
+    @property
+    def needs_graph(self) -> bool:
+        """True for models that take the whole graph (gcn), not feature rows."""
+        return self.kind == "gcn"
 
 
 def parse_spec(spec: str) -> ModelSpec:
@@ -42,6 +50,11 @@ def parse_spec(spec: str) -> ModelSpec:
         widths = tuple(int(w) for w in m[1].split("-"))
     elif s == "lenet":
         return ModelSpec("lenet")
+    elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
+        hidden = int(m[1]) if m[1] else 16  # Kipf & Welling's width
+        if hidden < 1:
+            raise JimuError(f"model {spec!r}: gcn needs a hidden width >= 1")
+        return ModelSpec("gcn", widths=(hidden,))
     elif m := re.fullmatch(r"resnet(?::(\d+))?", s):
         n = int(m[1]) if m[1] else 1
         if n < 1:
@@ -61,6 +74,8 @@ def count_blocks(spec: str) -> int:
         return len(ms.widths) + 1
     if ms.kind == "lenet":
         return 5
+    if ms.kind == "gcn":
+        return 2
     return 2 + 3 * ms.blocks_per_stage
 
 
@@ -72,11 +87,14 @@ def build_model(
     Returns:
         ``nn.Sequential`` whose children are the blocks. For ``mlp``, block l is
         ``Sequential([Flatten,] Linear, ReLU)`` and the last block ``Sequential(Linear)``.
+        ``gcn`` is a :class:`~deepjimu.models.gcn.GCN`, whose forward takes the node
+        features and the normalised adjacency.
 
     Raises:
         JimuError: bad spec, or a convolutional model on flat features.
     """
     from deepjimu.models.cnn import lenet, resnet
+    from deepjimu.models.gcn import gcn
     from deepjimu.models.mlp import mlp
 
     ms = parse_spec(spec)
@@ -84,6 +102,12 @@ def build_model(
         torch.manual_seed(seed)
         if ms.kind == "mlp":
             return mlp(feature_shape, ms.widths, num_classes)
+        if ms.kind == "gcn":
+            if len(feature_shape) != 1:
+                raise JimuError(
+                    f"model {spec!r} needs node feature rows; the data has shape {feature_shape}"
+                )
+            return gcn(feature_shape[0], ms.widths[0], num_classes)
         if len(feature_shape) != 3:
             raise JimuError(
                 f"model {spec!r} needs image inputs (C, H, W); the data has shape {feature_shape}"

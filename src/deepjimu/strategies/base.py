@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from deepjimu.comm import Comm
 from deepjimu.config import DEFAULT_LR, RunConfig
-from deepjimu.data import DataSplits
+from deepjimu.data import DataSplits, GraphData
 from deepjimu.errors import JimuError
 from deepjimu.run import Run
 
@@ -26,6 +26,7 @@ __all__ = [
     "epoch_order",
     "log_grid",
     "make_optimizer",
+    "node_accuracies",
     "split_steps",
 ]
 
@@ -55,7 +56,8 @@ class Strategy(ABC):
     do not depend on the activations' dtype); ``supports_kfac``: ``--optimizer kfac`` works
     (its optimizer sees the whole model, and ranks hold replicas of it);
     ``reduces_gradients``: it all-reduces gradients, so ``--compress`` and ``--local-sgd``
-    apply.
+    apply; ``graph_models``: it trains models that take the whole graph (``gcn``, fed from
+    ``DataSplits.graph``).
     """
 
     name: ClassVar[str]
@@ -68,6 +70,7 @@ class Strategy(ABC):
     precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32")
     supports_kfac: ClassVar[bool] = False
     reduces_gradients: ClassVar[bool] = False
+    graph_models: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -161,14 +164,44 @@ def count_correct(
 
 
 def accuracies(
-    model: nn.Module, data: DataSplits, splits: tuple[str, ...]
+    model: nn.Module,
+    data: DataSplits,
+    splits: tuple[str, ...],
+    device: torch.device | None = None,
 ) -> dict[str, float | None]:
-    """``<split>_acc`` of ``model`` for each named split that has samples."""
+    """``<split>_acc`` of ``model`` for each named split that has samples.
+
+    A graph model (``data.graph`` is set) is run once over the whole graph and scored on
+    each split's nodes. With ``device`` the data is moved there split by split.
+    """
+    if data.graph is not None:
+        return node_accuracies(
+            model, data.graph if device is None else data.graph.to(device), splits
+        )
     out: dict[str, float | None] = {}
     for split in splits:
         x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
         if len(y):
+            if device is not None:
+                x, y = x.to(device), y.to(device)
             out[f"{split}_acc"] = count_correct(model, x, y)[0] / len(y)
+    return out
+
+
+@torch.no_grad()
+def node_accuracies(
+    model: nn.Module, graph: GraphData, splits: tuple[str, ...]
+) -> dict[str, float | None]:
+    """``<split>_acc`` of a graph model: one forward over all nodes, scored per split's nodes."""
+    was_training = model.training
+    model.eval()
+    pred = model(graph.x, graph.adj).argmax(1)
+    model.train(was_training)
+    out: dict[str, float | None] = {}
+    for split in splits:
+        idx = getattr(graph, f"{split}_idx")
+        if len(idx):
+            out[f"{split}_acc"] = int((pred[idx] == graph.y[idx]).sum()) / len(idx)
     return out
 
 
