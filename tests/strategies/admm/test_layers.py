@@ -12,7 +12,7 @@ from deepjimu.errors import JimuError
 from deepjimu.models import build_model
 from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.conv import PSolver
-from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp, layer_ops
+from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp, layer_ops, unit_scales
 from deepjimu.strategies.admm.strategy import layer_costs, layer_memory
 
 DT = torch.float64
@@ -46,6 +46,21 @@ def test_cnn_operators_fold_each_pooling_into_the_next_layer() -> None:
         DenseOp((32, 4, 4), 10, pool=2),
     ]
     assert ops[2].n_in == 32 * 2 * 2
+
+
+@pytest.mark.parametrize("spec", ["cnn:3-4-5", "mlp:8x3"])
+def test_unit_scales_keep_the_function_and_equalise_the_layers(spec: str) -> None:
+    model = build_model(spec, (1, 8, 8), num_classes=4).double()
+    ops = layer_ops(model, (1, 8, 8))
+    W, b = [m.weight.detach() for m in _maps(model)], [m.bias.detach() for m in _maps(model)]
+    x = torch.rand(20, 1, 8, 8, dtype=DT)
+    W2, b2, factors = unit_scales(ops, W, b, x)
+    assert len(factors) == len(ops) - 1 and all(c < 1 for c in factors)  # torch's init shrinks
+    h = x
+    for l, op in enumerate(ops[:-1]):
+        h = torch.relu(op.forward(h, W2[l], b2[l]))
+        torch.testing.assert_close(h.square().mean().sqrt(), torch.tensor(1.0, dtype=DT))
+    torch.testing.assert_close(ops[-1].forward(h, W2[-1], b2[-1]), model(x))
 
 
 def test_dense_costs_are_the_strategy_cost_model() -> None:

@@ -11,20 +11,23 @@ p, W, b, z, q, u stay with the caller (a ``LayerBlock``), exactly as with ``upda
 
 :func:`layer_ops` reads them off an ``nn.Sequential`` built by ``deepjimu.models`` (``mlp`` or
 ``cnn``) and refuses, in one line, what pdADMM cannot train (max pooling, normalisation, ...).
+:func:`unit_scales` puts every layer's activations in the same units before pdADMM starts.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from deepjimu.errors import JimuError
 from deepjimu.strategies.admm import conv as C
 from deepjimu.strategies.admm import updates as U
 
-__all__ = ["ConvOp", "DenseOp", "LayerOp", "layer_ops"]
+__all__ = ["ConvOp", "DenseOp", "LayerOp", "layer_ops", "unit_scales"]
 
 
 @dataclass(frozen=True)
@@ -259,3 +262,43 @@ def layer_ops(model: nn.Sequential, feature_shape: tuple[int, ...]) -> list[Dens
             "Conv2d, ReLU[, AvgPool2d] blocks (an mlp:... or cnn:... model)"
         )
     return ops
+
+
+@torch.no_grad()
+def unit_scales(
+    ops: Sequence[LayerOp], W: Sequence[Tensor], b: Sequence[Tensor], x: Tensor
+) -> tuple[list[Tensor], list[Tensor], list[float]]:
+    """Rescale every hidden layer so that its ReLU output has unit RMS on ``x``; same network function.
+
+    pdADMM's penalties are absolute: (nu/2)||z - a||^2 and (rho/2)||p - q||^2 weigh a layer
+    whose activations are c times smaller c^2 times less against the cross-entropy. A CNN's
+    activations shrink layer by layer (torch's default init, then average pooling: 0.05 RMS
+    at the classifier of cnn:16-32 on digits), so its deep layers hardly learn and the
+    classifier fits auxiliary variables that the layers below cannot produce: on digits,
+    cnn:16-32 reached 0.90 test accuracy at rho = nu = 1, and 0.98 after this rescaling.
+    Since relu(a / c) = relu(a) / c for c > 0, dividing W_l, b_l by c_l and multiplying W_{l+1}
+    by c_l changes no output of the network, only the units pdADMM works in.
+
+    Args:
+        ops: the layer operators, in order.
+        W, b: their weights and biases (not modified).
+        x: the network input used to measure the activations, [N, ...].
+
+    Returns:
+        (W, b, c): the rescaled weights and biases and the factors c_l of the hidden layers
+        (1 for a layer whose output is all zero).
+
+    Example:
+        >>> W, b, _ = unit_scales(layer_ops(model, (1, 8, 8)), W, b, data.train_x)
+    """
+    W, b = list(W), list(b)
+    factors = []
+    h = x
+    for l in range(len(ops) - 1):
+        h = torch.relu(ops[l].forward(h, W[l], b[l]))
+        rms = float(h.square().mean().sqrt())
+        c = rms if rms > 0 else 1.0
+        W[l], b[l], W[l + 1] = W[l] / c, b[l] / c, W[l + 1] * c
+        h = h / c
+        factors.append(c)
+    return W, b, factors
