@@ -5,7 +5,7 @@ A layer operator is stateless: it knows shapes, the fixed map P folded in front 
 p, W, b, z, q, u stay with the caller (a ``LayerBlock``), exactly as with ``updates.py``.
 
     forward(p, W, b)      a = A(P p) + b, for the z-step, the objective and evaluation
-    solve_Wb(p, z, W)     the exact (W, b) step
+    solve_Wb(p, z, W)     the exact (W, b) step; gram(p) its normal matrix, constant for the data
     solve_p(...)          the p step (exact, or CG with its iteration count)
     flops(N), nbytes(N)   estimates for the balancer: flops of one iteration, bytes of variables
 
@@ -62,6 +62,10 @@ class DenseOp:
     def forward(self, p: Tensor, W: Tensor, b: Tensor) -> Tensor:
         """a = flatten(P p) W^T + b, [N, n_out]."""
         return self._x(p) @ W.T + b
+
+    def gram(self, p: Tensor) -> Tensor:
+        """The centred Gram matrix :meth:`solve_Wb` solves with (constant for the data: cache it)."""
+        return U.centred_gram(self._x(p))
 
     def solve_Wb(
         self,
@@ -138,6 +142,10 @@ class ConvOp:
     def forward(self, p: Tensor, W: Tensor, b: Tensor) -> Tensor:
         """a = conv(P p, W) + b, [N, C_out, H, W]."""
         return C.conv_forward(C.avg_pool(p, self.pool), W, b)
+
+    def gram(self, p: Tensor) -> Tensor:
+        """The centred Gram of the im2col patches of P p, [C_in s^2, C_in s^2] (cache it for the data)."""
+        return U.centred_gram(C.patch_rows(C.avg_pool(p, self.pool), self.kernel))
 
     def solve_Wb(
         self,
