@@ -55,11 +55,7 @@ def run_setting(args: argparse.Namespace, rho: float, nu: float) -> None:
     ops = layer_ops(model, data.feature_shape)
     for l, op in enumerate(ops):
         if isinstance(op, ConvOp):
-            solver = C.PSolver(args.solver) if args.solver != "auto" else None
-            if solver is None:
-                solver = C.choose_p_solver(
-                    op.map_shape, op.c_out, op.kernel, cg_iters=args.auto_iters
-                )
+            solver = op.solver if args.solver == "auto" else C.PSolver(args.solver)
             ops[l] = dataclasses.replace(
                 op, solver=solver, cg_tol=args.cg_tol, cg_max_iter=args.cg_max_iter
             )
@@ -109,8 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--nu", default="1", help="comma-separated values")
     ap.add_argument("--tau", type=float, default=1.0, help="proximal weight of the (W, b) step")
     ap.add_argument("--report", default="30,100", help="iteration counts to report accuracy at")
-    ap.add_argument("--solver", default="cg", choices=("cg", "dense", "auto"))
-    ap.add_argument("--auto-iters", type=float, default=10.0, help="CG iterations 'auto' expects")
+    ap.add_argument(
+        "--solver", default="auto", choices=("auto", "cg", "dense"), help="auto: layer_ops' choice"
+    )
     ap.add_argument("--cg-tol", type=float, default=1e-3)
     ap.add_argument("--cg-max-iter", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")

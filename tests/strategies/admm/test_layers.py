@@ -41,11 +41,14 @@ def test_operators_compute_the_model(spec: str, shape: tuple[int, ...]) -> None:
 def test_cnn_operators_fold_each_pooling_into_the_next_layer() -> None:
     ops = layer_ops(build_model("cnn:16-32", (1, 8, 8), 10), (1, 8, 8))
     assert ops == [
-        ConvOp((1, 8, 8), 16, 3, pool=1),
-        ConvOp((16, 8, 8), 32, 3, pool=2),
+        ConvOp((1, 8, 8), 16, 3, pool=1, solver=PSolver.DENSE),
+        # a 16 x 4 x 4 map: the explicit matrix costs less than CG_ITERS CG iterations
+        ConvOp((16, 8, 8), 32, 3, pool=2, solver=PSolver.DENSE),
         DenseOp((32, 4, 4), 10, pool=2),
     ]
     assert ops[2].n_in == 32 * 2 * 2
+    big = layer_ops(build_model("cnn:16-32", (1, 28, 28), 10), (1, 28, 28))
+    assert [op.solver for op in big[:2]] == [PSolver.CG, PSolver.CG]
 
 
 @pytest.mark.parametrize("spec", ["cnn:3-4-5", "mlp:8x3"])
