@@ -60,7 +60,7 @@ class RunConfig:
     strategy: str = _opt("admm", "training strategy")
     workers: int | None = _opt(None, "number of worker processes (default: the strategy's)")
     dataset: str = _opt("digits", "dataset name")
-    model: str = _opt("mlp:256x3", "model spec: mlp:WIDTHxDEPTH, lenet, resnet")
+    model: str = _opt("mlp:256x3", "model spec: mlp:WIDTHxDEPTH, cnn:C1-C2-..., lenet, resnet")
     name: str | None = _opt(
         None, "run folder name under --runs-dir (default: strategy-dataset-time)"
     )

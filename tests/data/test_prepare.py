@@ -126,6 +126,14 @@ def test_digits_sizes() -> None:
     assert str(d.train_y.dtype) == "torch.int64"
 
 
+def test_images_have_row_major_strides_so_conv_outputs_are_contiguous() -> None:
+    d = load_dataset("digits")
+    for x in (d.train_x, d.val_x, d.test_x):
+        assert x.stride() == (64, 64, 8, 1)
+    out = torch.nn.Conv2d(1, 4, 3, padding=1)(d.train_x[torch.arange(0, 40, 3)])
+    assert out.is_contiguous()  # a channels-last output cannot be sent by gloo
+
+
 def test_synthetic_sizes_and_determinism() -> None:
     opts = DataOptions(synthetic_n=500, synthetic_features=12, synthetic_classes=3, seed=4)
     a, b = load_dataset("synthetic", opts), load_dataset("synthetic", opts)

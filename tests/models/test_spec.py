@@ -20,6 +20,8 @@ from deepjimu.models.spec import ModelSpec
         ("lenet", ModelSpec("lenet")),
         ("resnet", ModelSpec("resnet", blocks_per_stage=1)),
         ("resnet:3", ModelSpec("resnet", blocks_per_stage=3)),
+        ("cnn:16-32", ModelSpec("cnn", widths=(16, 32))),
+        ("cnn:8x3", ModelSpec("cnn", widths=(8, 8, 8))),
     ],
 )
 def test_parse_spec(spec: str, expect: ModelSpec) -> None:
@@ -35,6 +37,11 @@ def test_parse_spec(spec: str, expect: ModelSpec) -> None:
         ("lenet", (1, 28, 28), 5),
         ("resnet", (3, 32, 32), 5),
         ("resnet:2", (3, 32, 32), 8),
+        ("cnn:16-32", (1, 8, 8), 3),
+        ("cnn:4x8", (1, 8, 8), 9),
+        ("cnn:4-6-8", (1, 28, 28), 4),
+        ("cnn:4x2", (3, 32, 32), 3),
+        ("cnn:3", (1, 1, 1), 2),
     ],
 )
 def test_build_model_shapes_and_blocks(
@@ -49,6 +56,26 @@ def test_build_model_shapes_and_blocks(
     for block in model:
         h = block(h)
     torch.testing.assert_close(h, model(x))
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape", "pooled", "flat"),
+    [
+        ("cnn:16-32", (1, 8, 8), [True, True], 32 * 2 * 2),
+        # 8 blocks, 3 halvings of an 8x8 map: pools spread over the blocks, none below 1x1
+        ("cnn:4x8", (1, 8, 8), [False, False, True, False, False, True, False, True], 4),
+        ("cnn:4x6", (1, 28, 28), [False, True, True, False, True, True], 4 * 1 * 1),
+        ("cnn:5-6", (1, 1, 1), [False, False], 6),
+    ],
+)
+def test_cnn_pools_down_to_one_pixel_at_most(
+    spec: str, shape: tuple[int, ...], pooled: list[bool], flat: int
+) -> None:
+    model = build_model(spec, shape, num_classes=10)
+    convs = list(model[:-1])
+    assert [isinstance(b[-1], torch.nn.AvgPool2d) for b in convs] == pooled
+    assert all(isinstance(b[0], torch.nn.Conv2d) and b[0].padding == (1, 1) for b in convs)
+    assert model[-1][1].in_features == flat
 
 
 def test_mlp_layer_widths() -> None:
@@ -70,6 +97,11 @@ def test_mlp_layer_widths() -> None:
         "",
         "resnet:0",
         "lenet:2",
+        "cnn:",
+        "cnn:0",
+        "cnn:16-0",
+        "cnn:16x0",
+        "cnn:16-",
     ],
 )
 def test_bad_spec_is_one_line_error(spec: str) -> None:
@@ -81,14 +113,16 @@ def test_bad_spec_is_one_line_error(spec: str) -> None:
         build_model(spec, (1, 8, 8), 10)
 
 
-@pytest.mark.parametrize("spec", ["lenet", "resnet"])
+@pytest.mark.parametrize("spec", ["lenet", "resnet", "cnn:4-8"])
 def test_conv_model_on_flat_features_is_an_error(spec: str) -> None:
     with pytest.raises(JimuError, match=r"needs image inputs .* \(196,\)") as err:
         build_model(spec, (196,), 10)
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("spec, shape", [("mlp:32x2", (1, 8, 8)), ("resnet", (3, 32, 32))])
+@pytest.mark.parametrize(
+    "spec, shape", [("mlp:32x2", (1, 8, 8)), ("resnet", (3, 32, 32)), ("cnn:4-8", (1, 8, 8))]
+)
 def test_same_seed_same_weights(spec: str, shape: tuple[int, ...]) -> None:
     a, b = build_model(spec, shape, 10, seed=3), build_model(spec, shape, 10, seed=3)
     c = build_model(spec, shape, 10, seed=4)

@@ -243,11 +243,11 @@ def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
             graph = replace(graph, x=(graph.x - mean) / std)
     return DataSplits(
         name=name,
-        train_x=train_x.contiguous(),
+        train_x=_row_major(train_x),
         train_y=train_y.contiguous(),
-        val_x=val_x.contiguous(),
+        val_x=_row_major(val_x),
         val_y=val_y.contiguous(),
-        test_x=test_x.contiguous(),
+        test_x=_row_major(test_x),
         test_y=test_y.contiguous(),
         num_classes=num_classes,
         feature_shape=tuple(train_x.shape[1:]),
@@ -265,6 +265,16 @@ def _subset(x: Tensor, y: Tensor, keep: Tensor, remap: Tensor) -> tuple[Tensor, 
     """The rows of ``x, y`` whose class is in ``keep``, labels renumbered by ``remap``."""
     rows = torch.isin(y, keep)
     return x[rows], remap[y[rows]]
+def _row_major(x: Tensor) -> Tensor:
+    """x with the standard row-major strides, size-1 dimensions included.
+
+    ``contiguous()`` leaves a one-channel image batch strided (H W, 1, W, 1) as it is, and
+    conv2d reads that as channels-last and returns a channels-last output, which is not
+    contiguous: gloo then refuses to send it (model-parallel and pipeline on a CNN failed).
+    """
+    if x.stride() == torch.empty(x.shape, device="meta").stride():
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def _downsample(x: Tensor, k: int, name: str) -> Tensor:

@@ -1,11 +1,13 @@
-"""Convolutional models: a LeNet-style CNN and a small ResNet for CIFAR-10, as block sequences."""
+"""Convolutional models: a plain CNN, a LeNet-style CNN and a small ResNet, as block sequences."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["BasicBlock", "lenet", "resnet"]
+__all__ = ["BasicBlock", "cnn", "lenet", "pool_plan", "resnet"]
 
 
 def _flat_size(blocks: list[nn.Module], feature_shape: tuple[int, ...]) -> int:
@@ -14,6 +16,48 @@ def _flat_size(blocks: list[nn.Module], feature_shape: tuple[int, ...]) -> int:
         for b in blocks:
             x = b(x)
     return int(x.numel())
+
+
+def pool_plan(depth: int, size: tuple[int, int]) -> list[bool]:
+    """Which of ``depth`` conv blocks end in a 2x2 average pooling, for maps of ``size`` (H, W).
+
+    Every block pools while the map allows it; a map of side S allows floor(log2 S) halvings
+    (down to 1x1, floor mode). A deeper CNN gets that many pools spread evenly over its
+    blocks, the last block always pooling (VGG-like stages), instead of a tail of convs on
+    1x1 maps. Example: depth 8 on 8x8 digits pools after blocks 3, 6 and 8.
+    """
+    m = min(depth, int(math.log2(min(size))))
+    return [(i + 1) * m // depth > i * m // depth for i in range(depth)]
+
+
+def cnn(
+    feature_shape: tuple[int, ...], channels: tuple[int, ...], num_classes: int
+) -> nn.Sequential:
+    """Blocks ``Conv2d(3x3, same), ReLU[, AvgPool2d(2)]`` per channel count, then a linear classifier.
+
+    The pooling follows :func:`pool_plan`; the last block is ``Flatten, Linear``. Average
+    pooling (not max) keeps every map a linear function of the previous ReLU output, which
+    is what the ``admm`` strategy folds into the next layer.
+
+    Example:
+        >>> cnn((1, 8, 8), (16, 32), 10)[1]
+        Sequential(
+          (0): Conv2d(16, 32, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))
+          (1): ReLU()
+          (2): AvgPool2d(kernel_size=2, stride=2, padding=0)
+        )
+    """
+    c, h, w = feature_shape
+    blocks: list[nn.Module] = []
+    for c_out, pools in zip(channels, pool_plan(len(channels), (h, w)), strict=True):
+        layers: list[nn.Module] = [nn.Conv2d(c, c_out, 3, padding=1), nn.ReLU()]
+        if pools:
+            layers.append(nn.AvgPool2d(2))
+            h, w = h // 2, w // 2
+        blocks.append(nn.Sequential(*layers))
+        c = c_out
+    blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes)))
+    return nn.Sequential(*blocks)
 
 
 def lenet(feature_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:

@@ -1,4 +1,4 @@
-"""Parse model specs (``mlp:256x3``, ``lenet``, ``resnet``, ``gcn``) and build the block sequence."""
+"""Parse model specs (``mlp:256x3``, ``cnn:16-32``, ``lenet``, ``resnet``, ``gcn``) and build the block sequence."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from deepjimu.errors import JimuError
 __all__ = ["ModelSpec", "build_model", "count_blocks", "parse_spec"]
 
 _SPEC_HELP = (
-    "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., lenet, resnet or resnet:BLOCKS, "
-    "gcn or gcn:HIDDEN"
+    "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., cnn:C1-C2-... (e.g. cnn:16-32), cnn:CxDEPTH, "
+    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN"
 )
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A parsed spec: ``kind`` and its numbers (hidden widths for mlp and gcn, blocks per stage for resnet)."""
+    """A parsed spec: ``kind`` and its numbers (mlp, gcn: hidden widths, cnn: channels, resnet: blocks)."""
 
     kind: str
     widths: tuple[int, ...] = ()
@@ -43,11 +43,10 @@ def parse_spec(spec: str) -> ModelSpec:
         JimuError: the spec is not one of the known forms.
     """
     s = spec.strip().lower()
-    if m := re.fullmatch(r"mlp:(\d+)x(\d+)", s):
-        width, depth = int(m[1]), int(m[2])
-        widths = (width,) * depth
-    elif m := re.fullmatch(r"mlp:(\d+(?:-\d+)*)", s):
-        widths = tuple(int(w) for w in m[1].split("-"))
+    if m := re.fullmatch(r"(mlp|cnn):(\d+)x(\d+)", s):
+        kind, widths = m[1], (int(m[2]),) * int(m[3])
+    elif m := re.fullmatch(r"(mlp|cnn):(\d+(?:-\d+)*)", s):
+        kind, widths = m[1], tuple(int(w) for w in m[2].split("-"))
     elif s == "lenet":
         return ModelSpec("lenet")
     elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
@@ -63,14 +62,15 @@ def parse_spec(spec: str) -> ModelSpec:
     else:
         raise JimuError(f"unknown model spec {spec!r} (expected {_SPEC_HELP})")
     if not widths or min(widths) < 1:
-        raise JimuError(f"model {spec!r}: an mlp needs at least one hidden layer of width >= 1")
-    return ModelSpec("mlp", widths=widths)
+        need = "hidden layer of width" if kind == "mlp" else "conv block of channels"
+        raise JimuError(f"model {spec!r}: {kind} needs at least one {need} >= 1")
+    return ModelSpec(kind, widths=widths)
 
 
 def count_blocks(spec: str) -> int:
     """Number of blocks (cut points + 1) the spec builds, without building it."""
     ms = parse_spec(spec)
-    if ms.kind == "mlp":
+    if ms.kind in ("mlp", "cnn"):
         return len(ms.widths) + 1
     if ms.kind == "lenet":
         return 5
@@ -86,14 +86,15 @@ def build_model(
 
     Returns:
         ``nn.Sequential`` whose children are the blocks. For ``mlp``, block l is
-        ``Sequential([Flatten,] Linear, ReLU)`` and the last block ``Sequential(Linear)``.
+        ``Sequential([Flatten,] Linear, ReLU)`` and the last block ``Sequential(Linear)``;
+        for ``cnn``, ``Sequential(Conv2d, ReLU[, AvgPool2d])`` and ``Sequential(Flatten, Linear)``.
         ``gcn`` is a :class:`~deepjimu.models.gcn.GCN`, whose forward takes the node
         features and the normalised adjacency.
 
     Raises:
         JimuError: bad spec, or a convolutional model on flat features.
     """
-    from deepjimu.models.cnn import lenet, resnet
+    from deepjimu.models.cnn import cnn, lenet, resnet
     from deepjimu.models.gcn import gcn
     from deepjimu.models.mlp import mlp
 
@@ -112,6 +113,8 @@ def build_model(
             raise JimuError(
                 f"model {spec!r} needs image inputs (C, H, W); the data has shape {feature_shape}"
             )
+        if ms.kind == "cnn":
+            return cnn(feature_shape, ms.widths, num_classes)
         if ms.kind == "lenet":
             return lenet(feature_shape, num_classes)
         return resnet(feature_shape, num_classes, ms.blocks_per_stage)

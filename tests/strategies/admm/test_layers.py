@@ -1,0 +1,154 @@
+"""Layer operators: read off mlp and cnn models, compute the model, and every step lowers the objective."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from deepjimu.errors import JimuError
+from deepjimu.models import build_model
+from deepjimu.strategies.admm import updates as U
+from deepjimu.strategies.admm.conv import PSolver
+from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp, layer_ops, unit_scales
+from deepjimu.strategies.admm.strategy import layer_costs, layer_memory
+
+DT = torch.float64
+
+
+def _maps(model: nn.Sequential) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape"), [("cnn:3-4", (1, 8, 8)), ("cnn:2x4", (1, 7, 5)), ("mlp:6x2", (1, 4, 4))]
+)
+def test_operators_compute_the_model(spec: str, shape: tuple[int, ...]) -> None:
+    model = build_model(spec, shape, num_classes=5).double()
+    ops = layer_ops(model, shape)
+    x = torch.rand(3, *shape, dtype=DT)
+    h = x
+    for l, (op, m) in enumerate(zip(ops, _maps(model), strict=True)):
+        assert tuple(h.shape[1:]) == op.in_shape
+        h = op.forward(h, m.weight, m.bias)
+        assert tuple(h.shape[1:]) == op.out_shape
+        h = torch.relu(h) if l < len(ops) - 1 else h
+    torch.testing.assert_close(h, model(x))
+
+
+def test_cnn_operators_fold_each_pooling_into_the_next_layer() -> None:
+    ops = layer_ops(build_model("cnn:16-32", (1, 8, 8), 10), (1, 8, 8))
+    assert ops == [
+        ConvOp((1, 8, 8), 16, 3, pool=1, solver=PSolver.DENSE),
+        # a 16 x 4 x 4 map: the explicit matrix costs less than CG_ITERS CG iterations
+        ConvOp((16, 8, 8), 32, 3, pool=2, solver=PSolver.DENSE),
+        DenseOp((32, 4, 4), 10, pool=2),
+    ]
+    assert ops[2].n_in == 32 * 2 * 2
+    big = layer_ops(build_model("cnn:16-32", (1, 28, 28), 10), (1, 28, 28))
+    assert [op.solver for op in big[:2]] == [PSolver.CG, PSolver.CG]
+
+
+@pytest.mark.parametrize("spec", ["cnn:3-4-5", "mlp:8x3"])
+def test_unit_scales_keep_the_function_and_equalise_the_layers(spec: str) -> None:
+    model = build_model(spec, (1, 8, 8), num_classes=4).double()
+    ops = layer_ops(model, (1, 8, 8))
+    W, b = [m.weight.detach() for m in _maps(model)], [m.bias.detach() for m in _maps(model)]
+    x = torch.rand(20, 1, 8, 8, dtype=DT)
+    W2, b2, factors = unit_scales(ops, W, b, x)
+    assert len(factors) == len(ops) - 1 and all(c < 1 for c in factors)  # torch's init shrinks
+    h = x
+    for l, op in enumerate(ops[:-1]):
+        h = torch.relu(op.forward(h, W2[l], b2[l]))
+        torch.testing.assert_close(h.square().mean().sqrt(), torch.tensor(1.0, dtype=DT))
+    torch.testing.assert_close(ops[-1].forward(h, W2[-1], b2[-1]), model(x))
+
+
+def test_dense_costs_are_the_strategy_cost_model() -> None:
+    widths, n = [64, 20, 30, 10], 100
+    ops = layer_ops(build_model("mlp:20-30", (1, 8, 8), 10), (1, 8, 8))
+    assert [op.flops(n, with_p=l > 0) for l, op in enumerate(ops)] == layer_costs(widths, n)
+    assert [op.nbytes(n) for op in ops] == layer_memory(widths, n)
+    conv = ConvOp((16, 8, 8), 32, 3, pool=2)
+    assert conv.flops(2 * n) > 1.9 * conv.flops(n)  # grows with N
+    assert dataclasses.replace(conv, solver=PSolver.DENSE).flops(n) < conv.flops(n)
+
+
+def _two_blocks(*first: nn.Module) -> nn.Sequential:
+    return nn.Sequential(nn.Sequential(*first), nn.Sequential(nn.Flatten(), nn.LazyLinear(3)))
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        (build_model("lenet", (1, 8, 8), 10), r"cannot train max pooling \(block 0: Conv2d-ReLU-MaxPool2d\): it is not linear"),
+        (build_model("resnet", (1, 8, 8), 10), r"cannot train block 0: Conv2d-BatchNorm2d-ReLU"),
+        (_two_blocks(nn.Conv2d(1, 2, 3, stride=2, padding=1), nn.ReLU()), r"stride 1, bias \(block 0: Conv2d-ReLU\)"),
+        (_two_blocks(nn.Conv2d(1, 2, 4, padding=2), nn.ReLU()), r"odd square kernels"),
+        (_two_blocks(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.AvgPool2d(3, 2)), r"non-overlapping"),
+        (_two_blocks(nn.Flatten(), nn.Linear(64, 3), nn.Tanh()), r"cannot train block 0: Flatten-Linear-Tanh"),
+    ],
+)  # fmt: skip
+def test_what_admm_cannot_train_is_one_line(model: nn.Sequential, match: str) -> None:
+    with pytest.raises(JimuError, match=match) as e:
+        layer_ops(model, (1, 8, 8))
+    assert "\n" not in str(e.value)
+
+
+def _lagrangian(ops: list[LayerOp], v: dict[str, list], y: torch.Tensor, rho: float, nu: float):
+    """Problem 2's augmented Lagrangian over operators (``updates`` terms are elementwise sums)."""
+    a = [op.forward(v["p"][l], v["W"][l], v["b"][l]) for l, op in enumerate(ops)]
+    total = U.last_layer_objective(a[-1], v["z"][-1], y, nu)
+    for l in range(len(ops) - 1):
+        total = total + U.layer_lagrangian(
+            a[l], v["z"][l], v["q"][l], v["u"][l], v["p"][l + 1], rho, nu
+        )
+    return total
+
+
+@pytest.mark.parametrize("step", ["p cg", "p dense", "Wb", "z", "q"])
+def test_every_step_lowers_the_augmented_lagrangian(step: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    model = build_model("cnn:3-4", (1, 6, 6), num_classes=3).double()
+    ops = layer_ops(model, (1, 6, 6))
+    N, rho, nu = 5, 0.8, 1.2
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(N, *shape, dtype=DT, generator=g)
+
+    v: dict[str, list] = {
+        "W": [m.weight.detach() for m in _maps(model)],
+        "b": [m.bias.detach() for m in _maps(model)],
+        "p": [rand(*op.in_shape) for op in ops],
+        "z": [rand(*op.out_shape) for op in ops],
+        "q": [rand(*op.out_shape) for op in ops[:-1]],
+        "u": [rand(*op.out_shape) for op in ops[:-1]],
+    }
+    y = torch.randint(0, 3, (N,), generator=g)
+    before = _lagrangian(ops, v, y, rho, nu)
+    L = len(ops)
+    if step.startswith("p"):
+        solver = PSolver.CG if step == "p cg" else PSolver.DENSE
+        for l in range(1, L):
+            op = (
+                dataclasses.replace(ops[l], solver=solver) if isinstance(ops[l], ConvOp) else ops[l]
+            )
+            args = (v["W"][l], v["b"][l], v["z"][l], v["q"][l - 1], v["u"][l - 1], rho, nu)
+            v["p"][l] = op.solve_p(*args, p_old=v["p"][l]).p
+    elif step == "Wb":
+        for l, op in enumerate(ops):
+            v["W"][l], v["b"][l] = op.solve_Wb(v["p"][l], v["z"][l], v["W"][l], nu)
+    elif step == "z":
+        for l, op in enumerate(ops):
+            a = op.forward(v["p"][l], v["W"][l], v["b"][l])
+            v["z"][l] = (
+                U.update_z_last(a, y, v["z"][l], nu).z
+                if l == L - 1
+                else U.update_z_hidden(a, v["q"][l], v["z"][l])
+            )
+    else:
+        v["q"] = [U.update_q(v["p"][l + 1], v["u"][l], v["z"][l], rho, nu) for l in range(L - 1)]
+    after = _lagrangian(ops, v, y, rho, nu)
+    assert after < before - 1e-3 * abs(before)
