@@ -49,6 +49,7 @@ def test_gcn_trains_full_graph_and_resumes_exactly(tmp_path: Path) -> None:
         "samples_per_s",
         "train_s",
         "eval_s",
+        "resumed",
         "compute_s",
         "compute_s_per_rank",
         "peak_mem_mb_per_rank",
