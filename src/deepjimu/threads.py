@@ -13,8 +13,8 @@ The rule (measured for every strategy and worker count; BENCHMARKS.md, "Threads"
 - workers x threads > cores (more busy threads than cores): ``PASSIVE``, so a waiting thread
   yields its core to a worker that has work (pdADMM iterations ran 13x slower with spinning
   threads sharing two cores).
-- Other work counts too: the tasks runnable on the machine when the run starts (other
-  programs, other users) are added to workers x threads. A spinning thread whose partner
+- Other work counts too: the threads runnable on the machine when the run starts (other
+  programs, other users; not those at a higher nice value) are added to workers x threads. A spinning thread whose partner
   was preempted burns its slice for nothing: ``local`` on digits took 74-81 s with OpenMP's
   default and 27-28 s with ``PASSIVE`` while other jobs kept the 2 cores busy (2 s quiet).
 
@@ -76,23 +76,50 @@ def available_cores() -> int:
 
 
 def busy_elsewhere(samples: int = 5, interval_s: float = 0.01) -> int:
-    """Tasks runnable on this machine now, other than this process (0 where unknown).
+    """Threads runnable on this machine now, outside this process, that compete with it (0
+    where unknown).
 
-    Read from the kernel's instantaneous count (``/proc/loadavg``'s 4th field, which counts
-    the reader itself), the smallest of a few samples so that a passing blip does not count;
-    the load averages would remember jobs that have just ended.
+    Counted from ``/proc/<pid>/task/<tid>/stat`` (state R), leaving out threads with a
+    higher nice value than ours: the scheduler gives those only what we leave idle. The
+    smallest of a few samples, so that a passing blip does not count; the load averages
+    would remember jobs that have just ended.
     """
     found = []
     for i in range(samples):
-        try:
-            with open("/proc/loadavg") as f:
-                running = f.read().split()[3].split("/")[0]
-            found.append(max(0, int(running) - 1))
-        except (OSError, IndexError, ValueError):
+        n = _runnable_threads()
+        if n is None:
             return 0
+        found.append(n)
         if i + 1 < samples:
             time.sleep(interval_s)
     return min(found)
+
+
+def _runnable_threads() -> int | None:
+    """Runnable threads of other processes at our nice value or below; None without /proc."""
+    me, mine = os.getpid(), os.nice(0)
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    count = 0
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone, or not ours to read
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            # after the name: state is field 3 of stat(5), nice field 19
+            if fields[0] == "R" and int(fields[16]) <= mine:
+                count += 1
+    return count
 
 
 @dataclass(frozen=True)
