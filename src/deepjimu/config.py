@@ -143,7 +143,7 @@ class RunConfig:
         1.0, "admm: proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)"
     )
     admm_momentum: float = _opt(
-        0.0, "admm: extrapolate every variable by this fraction of its last change (0: off)"
+        0.5, "admm: extrapolate every variable by this fraction of its last change (0: off)"
     )
     admm_init: str = _opt(
         "forward",
