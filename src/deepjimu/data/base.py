@@ -265,6 +265,8 @@ def _subset(x: Tensor, y: Tensor, keep: Tensor, remap: Tensor) -> tuple[Tensor, 
     """The rows of ``x, y`` whose class is in ``keep``, labels renumbered by ``remap``."""
     rows = torch.isin(y, keep)
     return x[rows], remap[y[rows]]
+
+
 def _row_major(x: Tensor) -> Tensor:
     """x with the standard row-major strides, size-1 dimensions included.
 
