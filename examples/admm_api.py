@@ -2,7 +2,9 @@
 
     python examples/admm_api.py                           # serial
     python examples/admm_api.py --workers 2               # 2 ranks, under torch's launcher
-    torchrun --nproc-per-node 2 examples/admm_api.py      # the same, launched by hand
+    torchrun --nproc-per-node 2 -- examples/admm_api.py   # the same, launched by hand
+
+(the ``--`` keeps torchrun's own parser from reading ``--nu`` as its ``--numa-binding``.)
 
 It prints one JSON line (the iterations, the objective and residual of the last one, the
 train and test accuracy), which equals what ``jimu train --strategy admm --dataset digits
@@ -36,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.workers > 1 and "RANK" not in os.environ:  # start the ranks: torchrun, this script
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        launcher += [f"--nproc-per-node={args.workers}", __file__, *sys.argv[1:]]
+        launcher += [f"--nproc-per-node={args.workers}", "--", __file__, *sys.argv[1:]]
         raise SystemExit(subprocess.call(launcher))
 
     group = None

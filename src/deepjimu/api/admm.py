@@ -206,11 +206,9 @@ class PdADMM:
         sizes = self.sizes or partition(layer_costs(self.widths, n_samples), self.world)
         lo = sum(sizes[: self.rank])
         hi = lo + sizes[self.rank]
-        W = [self.linears[l].weight.detach().clone() for l in range(lo, hi)]
-        b = [self.linears[l].bias.detach().clone() for l in range(lo, hi)]
         # a scaled start rescales the weights once, at the first init, as the strategy does
         scale = self.init_mode == "scaled" and self.block is None
-        self.block = LayerBlock(lo, hi, self.L, W, b, self.params)
+        self.block = self._new_block(lo, hi)
         init_blocks_forward(self.block, x, n_samples, self.exchange, self.rank, self.world, scale)
         self._x = x
         self._write_back()
@@ -233,12 +231,16 @@ class PdADMM:
         """
         if self.block is None:
             self.init(x)
-        elif x is not None and x is not self._x and self._x is not None:
-            if not torch.equal(x.to(self.device).flatten(1), self._x):
-                raise ValueError(
-                    "step(x, y) takes the samples given to init(x) (full-batch pdADMM); "
-                    "call init(x) first for new samples"
-                )
+        elif (
+            x is not None
+            and x is not self._x
+            and self._x is not None
+            and not torch.equal(x.to(self.device).flatten(1), self._x)
+        ):
+            raise ValueError(
+                "step(x, y) takes the samples given to init(x) (full-batch pdADMM); "
+                "call init(x) first for new samples"
+            )
         block = self.block
         assert block is not None
         if block.hi == self.L:
@@ -315,15 +317,19 @@ class PdADMM:
         lo, hi = state["layers"]
         if not 0 <= lo < hi <= self.L:
             raise ValueError(f"state of layers {lo}..{hi - 1} does not fit a {self.L}-layer model")
-        W = [self.linears[l].weight.detach().clone() for l in range(lo, hi)]
-        b = [self.linears[l].bias.detach().clone() for l in range(lo, hi)]
-        self.block = LayerBlock(lo, hi, self.L, W, b, self.params)
+        self.block = self._new_block(lo, hi)
         self.block.load_state_dict(state["block"], self.device)
         self.iteration = int(state["iteration"])
         self._x = self.block.p[0] if lo == 0 else None
         self._write_back()
 
     # ---- internals -----------------------------------------------------------------------------
+    def _new_block(self, lo: int, hi: int) -> LayerBlock:
+        """Layers lo..hi-1, starting from the model's current weights."""
+        W = [self.linears[l].weight.detach().clone() for l in range(lo, hi)]
+        b = [self.linears[l].bias.detach().clone() for l in range(lo, hi)]
+        return LayerBlock(lo, hi, self.L, W, b, self.params)
+
     def _write_back(self) -> None:
         assert self.block is not None
         with torch.no_grad():
