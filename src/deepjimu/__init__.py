@@ -5,10 +5,10 @@ from typing import Any
 from deepjimu.errors import JimuError
 
 __version__ = "0.1.0"
-__all__ = ["JimuError", "PdADMM", "__version__"]
+__all__ = ["Fitted", "JimuError", "PdADMM", "__version__", "fit"]
 
 # the API loads torch; `import deepjimu` (the CLI's first import) stays light until it is used
-_LAZY = {"PdADMM": "deepjimu.api.admm"}
+_LAZY = {"PdADMM": "deepjimu.api.admm", "fit": "deepjimu.api.fit", "Fitted": "deepjimu.api.fit"}
 
 
 def __getattr__(name: str) -> Any:
