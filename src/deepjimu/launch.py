@@ -186,7 +186,8 @@ def _launch_local(
         raise JimuError(_failure_line(out_dir, e)) from None
     except SignalException as e:  # the agent has stopped every worker
         raise Interrupted(int(e.sigval)) from None
-    return results.get(0)
+    summary: dict[str, Any] | None = results.get(0)  # rank 0's return value
+    return summary
 
 
 def _failure_line(out_dir: Path, err: Exception) -> str:

@@ -224,7 +224,8 @@ def _claim(
     status, value = box[0]
     if status == "error":
         raise JimuError(value)
-    return value
+    result: tuple[Path, Path | None, str] = value
+    return result
 
 
 def _train(
