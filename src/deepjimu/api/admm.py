@@ -189,7 +189,7 @@ class PdADMM:
         Calling it again restarts from the model's current weights, on new samples.
 
         Raises:
-            ValueError: ``x`` missing on rank 0, or not 2-D after flattening.
+            ValueError: ``x`` missing on rank 0, or its features do not fit the first Linear.
         """
         if self.rank == 0:
             if x is None:
