@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from deepjimu.api.admm import PdADMM, admm_linears
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
 from distributed import run_world
+from processes import env
 
 
 def _mlp(widths: tuple[int, ...] = (6, 8, 7, 3), seed: int = 0) -> nn.Sequential:
@@ -162,3 +165,12 @@ def test_two_ranks_equal_serial() -> None:
         for k, v in model.state_dict().items():  # gathered: the whole model on every rank
             torch.testing.assert_close(r["state"][k], v, rtol=1e-6, atol=1e-7)
     assert all(r["sent"] > 0 for r in ranks)
+
+
+def test_import_deepjimu_stays_light_until_the_api_is_used() -> None:
+    code = (
+        "import sys, deepjimu; assert 'torch' not in sys.modules; "
+        "from deepjimu import PdADMM, fit; assert 'torch' in sys.modules; print(PdADMM.__name__)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env())
+    assert r.returncode == 0 and r.stdout.strip() == "PdADMM", r.stderr[-1000:]
