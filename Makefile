@@ -36,8 +36,9 @@ demo: $(VENV)/.installed
 	$(BIN)/jimu train
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -92,14 +92,15 @@ class Comm:
             self.stats.sent_by_kind[kind] = self.stats.sent_by_kind.get(kind, 0) + sent
 
     def isend(self, t: Tensor, dst: int, kind: str | None = None) -> Pending:
-        """Start sending ``t`` to rank ``dst``."""
+        """Start sending ``t`` to rank ``dst`` (its rank in the Comm's group)."""
         self.count(sent=nbytes(t), kind=kind)
-        return Pending(dist.isend(t, dst, group=self.group), self.stats, self._sync(t))
+        work = dist.isend(t, group=self.group, group_dst=dst)
+        return Pending(work, self.stats, self._sync(t))
 
     def irecv(self, t: Tensor, src: int) -> Pending:
-        """Start receiving into ``t`` from rank ``src``."""
+        """Start receiving into ``t`` from rank ``src`` (its rank in the Comm's group)."""
         self.count(recv=nbytes(t))
-        return Pending(dist.irecv(t, src, group=self.group), self.stats, self._sync(t))
+        return Pending(dist.irecv(t, group=self.group, group_src=src), self.stats, self._sync(t))
 
     def send(self, t: Tensor, dst: int) -> None:
         """Send ``t`` to ``dst`` and wait until it is out."""

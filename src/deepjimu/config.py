@@ -214,7 +214,9 @@ def option_fields() -> list[dataclasses.Field[Any]]:
     return list(fields(RunConfig))
 
 
-def add_options(parser: argparse.ArgumentParser, exclude: frozenset[str] = frozenset()) -> None:
+def add_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, exclude: frozenset[str] = frozenset()
+) -> None:
     """Add a flag for every :class:`RunConfig` field not in ``exclude`` (``--batch-size``, ...).
 
     Flags that are not given stay out of the namespace (``argparse.SUPPRESS``), so

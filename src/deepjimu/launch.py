@@ -19,12 +19,14 @@ from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.precision import check_precision
 from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
-from deepjimu.worker import error_dir, pick_device, run_dir_of, worker_main
+from deepjimu.worker import ModelFactory, error_dir, pick_device, run_dir_of, worker_main
 
 __all__ = ["probe", "train"]
 
 
-def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | None:
+def train(
+    cfg: RunConfig, plan: ThreadPlan | None = None, model_factory: ModelFactory | None = None
+) -> dict[str, Any] | None:
     """Validate ``cfg``, start its workers, wait, and return rank 0's summary.
 
     Locally, ``cfg.workers`` processes are started with
@@ -41,6 +43,8 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
         cfg: the run's options (validated here).
         plan: the thread plan, when the caller already applied it (torchrun); default: made
             here from ``cfg`` and the number of local workers.
+        model_factory: a picklable callable building the model in every worker, in place
+            of ``cfg.model``'s spec (:func:`deepjimu.fit`).
 
     Raises:
         ConfigErrors: bad config, or a resume that its checkpoint contradicts (before any
@@ -49,7 +53,7 @@ def train(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
             worker failed (its rank and error in one line).
         Interrupted: SIGINT or SIGTERM stopped the run (every worker is ended first).
     """
-    return _start(cfg, "train", plan)
+    return _start(cfg, "train", plan, model_factory)
 
 
 def probe(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | None:
@@ -66,7 +70,9 @@ def probe(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
     return _start(dataclasses.replace(cfg, strategy="ddp"), "probe", plan)
 
 
-def _start(cfg: RunConfig, job: str, plan: ThreadPlan | None) -> dict[str, Any] | None:
+def _start(
+    cfg: RunConfig, job: str, plan: ThreadPlan | None, model_factory: ModelFactory | None = None
+) -> dict[str, Any] | None:
     with signals_interrupt():
         if under_torchrun():
             world = int(os.environ["WORLD_SIZE"])
@@ -84,7 +90,7 @@ def _start(cfg: RunConfig, job: str, plan: ThreadPlan | None) -> dict[str, Any] 
                 check_resume(cfg)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
-            return worker_main(cfg.to_dict(), None, True, plan, job)
+            return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
         cfg = validate(cfg)
         assert cfg.workers is not None
         if cfg.resume:
@@ -100,13 +106,17 @@ def _start(cfg: RunConfig, job: str, plan: ThreadPlan | None) -> dict[str, Any] 
             if not cfg.resume:
                 check_new(out_dir)
             try:
-                return _run_workers(cfg, out_dir, plan, job)
+                return _run_workers(cfg, out_dir, plan, job, model_factory)
             except Interrupted as e:
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
 
 
 def _run_workers(
-    cfg: RunConfig, out_dir: Path, plan: ThreadPlan, job: str
+    cfg: RunConfig,
+    out_dir: Path,
+    plan: ThreadPlan,
+    job: str,
+    model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     assert cfg.workers is not None
     cfg_dict = {**cfg.to_dict(), "download": False}
@@ -114,8 +124,10 @@ def _run_workers(
     if not cfg.quiet:
         print(f"threads: {plan.describe()}", flush=True)
     if cfg.workers == 1 and not cfg.max_restarts and plan.matches(os.environ):
-        return worker_main(cfg_dict, str(out_dir), False, plan, job)
-    summary = _launch_local(cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job)
+        return worker_main(cfg_dict, str(out_dir), False, plan, job, model_factory)
+    summary = _launch_local(
+        cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job, model_factory
+    )
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # errors of attempts that restarted
     return summary
 
@@ -142,6 +154,7 @@ def _launch_local(
     out_dir: Path,
     plan: ThreadPlan,
     job: str,
+    model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -166,12 +179,15 @@ def _launch_local(
     )
     try:
         with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
-            results = elastic_launch(config, worker_main)(cfg_dict, str(out_dir), True, plan, job)
+            results = elastic_launch(config, worker_main)(
+                cfg_dict, str(out_dir), True, plan, job, model_factory
+            )
     except ChildFailedError as e:
         raise JimuError(_failure_line(out_dir, e)) from None
     except SignalException as e:  # the agent has stopped every worker
         raise Interrupted(int(e.sigval)) from None
-    return results.get(0)
+    summary: dict[str, Any] | None = results.get(0)  # rank 0's return value
+    return summary
 
 
 def _failure_line(out_dir: Path, err: Exception) -> str:

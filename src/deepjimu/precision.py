@@ -27,7 +27,7 @@ __all__ = ["PRECISIONS", "autocast", "check_precision", "matmul_precision"]
 
 def _switches() -> list[Any]:
     """The backend objects whose ``fp32_precision`` decides float32 matmuls and convolutions."""
-    return [torch.backends.cuda.matmul, torch.backends.cudnn.conv]
+    return [torch.backends.cuda.matmul, torch.backends.cudnn.conv]  # type: ignore[attr-defined]
 
 
 def check_precision(precision: str, device: torch.device) -> None:

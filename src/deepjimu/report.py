@@ -213,7 +213,7 @@ def table(events: list[dict[str, Any]]) -> str:
         "compute_s",
         "wait_s",
     )
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for e in events:
         rows.append(
             (

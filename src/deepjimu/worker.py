@@ -9,11 +9,13 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.comm import sum_by_kind
@@ -29,7 +31,17 @@ from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import accuracies
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
 
-__all__ = ["default_run_name", "error_dir", "free_port", "run_dir_of", "worker_main"]
+__all__ = [
+    "ModelFactory",
+    "default_run_name",
+    "error_dir",
+    "free_port",
+    "run_dir_of",
+    "worker_main",
+]
+
+# a picklable callable that builds the model (deepjimu.fit): it crosses to spawned workers
+ModelFactory = Callable[[], nn.Sequential]
 
 _TIMEOUT = datetime.timedelta(minutes=30)
 # key in torch elastic's job store: the run folder this torchrun job owns (see _claim)
@@ -86,8 +98,12 @@ def worker_main(
     report_errors: bool = True,
     plan: ThreadPlan | None = None,
     job: str = "train",
+    model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
+
+    ``model_factory`` (picklable, called once per worker) builds the model in place of
+    ``cfg.model``'s spec: the Python API's :func:`deepjimu.fit` passes the user's own.
 
     ``plan`` is the launcher's thread plan (default: made here from the config and the
     local worker count). ``job`` is ``train``, or ``probe`` for ``jimu probe`` (rank 0
@@ -99,7 +115,7 @@ def worker_main(
     rank = _env_int("RANK", 0)
     folder = Path(out_dir) if out_dir else None
     try:
-        return _work(cfg, folder, plan, job)
+        return _work(cfg, folder, plan, job, model_factory)
     except BaseException as e:
         if folder is not None and report_errors:
             record = {
@@ -115,7 +131,11 @@ def worker_main(
 
 
 def _work(
-    cfg: RunConfig, out_dir: Path | None, plan: ThreadPlan | None, job: str
+    cfg: RunConfig,
+    out_dir: Path | None,
+    plan: ThreadPlan | None,
+    job: str,
+    model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
@@ -158,7 +178,7 @@ def _work(
             with matmul_precision(cfg.precision, device):
                 if job == "probe":
                     return _probe(cfg, out_dir, rank, world, device)
-                return _train(cfg, out_dir, rank, world, device, plan, resume, how)
+                return _train(cfg, out_dir, rank, world, device, plan, resume, how, model_factory)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -204,7 +224,8 @@ def _claim(
     status, value = box[0]
     if status == "error":
         raise JimuError(value)
-    return value
+    result: tuple[Path, Path | None, str] = value
+    return result
 
 
 def _train(
@@ -216,6 +237,7 @@ def _train(
     plan: ThreadPlan,
     resume: Path | None,
     how: str,
+    model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     strategy_cls = get_strategy(cfg.strategy)
     run = Run(cfg, out_dir, rank, world, device)
@@ -230,7 +252,11 @@ def _train(
         data = data.shard(rank, world)
     strategy = strategy_cls(cfg)
     data = data.to(strategy.data_device(device))
-    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    if model_factory is None:
+        model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    else:  # the same start on every rank, as build_model's seeded init
+        torch.manual_seed(cfg.seed)
+        model = model_factory()
     if resume is not None:
         ckpt = run.load_checkpoint(resume)
         if ckpt is None and cfg.resume:
@@ -258,7 +284,7 @@ def _train(
         "strategy": cfg.strategy,
         "workers": world,
         "dataset": cfg.dataset,
-        "model": cfg.model,
+        "model": cfg.model if model_factory is None else _factory_name(model_factory),
         "epochs": result.epochs,
         "steps": result.steps,
         "seed": cfg.seed,
@@ -307,6 +333,13 @@ def _probe(
     write_probe(probe, out_dir / "probe.json", predictions, choice)
     text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
     return {"probe": probe.to_dict(), "choice": choice, "text": text}
+
+
+def _factory_name(factory: ModelFactory) -> str:
+    """``factory:<module>.<name>`` for the summary (a partial or an instance: its type's name)."""
+    f = getattr(factory, "func", factory)  # functools.partial
+    name = getattr(f, "__qualname__", type(f).__qualname__)
+    return f"factory:{getattr(f, '__module__', '?')}.{name}"
 
 
 def _mean_throughput(events: list[dict[str, Any]]) -> float:

@@ -65,7 +65,8 @@ def counted_allreduce(
     """Average ``bucket`` over the group with torch's ``allreduce_hook``, its payload counted."""
     buf = bucket.buffer()
     state.comm.count(sent=nbytes(buf), recv=nbytes(buf))
-    return default_hooks.allreduce_hook(state.group, bucket)
+    # group None is the default group, as in torch's own callers; its stub says ProcessGroup
+    return default_hooks.allreduce_hook(state.group, bucket)  # type: ignore[arg-type]
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

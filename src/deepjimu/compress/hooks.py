@@ -189,7 +189,7 @@ class Averaging:
         """Collective: average the parameters now (before a checkpoint, and at the end)."""
         params = list(params)
         self._count(params)
-        averaging_utils.average_parameters(iter(params), self.group)
+        averaging_utils.average_parameters(iter(params), self.group)  # type: ignore[arg-type]
 
     def _count(self, params: list[torch.nn.Parameter]) -> None:
         # torch flattens the parameters into one tensor and all-reduces it

@@ -11,6 +11,7 @@ decodes and averages them.
 
 # no `from __future__ import annotations`: DDP checks a hook's annotations at runtime
 import time
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -110,7 +111,7 @@ def qsgd_hook(state: QsgdState, bucket: dist.GradBucket) -> torch.futures.Future
     def decode(_: torch.futures.Future) -> Tensor:
         t0 = time.perf_counter()
         total = sum(qsgd_decode(p, g.numel(), state.bits) for p in gathered)
-        g.copy_(total).div_(world)
+        g.copy_(cast(Tensor, total)).div_(world)  # a sum of tensors, not the start value 0
         state.decode_s += time.perf_counter() - t0
         return g
 

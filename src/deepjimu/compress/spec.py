@@ -74,7 +74,7 @@ def parse_compress(text: str) -> CompressSpec:
         raise JimuError(f"ratio must be in (0, 1] (compress: {text})")
     if name == "bits" and not 2 <= value <= 8:
         raise JimuError(f"bits must be in 2..8 (compress: {text})")
-    return CompressSpec(kind, **{name: value})
+    return CompressSpec(kind, **{name: value})  # type: ignore[arg-type]  # value has name's type
 
 
 def compress_problems(text: str) -> list[str]:

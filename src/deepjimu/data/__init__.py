@@ -1,7 +1,7 @@
 """Datasets behind one registry; each returns train / validation / test splits with a fixed seed."""
 
 # importing the loaders registers the datasets
-from deepjimu.data import cifar, digits, idx, planetoid, sbm, synthetic  # noqa: F401
+from deepjimu.data import cifar, digits, idx, planetoid, sbm, synthetic, tensors  # noqa: F401
 from deepjimu.data.base import (
     DataOptions,
     DataSplits,
@@ -11,6 +11,7 @@ from deepjimu.data.base import (
     register_dataset,
 )
 from deepjimu.data.graph import GRAPH_DATASETS, GraphData
+from deepjimu.data.tensors import save_tensors
 
 __all__ = [
     "GRAPH_DATASETS",
@@ -21,4 +22,5 @@ __all__ = [
     "dataset_names",
     "load_dataset",
     "register_dataset",
+    "save_tensors",
 ]

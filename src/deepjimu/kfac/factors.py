@@ -62,7 +62,7 @@ def _pad(module: nn.Conv2d, x: Tensor) -> Tensor:
     if module.padding == "same":
         totals = [d * (k - 1) for k, d in zip(module.kernel_size, module.dilation, strict=True)]
     else:
-        totals = [2 * p for p in module.padding]
+        totals = [2 * int(p) for p in module.padding]
     pads = [side for t in reversed(totals) for side in (t // 2, t - t // 2)]
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     return F.pad(x, pads, mode=mode)

@@ -40,9 +40,11 @@ class KFACLayer:
 
     def __init__(self, name: str, module: nn.Module) -> None:
         self.name, self.module = name, module
-        weight: Tensor = module.weight  # type: ignore[assignment]
-        self.n_g = weight.shape[0]
-        self.n_a = weight[0].numel() + (module.bias is not None)
+        # typed handles on the layer's parameters (nn.Module's attributes are untyped)
+        self.weight: Tensor = module.weight  # type: ignore[assignment]
+        self.bias: Tensor | None = module.bias  # type: ignore[assignment]
+        self.n_g = self.weight.shape[0]
+        self.n_a = self.weight[0].numel() + (self.bias is not None)
         self.collect = True
         self.fired = False
         self.A: Tensor | None = None
@@ -56,14 +58,14 @@ class KFACLayer:
         # evaluation (eval mode or no_grad) leaves no trace in the factors
         if not (self.collect and module.training and output.requires_grad):
             return
-        x = inputs[0].detach().to(module.weight.dtype)  # type: ignore[union-attr]
+        x = inputs[0].detach().to(self.weight.dtype)
         # factors in the parameters' dtype even under bf16 autocast (eigh needs float32)
         with torch.autocast(x.device.type, enabled=False):
             self._a.append(input_factor(module, x))
         output.register_hook(self._backward)
 
     def _backward(self, grad: Tensor) -> None:
-        self._g.append(output_factor(self.module, grad.detach().to(self.module.weight.dtype)))  # type: ignore[union-attr]
+        self._g.append(output_factor(self.module, grad.detach().to(self.weight.dtype)))
         self.fired = True
 
     def batch_factors(self) -> tuple[Tensor, Tensor]:
@@ -80,22 +82,22 @@ class KFACLayer:
 
     def grad(self) -> Tensor:
         """A copy of the (n_g, n_a) gradient matrix ``[dW | db]`` (conv kernels flattened per channel)."""
-        w = self.module.weight.grad  # type: ignore[union-attr]
+        w = self.weight.grad
         if w is None:
             raise RuntimeError(f"K-FAC layer {self.name} has no gradient this step")
         parts = [w.reshape(self.n_g, -1)]
-        if self.module.bias is not None:
-            parts.append(self.module.bias.grad.reshape(-1, 1))  # type: ignore[union-attr]
+        if self.bias is not None:
+            parts.append(self.bias.grad.reshape(-1, 1))  # type: ignore[union-attr]
         return torch.cat(parts, dim=1)
 
     def set_grad(self, m: Tensor) -> None:
         """Write the (n_g, n_a) matrix ``m`` back into the weight's and bias's ``.grad``."""
-        w = self.module.weight.grad  # type: ignore[union-attr]
+        w = self.weight.grad
         assert w is not None
-        has_bias = self.module.bias is not None
+        has_bias = self.bias is not None
         w.copy_(m[:, : m.shape[1] - has_bias].reshape(w.shape))
-        if has_bias:
-            self.module.bias.grad.copy_(m[:, -1])  # type: ignore[union-attr]
+        if self.bias is not None:
+            self.bias.grad.copy_(m[:, -1])  # type: ignore[union-attr]
 
     def remove(self) -> None:
         """Detach the forward hook (the layer takes no part)."""

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.config import PRECISIONS, RunConfig
@@ -73,7 +74,7 @@ class DDPStrategy(GradientStrategy):
         self.averaging: Averaging | None = None
         if cfg.local_sgd:
             warmup = cfg.local_sgd_warmup if cfg.local_sgd_warmup is not None else tenth
-            self.hook = LocalSGDState(run.comm, warmup)
+            self.hook: HookState = LocalSGDState(run.comm, warmup)
             self.ddp.register_comm_hook(self.hook, local_sgd_hook)
             self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
         else:

@@ -318,7 +318,7 @@ def staged_count_correct(
                     torch.empty((len(xb), *shape), dtype=dtype, device=run.device),
                     plan.rank_of(s - 1),
                 )
-            for block in model[lo:hi]:
+            for block in list(model)[lo:hi]:
                 a = block(a)
             if s == last:
                 correct += int((a.argmax(1) == yb).sum())

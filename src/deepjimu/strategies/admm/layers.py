@@ -20,6 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -239,15 +240,17 @@ def layer_ops(
             mods, kinds = mods[1:], kinds[1:]
         want_relu = ["ReLU"] if i < last else []
         if kinds == ["Linear", *want_relu]:
-            lin = mods[0]
-            op: DenseOp | ConvOp = DenseOp(shape, lin.out_features, pool)
-            if lin.in_features != op.n_in:
-                raise JimuError(f"admm: {where} expects {lin.in_features} inputs, gets {op.n_in}")
-            ops.append(op)
+            lin = cast(nn.Linear, mods[0])
+            dense = DenseOp(shape, lin.out_features, pool)
+            if lin.in_features != dense.n_in:
+                raise JimuError(
+                    f"admm: {where} expects {lin.in_features} inputs, gets {dense.n_in}"
+                )
+            ops.append(dense)
             shape, pool = (lin.out_features,), 1
             continue
         if kinds in (["Conv2d", *want_relu], ["Conv2d", *want_relu, "AvgPool2d"]) and i < last:
-            conv = mods[0]
+            conv = cast(nn.Conv2d, mods[0])
             s = conv.kernel_size[0]
             if (
                 conv.kernel_size != (s, s) or s % 2 == 0 or conv.stride != (1, 1)

@@ -1,0 +1,338 @@
+"""PdADMM: gradient-free pdADMM training of the user's own ``nn.Sequential`` MLP, in the user's loop.
+
+The object owns the same math objects as the ``admm`` strategy (:class:`LayerBlock`,
+:class:`AdmmParams`, :class:`Exchange`, the drivers' iterations and the cost partition), so a
+script that calls :meth:`PdADMM.step` N times computes what ``jimu train --strategy admm
+--epochs N`` computes; it only leaves the loop, the data and the run folder to its user.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from deepjimu.comm import Comm, CommStats
+from deepjimu.errors import JimuError
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.driver import (
+    Exchange,
+    distributed_iteration,
+    init_blocks_forward,
+    serial_iteration,
+)
+from deepjimu.strategies.admm.health import solve_failed
+from deepjimu.strategies.admm.strategy import layer_costs
+from deepjimu.strategies.partition import parse_balance, partition
+
+__all__ = ["AdmmStep", "PdADMM", "admm_linears"]
+
+
+def admm_linears(model: nn.Sequential) -> list[nn.Linear]:
+    """The Linear layers of ``model`` after checking that it is the MLP pdADMM assumes.
+
+    pdADMM's layer equations are ``z_l = W_l p_l + b_l`` and ``q_l = relu(z_l)``, so the
+    leaf modules (nested ``nn.Sequential`` blocks are read in order) must be an optional
+    ``Flatten`` first, then ``Linear`` (with bias) and ``ReLU`` alternating, ending with a
+    ``Linear``: a Tanh, a Sigmoid or a Dropout would be trained as if it were a ReLU, or
+    not at all.
+
+    Args:
+        model: the user's ``nn.Sequential``.
+
+    Returns:
+        the ``nn.Linear`` of every layer, in order.
+
+    Raises:
+        ValueError: naming the first module that breaks the pattern, e.g.
+            ``PdADMM needs [Flatten,] Linear, ReLU, ..., Linear; module 1.1 is Tanh()``.
+
+    Example:
+        >>> len(admm_linears(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))))
+        2
+    """
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"PdADMM needs an nn.Sequential (model: {type(model).__name__})")
+    leaves = [(name, m) for name, m in model.named_modules() if not list(m.children())]
+    pattern = "[Flatten,] Linear, ReLU, ..., Linear"
+    if leaves and isinstance(leaves[0][1], nn.Flatten):
+        if leaves[0][1].start_dim != 1 or leaves[0][1].end_dim != -1:
+            raise ValueError(f"PdADMM flattens from dim 1; module {leaves[0][0]} is {leaves[0][1]}")
+        leaves = leaves[1:]
+    if not leaves:
+        raise ValueError(f"PdADMM needs {pattern}; the model has no layers")
+    linears: list[nn.Linear] = []
+    for i, (name, m) in enumerate(leaves):
+        want: type[nn.Module] = nn.Linear if i % 2 == 0 else nn.ReLU
+        if type(m) is not want:
+            raise ValueError(
+                f"PdADMM needs {pattern}; module {name} is {m} (expected {want.__name__})"
+            )
+        if isinstance(m, nn.Linear):
+            if m.bias is None:
+                raise ValueError(f"PdADMM needs a bias in every Linear; module {name} is {m}")
+            linears.append(m)
+    if isinstance(leaves[-1][1], nn.ReLU):
+        raise ValueError(f"PdADMM needs {pattern}; the last module {leaves[-1][0]} is a ReLU")
+    return linears
+
+
+@dataclass(frozen=True)
+class AdmmStep:
+    """What one :meth:`PdADMM.step` reports, summed over every block of the group.
+
+    ``objective`` is the augmented Lagrangian (the loss term of the last layer plus every
+    layer's equation and coupling terms); ``residual`` is the primal residual
+    sqrt(sum_l ||p_{l+1} - q_l||^2), which must fall to 0 as the layers agree.
+    """
+
+    iteration: int
+    objective: float
+    residual: float
+
+
+class PdADMM:
+    """pdADMM (Wang et al., ICDM 2020) on the user's ``nn.Sequential`` MLP, one call per iteration.
+
+    Full batch, as the paper: :meth:`init` starts every variable from a forward pass of
+    ``model``'s weights on the samples ``x``, then each :meth:`step` runs one iteration
+    (p -> (W, b) -> z -> q -> u for every layer) and writes the new weights back into
+    ``model``. Serial when ``group`` is None. Inside a torchrun (or any launcher) script,
+    pass ``group`` (e.g. ``dist.group.WORLD``): each rank of the group owns a contiguous
+    block of layers (``balance``: layers per rank; default: balanced by the estimated cost
+    of each layer, as ``jimu train --strategy admm``), sends p to the left and q to the
+    right each iteration, and writes back only its own layers; rank 0 alone needs ``x``,
+    the last rank alone needs ``y``, the others may pass None.
+
+    Args:
+        model: ``[Flatten,] Linear, ReLU, ..., Linear`` (see :func:`admm_linears`), on the
+            device the iterations run on.
+        rho: penalty of the coupling p_{l+1} = q_l.
+        nu: weight of the layer equations.
+        bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
+        tau: proximal weight of each (W, b) step (larger: slower W).
+        momentum: extrapolate every variable by this fraction of its last change (0: off).
+        init: ``forward`` (the model's weights) or ``scaled`` (first rescale each layer to
+            the first layer's pre-activation RMS on ``x``).
+        group: None (serial) or the process group whose ranks share the layers.
+        balance: layers per rank of ``group``, e.g. ``[2, 1]``.
+
+    Raises:
+        ValueError: a model that is not such an MLP (naming the module), a bad value.
+
+    Example:
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        >>> admm = PdADMM(model, rho=1.0, nu=1.0)
+        >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        >>> admm.init(x)
+        >>> result = admm.step(x, y)  # model now holds the new weights
+    """
+
+    def __init__(
+        self,
+        model: nn.Sequential,
+        rho: float = 1.0,
+        nu: float = 1.0,
+        bits: int = 0,
+        *,
+        tau: float = 1.0,
+        momentum: float = 0.0,
+        init: Literal["forward", "scaled"] = "forward",
+        group: dist.ProcessGroup | None = None,
+        balance: list[int] | None = None,
+    ) -> None:
+        self.linears = admm_linears(model)
+        for name, v in (("rho", rho), ("nu", nu)):
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a positive number ({name}: {v})")
+        if bits not in (0, 8, 16):
+            raise ValueError(f"bits must be 0, 8 or 16 (bits: {bits})")
+        if not (tau >= 0 and math.isfinite(tau)):
+            raise ValueError(f"tau must be a number >= 0 (tau: {tau})")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1) (momentum: {momentum})")
+        if init not in ("forward", "scaled"):
+            raise ValueError(f"init must be forward or scaled (init: {init!r})")
+        self.model, self.group, self.init_mode = model, group, init
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.world = dist.get_world_size(group) if group is not None else 1
+        self.L = len(self.linears)
+        self.widths = [self.linears[0].in_features] + [m.out_features for m in self.linears]
+        self.sizes: list[int] | None = None
+        if balance is not None:
+            try:
+                self.sizes = parse_balance(",".join(map(str, balance)), self.L, self.world)
+            except JimuError as e:
+                raise ValueError(str(e).replace("blocks", "layers")) from None
+        elif self.world > self.L:
+            raise ValueError(f"cannot cut {self.L} layers into {self.world} ranks")
+        self.device = self.linears[0].weight.device
+        self.params = AdmmParams(rho=rho, nu=nu, bits=bits, tau=tau, momentum=momentum)
+        # the messages of the iterations are counted, as a strategy's: stats.bytes_sent, ...
+        self.stats = CommStats()
+        self.exchange = Exchange(Comm(self.stats, group), bits, self.device)
+        self.block: LayerBlock | None = None
+        self.iteration = 0
+        self._x: Tensor | None = None
+
+    # ---- the user's calls ----------------------------------------------------------------------
+    def init(self, x: Tensor | None) -> None:
+        """Collective: start every variable from a forward pass of the model's weights on ``x``.
+
+        Rank 0 of the group passes the samples (a batch of N rows, flattened from dim 1),
+        the others None; rank 0 sends N to the others, and each rank takes its block of
+        layers (the partition of ``balance``, else of the estimated cost for N samples).
+        Calling it again restarts from the model's current weights, on new samples.
+
+        Raises:
+            ValueError: ``x`` missing on rank 0, or its features do not fit the first Linear.
+        """
+        if self.rank == 0:
+            if x is None:
+                raise ValueError("rank 0 owns the first layer: init(x) needs the samples x")
+            x = x.to(self.device).flatten(1)
+            if x.shape[1] != self.widths[0]:
+                raise ValueError(
+                    f"x has {x.shape[1]} features per sample, the first Linear takes {self.widths[0]}"
+                )
+        n = torch.tensor([len(x) if x is not None and self.rank == 0 else 0])
+        if self.group is not None:
+            dist.broadcast(n, group=self.group, group_src=0)
+        n_samples = int(n.item())
+        sizes = self.sizes or partition(layer_costs(self.widths, n_samples), self.world)
+        lo = sum(sizes[: self.rank])
+        hi = lo + sizes[self.rank]
+        # a scaled start rescales the weights once, at the first init, as the strategy does
+        scale = self.init_mode == "scaled" and self.block is None
+        self.block = self._new_block(lo, hi)
+        init_blocks_forward(self.block, x, n_samples, self.exchange, self.rank, self.world, scale)
+        self._x = x
+        self._write_back()
+
+    def step(self, x: Tensor | None, y: Tensor | None) -> AdmmStep:
+        """Collective: one pdADMM iteration, then the new weights written into the model.
+
+        Args:
+            x: the samples given to :meth:`init` (rank 0; others may pass None). A first
+                call without :meth:`init` initialises from ``x``.
+            y: the labels, class indices [N] (the last rank; others may pass None).
+
+        Returns:
+            the iteration count, the objective and the primal residual of the whole group.
+
+        Raises:
+            ValueError: ``y`` missing on the last rank, or ``x`` other than the samples of
+                :meth:`init` (full-batch pdADMM: call :meth:`init` for new samples).
+            JimuError: a factorisation failed (nu / rho too large).
+        """
+        if self.block is None:
+            self.init(x)
+        elif (
+            x is not None
+            and x is not self._x
+            and self._x is not None
+            and not torch.equal(x.to(self.device).flatten(1), self._x)
+        ):
+            raise ValueError(
+                "step(x, y) takes the samples given to init(x) (full-batch pdADMM); "
+                "call init(x) first for new samples"
+            )
+        block = self.block
+        assert block is not None
+        if block.hi == self.L:
+            if y is None:
+                raise ValueError(f"rank {self.rank} owns the last layer: step(x, y) needs y")
+            y = y.to(self.device)
+        else:
+            y = None
+        try:
+            if self.world == 1:
+                assert y is not None
+                serial_iteration(block, y)
+            else:
+                distributed_iteration(block, y, self.exchange, self.rank, self.world)
+        except torch.linalg.LinAlgError as e:  # the p and W solves factorise
+            raise JimuError(
+                solve_failed(e, self.iteration + 1, self.params.rho, self.params.nu)
+            ) from None
+        if self.params.momentum:
+            block.extrapolate()
+        self.iteration += 1
+        self._write_back()
+        objective, residual = block.objective_and_residual(y)
+        if self.group is not None:
+            # bookkeeping, as the strategy's gathered shares: not counted in stats
+            shares = torch.tensor([objective, residual], dtype=torch.float64)
+            dist.all_reduce(shares, group=self.group)
+            objective, residual = shares.tolist()
+        return AdmmStep(self.iteration, objective, math.sqrt(residual))
+
+    def gather(self) -> nn.Sequential:
+        """Collective: every layer's weights from its owner into the model of every rank.
+
+        :func:`deepjimu.strategies.partition.gather_model` needs a :class:`~deepjimu.run.Run`
+        and collects on global rank 0 only; a script in a group wants the whole model on
+        each of its ranks, so each owner broadcasts its layers over the group.
+
+        Returns:
+            the model, whole on every rank.
+        """
+        if self.group is None or self.block is None:
+            return self.model
+        bounds = [torch.zeros(2, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(bounds, torch.tensor([self.block.lo, self.block.hi]), group=self.group)
+        owner = {
+            l: r for r, (lo, hi) in enumerate(t.tolist() for t in bounds) for l in range(lo, hi)
+        }
+        with torch.no_grad():
+            for l, m in enumerate(self.linears):
+                for t in (m.weight, m.bias):
+                    dist.broadcast(t.data, group=self.group, group_src=owner[l])
+        return self.model
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's variables (its block's W, b, p, z, q, u, rho) and the iteration count.
+
+        Plain containers of tensors and numbers, so ``torch.load(weights_only=True)`` reads
+        it back; in a group each rank saves its own.
+        """
+        if self.block is None:
+            raise ValueError("state_dict() before init(x): nothing to save yet")
+        return {
+            "iteration": self.iteration,
+            "layers": [self.block.lo, self.block.hi],
+            "block": self.block.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (of this rank), writing its weights into the model.
+
+        Raises:
+            ValueError: the state is of other layers than this rank's.
+        """
+        lo, hi = state["layers"]
+        if not 0 <= lo < hi <= self.L:
+            raise ValueError(f"state of layers {lo}..{hi - 1} does not fit a {self.L}-layer model")
+        self.block = self._new_block(lo, hi)
+        self.block.load_state_dict(state["block"], self.device)
+        self.iteration = int(state["iteration"])
+        self._x = self.block.p[0] if lo == 0 else None
+        self._write_back()
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _new_block(self, lo: int, hi: int) -> LayerBlock:
+        """Layers lo..hi-1, starting from the model's current weights."""
+        W = [self.linears[l].weight.detach().clone() for l in range(lo, hi)]
+        b = [self.linears[l].bias.detach().clone() for l in range(lo, hi)]
+        return LayerBlock(lo, hi, self.L, W, b, self.params)
+
+    def _write_back(self) -> None:
+        assert self.block is not None
+        with torch.no_grad():
+            for l in self.block.layers:
+                self.linears[l].weight.copy_(self.block.W[l])
+                self.linears[l].bias.copy_(self.block.b[l])

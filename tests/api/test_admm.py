@@ -1,0 +1,182 @@
+"""PdADMM: the structure check, the strategy's iterates in the user's loop, state, and 2 gloo ranks."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from deepjimu.api.admm import PdADMM, admm_linears
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.driver import serial_iteration
+from distributed import run_world
+from processes import env
+
+
+def _mlp(widths: tuple[int, ...] = (6, 8, 7, 3), seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(widths) - 2 else [])
+    return nn.Sequential(*layers)
+
+
+def _data(n: int = 40, d: int = 6, k: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g)
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)), "module 1 is Tanh()"),
+        (
+            nn.Sequential(
+                nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU()),
+                nn.Sequential(nn.Linear(8, 3), nn.Sigmoid()),
+            ),
+            "module 1.1 is Sigmoid()",
+        ),
+        (nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.ReLU()), "module 2 is ReLU()"),
+        (nn.Sequential(nn.Linear(4, 8), nn.ReLU()), "the last module 1 is a ReLU"),
+        (nn.Sequential(nn.Linear(4, 3, bias=False)), "a bias in every Linear; module 0"),
+        (nn.Sequential(nn.Conv2d(1, 2, 3)), "module 0 is Conv2d"),
+        (nn.Sequential(nn.Flatten(0), nn.Linear(4, 3)), "flattens from dim 1"),
+    ],
+)
+def test_refuses_what_admm_does_not_train(model: nn.Sequential, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PdADMM(model)
+
+
+def test_accepts_flatten_first_and_nested_blocks() -> None:
+    model = nn.Sequential(
+        nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 3))
+    )
+    assert [m.out_features for m in admm_linears(model)] == [8, 3]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"rho": 0.0}, r"rho must be a positive number \(rho: 0.0\)"),
+        ({"nu": float("nan")}, "nu must be a positive number"),
+        ({"bits": 4}, r"bits must be 0, 8 or 16 \(bits: 4\)"),
+        ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
+        ({"init": "zeros"}, "init must be forward or scaled"),
+    ],
+)
+def test_refuses_bad_values(kw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PdADMM(_mlp(), **kw)
+
+
+def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
+    """Independent path: a LayerBlock driven by serial_iteration, as the strategy does."""
+    x, y = _data()
+    model = _mlp()
+    linears = admm_linears(model)
+    ref = LayerBlock(
+        0,
+        3,
+        3,
+        [m.weight.detach().clone() for m in linears],
+        [m.bias.detach().clone() for m in linears],
+        AdmmParams(rho=0.5, nu=2.0),
+    )
+    ref.init_forward(x)
+    admm = PdADMM(model, rho=0.5, nu=2.0)
+    for i in range(4):
+        serial_iteration(ref, y)
+        result = admm.step(x, y)  # the first call initialises from x
+        assert result.iteration == i + 1
+    objective, residual = ref.objective_and_residual(y)
+    assert result.objective == pytest.approx(objective, rel=1e-12)
+    assert result.residual == pytest.approx(residual**0.5, rel=1e-12)
+    for l, m in enumerate(linears):
+        assert torch.equal(m.weight, ref.W[l]) and torch.equal(m.bias, ref.b[l])
+    assert result.objective < PdADMM(_mlp(), rho=0.5, nu=2.0).step(x, y).objective
+
+
+def test_step_refuses_other_samples_and_missing_labels() -> None:
+    x, y = _data()
+    admm = PdADMM(_mlp())
+    admm.init(x)
+    with pytest.raises(ValueError, match="needs y"):
+        admm.step(x, None)
+    with pytest.raises(ValueError, match="samples given to init"):
+        admm.step(x + 1, y)
+    admm.step(x.clone(), y)  # equal samples are fine
+
+
+def test_state_dict_resumes_exactly() -> None:
+    x, y = _data()
+    whole = PdADMM(_mlp(), momentum=0.3)
+    for _ in range(5):
+        expected = whole.step(x, y)
+    first = PdADMM(_mlp(), momentum=0.3)
+    for _ in range(2):
+        first.step(x, y)
+    state = first.state_dict()
+    model = _mlp(seed=7)  # other weights: the state brings them
+    resumed = PdADMM(model, momentum=0.3)
+    resumed.load_state_dict(copy.deepcopy(state))
+    for _ in range(3):
+        result = resumed.step(None, y)
+    assert result == expected
+    assert torch.equal(model[0].weight, whole.model[0].weight)
+
+
+def _group_of_two(rank: int, world: int) -> dict | None:
+    """Global ranks 1 and 2 train as ranks 0 and 1 of their own group; global rank 0 stays out."""
+    group = dist.new_group([1, 2])
+    if rank == 0:
+        return None
+    x, y = _data()
+    model = _mlp()
+    admm = PdADMM(model, rho=0.5, nu=2.0, bits=8, group=group, balance=[2, 1])
+    first, last = rank == 1, rank == 2
+    admm.init(x if first else None)
+    for _ in range(3):
+        result = admm.step(x if first else None, y if last else None)
+    mine = [l for l in range(3) if (l < 2) == first]
+    admm.gather()
+    return {
+        "result": result,
+        "layers": mine,
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "sent": admm.stats.bytes_sent,
+    }
+
+
+def test_a_group_of_two_ranks_equals_serial() -> None:
+    """Transparency: 2 ranks of a subgroup (layers [2, 1], 8-bit exchange, messages addressed
+    by group rank) compute the serial iterates, and gather() makes the model whole on both."""
+    x, y = _data()
+    model = _mlp()
+    serial = PdADMM(model, rho=0.5, nu=2.0, bits=8)
+    for _ in range(3):
+        expected = serial.step(x, y)
+    ranks = run_world(_group_of_two, 3)[1:]
+    assert [r["layers"] for r in ranks] == [[0, 1], [2]]
+    for r in ranks:
+        assert r["result"].objective == pytest.approx(expected.objective, rel=1e-6)
+        assert r["result"].residual == pytest.approx(expected.residual, rel=1e-6, abs=1e-9)
+        for k, v in model.state_dict().items():
+            torch.testing.assert_close(r["state"][k], v, rtol=1e-6, atol=1e-7)
+    assert all(r["sent"] > 0 for r in ranks)
+
+
+def test_import_deepjimu_stays_light_until_the_api_is_used() -> None:
+    code = (
+        "import sys, deepjimu; assert 'torch' not in sys.modules; "
+        "from deepjimu import PdADMM, fit; assert 'torch' in sys.modules; print(PdADMM.__name__)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env())
+    assert r.returncode == 0 and r.stdout.strip() == "PdADMM", r.stderr[-1000:]
