@@ -121,8 +121,8 @@ class AdmmStrategy(Strategy):
         ops = layer_ops(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
         batch = cfg.admm_batch or len(data.train_y)
-        # one iteration's flops per layer (conv: ~ N H W C_in s^2 (C_out + C_in s^2) and the
-        # CG p-step, 4 N H W C_in C_out s^2 per CG iteration; layers.ConvOp.flops)
+        # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
+        # m = C_in s^2, and 4 N H W C_in C_out s^2 per CG iteration of its p-step; ConvOp.flops)
         costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
         sizes = partition(costs, run.world)
         self.plan = StagePlan(tuple(sizes), run.world, how="estimated cost")
