@@ -1,14 +1,16 @@
 """Serial pdADMM on a CNN (every layer in one process): test accuracy, CG iterations, settings.
 
-The iteration is ``driver.serial_iteration`` on an ``opblock.OpBlock`` that owns every layer:
+The iteration is ``driver.serial_iteration`` on a ``blocks.LayerBlock`` that owns every layer:
 p -> (W, b) -> z -> q -> u over the layer operators of ``strategies/admm/layers.py`` (conv
 layers with the previous block's average pooling folded in, then the dense classifier), with
 the parameters the ``admm`` strategy uses (tau = 1). The model, its initial weights and the data split are those
 of ``jimu train --model SPEC`` (seed 0, 10% of the training split held out for validation),
 so the test accuracy compares directly with ``jimu train --strategy local --model SPEC``.
 
-Before the first iteration every hidden layer is rescaled to unit-RMS activations
-(``layers.unit_scales``: the network's function is unchanged; ``--no-unit-scales`` skips it).
+Before the first iteration every hidden layer is rescaled to unit-RMS activations (the
+``--admm-init unit`` start, ``LayerBlock.init_forward(..., unit=True)``: the network's function
+is unchanged; ``--no-unit-scales`` skips it). ``jimu train --strategy admm --model SPEC`` runs
+the same iteration on one or more workers; this script adds the solver and tolerance knobs.
 Per setting it prints the test (and train) accuracy after each iteration count in
 ``--report``, how well the auxiliary logits z_L fit the training labels at the end, the CG iterations per p-step (mean and largest over layers and iterations) and
 how often the cap was hit. Timings are informative only (the development machine is shared).
@@ -35,15 +37,14 @@ from torch import nn
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
 from deepjimu.strategies.admm import conv as C
-from deepjimu.strategies.admm.blocks import AdmmParams
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
-from deepjimu.strategies.admm.layers import ConvOp, layer_ops, unit_scales
-from deepjimu.strategies.admm.opblock import OpBlock
+from deepjimu.strategies.admm.layers import ConvOp, layer_ops
 
 __all__ = ["main"]
 
 
-def _accuracy(block: OpBlock, x: torch.Tensor, y: torch.Tensor) -> float:
+def _accuracy(block: LayerBlock, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((block.forward(x).argmax(dim=1) == y).float().mean())
 
 
@@ -62,13 +63,14 @@ def run_setting(args: argparse.Namespace, rho: float, nu: float) -> None:
     maps = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
     W = [m.weight.detach().clone() for m in maps]
     b = [m.bias.detach().clone() for m in maps]
-    if not args.no_unit_scales:
-        W, b, _ = unit_scales(ops, W, b, data.train_x)
     L = len(ops)
-    block = OpBlock(0, L, L, ops, W, b, AdmmParams(rho=rho, nu=nu, tau=args.tau))
+    block = LayerBlock(0, L, L, W, b, AdmmParams(rho=rho, nu=nu, tau=args.tau), ops)
     solvers = [op.solver.value if isinstance(op, ConvOp) else "exact" for op in ops[1:]]
     t0 = time.perf_counter()
-    block.init_forward(data.train_x)
+    if args.no_unit_scales:
+        block.init_forward(data.train_x)
+    else:
+        block.init_forward(data.train_x, (1.0, 0.0), unit=True)
     report = sorted(int(r) for r in args.report.split(","))
     accs, trains = {}, {}
     for it in range(1, report[-1] + 1):
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cg-max-iter", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument(
-        "--no-unit-scales", action="store_true", help="skip layers.unit_scales (raw torch init)"
+        "--no-unit-scales", action="store_true", help="skip the unit start (raw torch init)"
     )
     args = ap.parse_args(argv)
     if args.threads:

@@ -146,16 +146,20 @@ class RunConfig:
         0.5, "admm: extrapolate every variable by this fraction of its last change (0: off)"
     )
     admm_init: str = _opt(
-        "forward",
+        "auto",
         "admm: start from a forward pass of the model's weights (forward), or first scale each "
-        "layer to unit pre-activation RMS on the data (scaled)",
-        choices=("forward", "scaled"),
+        "layer to the first layer's pre-activation RMS on the data (scaled), or each hidden "
+        "layer to unit-RMS activations, same network function (unit); auto: unit for CNNs, "
+        "forward for MLPs",
+        choices=("auto", "forward", "scaled", "unit"),
     )
     admm_memory: float = _opt(
         0.0,
         "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
         "by this decay per batch (0: the current batch only)",
     )
+    # admm on CNNs (issue 13)
+    admm_cg_iters: int = _opt(50, "admm: cap on the conjugate-gradient iterations of a conv p-step")
     # kfac (issue 12): --optimizer kfac, K-FAC-preconditioned SGD with momentum (KAISA)
     kfac_factor_every: int = _opt(1, "kfac: steps between factor updates (A, G all-reduced)")
     kfac_inv_every: int = _opt(10, "kfac: steps between decompositions of the factors")
@@ -428,6 +432,7 @@ def basic_problems(cfg: RunConfig) -> list[str]:
     need(
         0 <= cfg.admm_memory < 1, f"admm-memory must be in [0, 1) (admm-memory: {cfg.admm_memory})"
     )
+    need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
     # kfac (issue 12)
     need(
         cfg.kfac_factor_every >= 1,

@@ -129,11 +129,47 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
     assert not (tmp_path / "div" / "summary.json").exists()
 
 
-def test_only_mlps(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kw", "line"),
+    [
+        ({"model": "lenet"}, "admm cannot train max pooling (block 0: Conv2d-ReLU-MaxPool2d): it is not linear; use a cnn:C1-C2-... model (average pooling)"),
+        ({"model": "resnet"}, "admm cannot train block 0: Conv2d-BatchNorm2d-ReLU: it needs [Flatten,] Linear[, ReLU] or Conv2d, ReLU[, AvgPool2d] blocks (an mlp:... or cnn:... model)"),
+        ({"model": "cnn:4-8", "admm_cg_iters": 0}, "admm-cg-iters must be >= 1 (admm-cg-iters: 0)"),
+        ({"model": "cnn:4-8", "admm_batch": 64, "admm_memory": 0.9}, "admm-memory works on MLPs only, not on conv layers yet (admm-memory: 0.9, model: cnn:4-8)"),
+        ({"model": "cnn:4-8", "precision": "bf16"}, "admm trains CNNs in fp32 or tf32 only (precision: bf16, model: cnn:4-8)"),
+    ],
+)  # fmt: skip
+def test_what_admm_refuses_is_one_line(kw: dict, line: str) -> None:
     from deepjimu.config import ConfigErrors, validate
 
-    with pytest.raises(ConfigErrors, match="admm trains MLPs"):
-        validate(RunConfig(model="lenet"))
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(**kw))
+    assert line in str(e.value).splitlines()
+
+
+def test_cnn_trains_in_parallel_and_resumes_as_uninterrupted(tmp_path: Path) -> None:
+    common = {"model": "cnn:4-8", "quiet": True, "runs_dir": str(tmp_path), "workers": 2}
+    full = train(RunConfig(epochs=4, name="full", **common))
+    assert full is not None and full["test_acc"] > 0.5  # chance is 0.1
+    assert _events(tmp_path / "full")[-1]["bytes_sent"] > 0  # feature maps crossed
+    train(RunConfig(epochs=2, name="part", **common))
+    train(RunConfig(epochs=4, resume=str(tmp_path / "part"), **common))
+    full_model, resumed = _model(tmp_path / "full"), _model(tmp_path / "part")
+    assert full_model["0.0.weight"].dim() == 4  # the conv layer's weights
+    for k in full_model:
+        assert torch.equal(full_model[k], resumed[k]), k
+
+
+def test_cnn_minibatch_run_reports_the_cg_cap(tmp_path: Path) -> None:
+    # on 8x8 maps (no pooling before layer 2) the conv p-step is solved by CG, capped at 1
+    summary = train(
+        RunConfig(model="cnn:2-2-2-2", epochs=1, admm_batch=400, admm_inner=3, admm_cg_iters=1,
+                  workers=1, quiet=True, runs_dir=str(tmp_path), name="mb")
+    )  # fmt: skip
+    assert summary is not None and summary["cg_cap_hits"] > 0
+    event = _events(tmp_path / "mb")[-1]
+    assert event["admm_cg_cap_hits"] == summary["cg_cap_hits"]
+    assert 0 < event["admm_cg_iters"] <= 1
 
 
 def _peak_mb(tmp_path: Path, n: int, batch: int) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.strategies.admm import updates as U
+from deepjimu.strategies.admm.conv import PSolver
+from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp
 from deepjimu.strategies.admm.quantize import project
 
 __all__ = ["AdmmParams", "LayerBlock"]
@@ -39,26 +42,41 @@ class AdmmParams:
 
 
 class LayerBlock:
-    """Layers ``lo .. hi-1`` of an L-layer MLP: W, b, p, z, q, u in samples-first layout.
+    """Layers ``lo .. hi-1`` of an L-layer network (an MLP or a CNN): W, b, p, z, q, u, samples first.
 
     ``p[l]`` is the input of layer l (``p[0]`` is the data and never updated), ``q[l]`` the
     output of layer l and ``u[l]`` the dual of the link ``p[l+1] = q[l]`` (l < L-1). At a
     block boundary the block keeps copies: ``q_left``/``u_left`` of layer lo-1 (received /
     kept in step locally) and ``p_right`` of layer hi (received). Methods are the phases of
-    one Jacobi iteration; they compute and never communicate.
+    one Jacobi iteration; they compute and never communicate. Every ``a = A(P p) + b`` and
+    every p and (W, b) solve is the layer operator's (``layers.DenseOp`` / ``layers.ConvOp``),
+    so p, q, u keep the operators' own shapes ([N, C, H, W] for a conv layer, not pooled).
+    ``cg_iters`` / ``cg_solves`` / ``cg_hits`` count the CG iterations, the CG p-steps and
+    the p-steps that stopped at the CG cap; ``zlast_hits`` the z_L solves that hit theirs.
 
     Args:
         lo, hi, L: owned layers and the total layer count.
-        W, b: the owned layers' weights [n_l, n_{l-1}] and biases [n_l].
+        W, b: the owned layers' weights ([n_l, n_{l-1}] or [C_out, C_in, s, s]) and biases.
         params: rho, nu, quantization bits, ...
+        ops: the owned layers' operators (default: dense layers on flat inputs, an MLP).
     """
 
     def __init__(
-        self, lo: int, hi: int, L: int, W: list[Tensor], b: list[Tensor], params: AdmmParams
+        self,
+        lo: int,
+        hi: int,
+        L: int,
+        W: Sequence[Tensor],
+        b: Sequence[Tensor],
+        params: AdmmParams,
+        ops: Sequence[LayerOp] | None = None,
     ) -> None:
         assert 0 <= lo < hi <= L and len(W) == len(b) == hi - lo
         self.lo, self.hi, self.L = lo, hi, L
         self.params = params
+        if ops is None:
+            ops = [DenseOp((w.shape[1],), w.shape[0]) for w in W]
+        self.ops: dict[int, LayerOp] = dict(zip(range(lo, hi), ops, strict=True))
         self.W, self.b = (
             dict(zip(range(lo, hi), W, strict=True)),
             dict(zip(range(lo, hi), b, strict=True)),
@@ -71,6 +89,7 @@ class LayerBlock:
         self.u_left: Tensor | None = None
         self.p_right: Tensor | None = None
         self.zlast_hits = 0
+        self.cg_iters = self.cg_solves = self.cg_hits = 0
         self._data_gram: Tensor | None = None
         self.stats: dict[int, U.WbStats | None] = {l: None for l in self.layers}
         self._prev: dict[str, Any] | None = None  # the previous iterate, for momentum
@@ -82,10 +101,14 @@ class LayerBlock:
     def _grid(self, t: Tensor) -> Tensor:
         return project(t, self.params.bits) if self.params.bits else t
 
+    def _a(self, l: int) -> Tensor:
+        """a = A(P p_l) W + b of layer l (``p @ W.T + b`` for a dense layer)."""
+        return self.ops[l].forward(self.p[l], self.W[l], self.b[l])
+
     # ---- initialisation ---------------------------------------------------------------------
     @torch.no_grad()
     def init_forward(
-        self, p_in: Tensor, scale: tuple[float, float] | None = None
+        self, p_in: Tensor, scale: tuple[float, float] | None = None, *, unit: bool = False
     ) -> tuple[Tensor, tuple[float, float] | None]:
         """Set z, q, p by a forward pass from the block input; u = 0.
 
@@ -99,6 +122,17 @@ class LayerBlock:
         (ReLU is positively homogeneous), and s becomes s c. The network's output is the
         original one times a positive constant: the predictions do not change.
 
+        With ``unit`` as well (``--admm-init unit``), every hidden layer l is instead
+        divided by the RMS c_l of its ReLU output on ``p_in`` (W_l, b_l / c_l) and the next
+        layer's W multiplied by c_l, so every hidden activation has unit RMS and the
+        network's output does not change at all (relu(a / c) = relu(a) / c). Here s is c of
+        the layer before the block (1 for the data) and r is unused. pdADMM's penalties
+        (nu/2)||z - a||^2 and (rho/2)||p - q||^2 are absolute, so a layer whose activations
+        are c times smaller is coupled c^2 times more weakly against the loss; a CNN's
+        activations shrink layer by layer (torch's init, then average pooling: 0.48 RMS at
+        the input, 0.064 at the classifier of cnn:16-32 on digits), which is why CNNs start
+        this way by default (BENCHMARKS.md, section 9).
+
         Returns:
             the block output (the next block's input) and the (s, r) it carries on (None
             without ``scale``).
@@ -110,10 +144,17 @@ class LayerBlock:
             self.q_left, self.u_left = self.p[self.lo], torch.zeros_like(p_in)
         out = p_in
         for l in self.layers:
-            if scale is not None:
+            if scale is not None and unit:
+                self.W[l] = self.W[l] * scale[0]
+            elif scale is not None:
                 self.b[l] = self.b[l] * scale[0]
-            a = self.p[l] @ self.W[l].T + self.b[l]
-            if scale is not None:
+            a = self._a(l)
+            if scale is not None and unit and l < self.L - 1:
+                rms = float(torch.relu(a).square().mean().sqrt())
+                c = rms if rms > 0 else 1.0
+                self.W[l], self.b[l], a = self.W[l] / c, self.b[l] / c, a / c
+                scale = (c, 0.0)
+            elif scale is not None and not unit:
                 s, r = scale
                 rms = float(a.square().mean().sqrt())
                 r = r or rms
@@ -145,15 +186,19 @@ class LayerBlock:
 
     @torch.no_grad()
     def step_p(self) -> None:
-        """p-subproblem of every owned layer l >= 1 (exact solve, then the grid projection)."""
+        """p-subproblem of every owned layer l >= 1 (the operator's solve), then the grid."""
         rho, nu = self.params.rho, self.params.nu
         for l in self.layers:
             if l == 0:
                 continue
             q_prev, u_prev = self._q_prev(l)
-            self.p[l] = self._grid(
-                U.update_p(self.W[l], self.b[l], self.z[l], q_prev, u_prev, rho, nu)
-            )
+            op = self.ops[l]
+            sol = op.solve_p(self.W[l], self.b[l], self.z[l], q_prev, u_prev, rho, nu, self.p[l])
+            if isinstance(op, ConvOp) and op.solver is PSolver.CG:
+                self.cg_solves += 1
+                self.cg_iters += sol.iterations
+                self.cg_hits += int(not sol.converged)
+            self.p[l] = self._grid(sol.p)
 
     @torch.no_grad()
     def step_wbz(self, y: Tensor | None) -> None:
@@ -163,16 +208,16 @@ class LayerBlock:
             gram = None
             if l == 0:  # p_0 is the data: its centred Gram matrix is the same every iteration
                 if self._data_gram is None:
-                    self._data_gram = U.centred_gram(self.p[0])
+                    self._data_gram = self.ops[0].gram(self.p[0])
                 gram = self._data_gram
-            if self.params.memory:
+            if self.params.memory:  # dense layers on flat inputs only (the strategy checks)
                 stats = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
                 self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau)
             else:
-                self.W[l], self.b[l] = U.update_Wb(
+                self.W[l], self.b[l] = self.ops[l].solve_Wb(
                     self.p[l], self.z[l], self.W[l], nu, tau=tau, gram=gram
                 )
-            a = self.p[l] @ self.W[l].T + self.b[l]
+            a = self._a(l)
             if l == self.L - 1:
                 assert y is not None, "the last layer needs the labels"
                 sol = U.update_z_last(a, y, self.z[l], nu, max_iter=self.params.zlast_iters)
@@ -265,7 +310,7 @@ class LayerBlock:
         rho, nu = self.params.rho, self.params.nu
         obj, res = 0.0, 0.0
         for l in self.layers:
-            a = self.p[l] @ self.W[l].T + self.b[l]
+            a = self._a(l)
             if l == self.L - 1:
                 assert y is not None
                 obj += float(U.last_layer_objective(a, self.z[l], y, nu))
@@ -279,7 +324,7 @@ class LayerBlock:
     def forward(self, x: Tensor) -> Tensor:
         """The network function of the owned layers (ReLU between layers, none after the last)."""
         for l in self.layers:
-            x = x @ self.W[l].T + self.b[l]
+            x = self.ops[l].forward(x, self.W[l], self.b[l])
             if l < self.L - 1:
                 x = torch.relu(x)
         return x
@@ -309,6 +354,7 @@ class LayerBlock:
                 "rho": self.params.rho,
                 "nu": self.params.nu,
                 "prev": self._prev,
+                "counters": [self.zlast_hits, self.cg_iters, self.cg_solves, self.cg_hits],
                 "stats": {l: None if st is None else vars(st) for l, st in self.stats.items()},
             }
         )
@@ -328,6 +374,8 @@ class LayerBlock:
         self._data_gram = None
         self.params.rho, self.params.nu = state["rho"], state["nu"]
         self._prev = to(state.get("prev"))
+        counters = state.get("counters", [0, 0, 0, 0])
+        self.zlast_hits, self.cg_iters, self.cg_solves, self.cg_hits = counters
         self.stats = {
             int(l): None if st is None else U.WbStats(**to(st))
             for l, st in state.get("stats", {}).items()

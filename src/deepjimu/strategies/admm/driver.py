@@ -107,14 +107,16 @@ def init_blocks_forward(
     rank: int,
     world: int,
     scale: bool = False,
+    unit: bool = False,
 ) -> None:
     """Initialise every block by one forward pass: rank r waits for rank r-1's output.
 
     The activations travel at full precision (the block projects them onto its grid), and
     this start-up sweep is the only sequential chain in pdADMM. With ``scale`` every layer
-    is rescaled to the first layer's pre-activation RMS on the way
-    (:meth:`LayerBlock.init_forward`); the factor accumulated so far and that RMS travel
-    with the activations.
+    is rescaled to the first layer's pre-activation RMS on the way, with ``unit`` too every
+    hidden layer to unit-RMS activations (:meth:`LayerBlock.init_forward`); the factor
+    accumulated so far and that RMS travel with the activations. Their shape is read off
+    the first owned layer's operator, so feature maps cross as [N, C, H, W].
     """
     plain = Exchange(ex.comm, 0, ex.device)
     s: tuple[float, float] | None = (1.0, 0.0) if scale else None
@@ -122,13 +124,13 @@ def init_blocks_forward(
         assert x is not None
         p_in = x
     else:
-        shape = (n_samples, block.W[block.lo].shape[1])
+        shape = (n_samples, *block.ops[block.lo].in_shape)
         incoming = plain.irecv(shape, rank - 1)
         if scale:
             factor, rms = plain.irecv((2,), rank - 1).wait().tolist()
             s = (factor, rms)
         p_in = incoming.wait()
-    out, s = block.init_forward(p_in, s)
+    out, s = block.init_forward(p_in, s, unit=unit)
     if rank < world - 1:
         sends = plain.isend(out, rank + 1)
         if s is not None:

@@ -2,7 +2,7 @@
 
 A layer operator is stateless: it knows shapes, the fixed map P folded in front of it
 (average pooling and/or flattening) and how to solve its layer's subproblems; the variables
-p, W, b, z, q, u stay with the caller (a ``LayerBlock``), exactly as with ``updates.py``.
+p, W, b, z, q, u stay with the caller (a ``blocks.LayerBlock``), exactly as with ``updates.py``.
 
     forward(p, W, b)      a = A(P p) + b, for the z-step, the objective and evaluation
     solve_Wb(p, z, W)     the exact (W, b) step; gram(p) its normal matrix, constant for the data
@@ -11,25 +11,22 @@ p, W, b, z, q, u stay with the caller (a ``LayerBlock``), exactly as with ``upda
 
 :func:`layer_ops` reads them off an ``nn.Sequential`` built by ``deepjimu.models`` (``mlp`` or
 ``cnn``) and refuses, in one line, what pdADMM cannot train (max pooling, normalisation, ...).
-:func:`unit_scales` puts every layer's activations in the same units before pdADMM starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import torch
 from torch import Tensor, nn
 
 from deepjimu.errors import JimuError
 from deepjimu.strategies.admm import conv as C
 from deepjimu.strategies.admm import updates as U
 
-__all__ = ["CG_ITERS", "ConvOp", "DenseOp", "LayerOp", "layer_ops", "unit_scales"]
+__all__ = ["CG_ITERS", "ConvOp", "DenseOp", "LayerOp", "layer_ops"]
 
 CG_ITERS = 4.0
 """CG iterations per conv p-step assumed when choosing solvers: on digits (cnn:16-32, rho = nu = 1,
@@ -98,8 +95,9 @@ class DenseOp:
         )
 
     def flops(self, n_samples: int, *, with_p: bool = True) -> float:
-        """One iteration, as ``strategy.layer_costs``: (W, b) N (2 n_in n_out + n_in^2) + n_in^3 / 3,
-        and the p-step (``with_p``; not for layer 1) 2 N n_in n_out + n_in^3 / 3."""
+        """One iteration: (W, b) N (2 n_in n_out + n_in^2) + n_in^3 / 3 (the Gram matrix, z^T p,
+        a = p W^T and the Cholesky), and the p-step (``with_p``; not for layer 1)
+        2 N n_in n_out + n_in^3 / 3."""
         n_in, n_out = self.n_in, self.n_out
         c = n_samples * (2 * n_in * n_out + n_in * n_in) + n_in**3 / 3
         if with_p:
@@ -176,7 +174,7 @@ class ConvOp:
             tol=self.cg_tol, max_iter=self.cg_max_iter,
         )  # fmt: skip
 
-    def flops(self, n_samples: int, *, with_p: bool = True, cg_iters: float = 10.0) -> float:
+    def flops(self, n_samples: int, *, with_p: bool = True, cg_iters: float = CG_ITERS) -> float:
         """One iteration, m = C_in s^2 patch columns: (W, b) N H W (2 m C_out + m^2) + m^3 / 3 (the
         patch Gram dominates: N H W m^2, the cost the issue names, N H W C_in C_out s^2, times
         m / C_out); the p-step (``with_p``) ``cg_iters`` CG iterations, or DENSE's GEMMs plus
@@ -205,7 +203,11 @@ LayerOp = DenseOp | ConvOp
 
 
 def layer_ops(
-    model: nn.Sequential, feature_shape: tuple[int, ...], *, cg_iters: float = CG_ITERS
+    model: nn.Sequential,
+    feature_shape: tuple[int, ...],
+    *,
+    cg_iters: float = CG_ITERS,
+    cg_max_iter: int = 50,
 ) -> list[DenseOp | ConvOp]:
     """One operator per block of an ``mlp`` or ``cnn`` model, pooling folded into the next layer.
 
@@ -217,6 +219,7 @@ def layer_ops(
         model: the ``nn.Sequential`` of blocks.
         feature_shape: one sample's input shape, e.g. (1, 8, 8).
         cg_iters: CG iterations a p-step is expected to take.
+        cg_max_iter: CG's iteration cap of every conv p-step (``--admm-cg-iters``).
 
     Returns:
         The operators, in model order.
@@ -262,7 +265,7 @@ def layer_ops(
                 )
             op = ConvOp(shape, conv.out_channels, s, pool)  # type: ignore[arg-type]
             solver = C.choose_p_solver(op.map_shape, op.c_out, s, cg_iters=cg_iters)
-            ops.append(dataclasses.replace(op, solver=solver))
+            ops.append(dataclasses.replace(op, solver=solver, cg_max_iter=cg_max_iter))
             next_pool = 1
             if kinds[-1] == "AvgPool2d":
                 k = mods[-1].kernel_size
@@ -284,44 +287,3 @@ def layer_ops(
             "Conv2d, ReLU[, AvgPool2d] blocks (an mlp:... or cnn:... model)"
         )
     return ops
-
-
-@torch.no_grad()
-def unit_scales(
-    ops: Sequence[LayerOp], W: Sequence[Tensor], b: Sequence[Tensor], x: Tensor
-) -> tuple[list[Tensor], list[Tensor], list[float]]:
-    """Rescale every hidden layer so that its ReLU output has unit RMS on ``x``; same network function.
-
-    pdADMM's penalties are absolute: (nu/2)||z - a||^2 and (rho/2)||p - q||^2 weigh a layer
-    whose activations are c times smaller c^2 times less against the cross-entropy. A CNN's
-    activations shrink layer by layer (torch's default init, then average pooling: from 0.48
-    RMS at the input to 0.064 at the classifier of cnn:16-32 on digits), so its deep layers
-    hardly learn and the classifier fits auxiliary variables that the layers below cannot
-    produce: on digits, cnn:16-32 reached 0.87 test accuracy at rho = nu = 1 after 30
-    iterations, and 0.975 after this rescaling (BENCHMARKS.md, section 6).
-    Since relu(a / c) = relu(a) / c for c > 0, dividing W_l, b_l by c_l and multiplying W_{l+1}
-    by c_l changes no output of the network, only the units pdADMM works in.
-
-    Args:
-        ops: the layer operators, in order.
-        W, b: their weights and biases (not modified).
-        x: the network input used to measure the activations, [N, ...].
-
-    Returns:
-        (W, b, c): the rescaled weights and biases and the factors c_l of the hidden layers
-        (1 for a layer whose output is all zero).
-
-    Example:
-        >>> W, b, _ = unit_scales(layer_ops(model, (1, 8, 8)), W, b, data.train_x)
-    """
-    W, b = list(W), list(b)
-    factors = []
-    h = x
-    for l in range(len(ops) - 1):
-        h = torch.relu(ops[l].forward(h, W[l], b[l]))
-        rms = float(h.square().mean().sqrt())
-        c = rms if rms > 0 else 1.0
-        W[l], b[l], W[l + 1] = W[l] / c, b[l] / c, W[l + 1] * c
-        h = h / c
-        factors.append(c)
-    return W, b, factors

@@ -11,9 +11,10 @@ from torch import Tensor, nn
 from deepjimu.config import PRECISIONS, RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
-from deepjimu.models import parse_spec
+from deepjimu.models import build_model, parse_spec
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
     distributed_iteration,
@@ -21,6 +22,7 @@ from deepjimu.strategies.admm.driver import (
     serial_iteration,
 )
 from deepjimu.strategies.admm.health import HINT, Learning, chance_accuracy, solve_failed
+from deepjimu.strategies.admm.layers import ConvOp, layer_ops
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
@@ -30,48 +32,37 @@ from deepjimu.strategies.partition import (
     staged_metrics,
 )
 
-__all__ = ["AdmmStrategy", "layer_costs", "layer_memory", "linear_layers"]
+__all__ = ["AdmmStrategy", "weight_layers"]
 
 
-def linear_layers(model: nn.Sequential) -> list[nn.Linear]:
-    """The one ``nn.Linear`` of each block of an MLP built by :func:`deepjimu.models.build_model`."""
+def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
+    """The one ``nn.Linear`` or ``nn.Conv2d`` of each block of an ``mlp`` or ``cnn`` model."""
     out = []
     for i, block in enumerate(model):
-        linears = [m for m in block.modules() if isinstance(m, nn.Linear)]
-        if len(linears) != 1:
-            raise JimuError(f"admm needs one Linear per block (block {i} has {len(linears)})")
-        out.append(linears[0])
+        maps = [m for m in block.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+        if len(maps) != 1:
+            raise JimuError(
+                f"admm needs one Linear or Conv2d per block (block {i} has {len(maps)})"
+            )
+        out.append(maps[0])
     return out
 
 
-def layer_costs(widths: list[int], n_samples: int) -> list[float]:
-    """Estimated flops of one pdADMM iteration per layer, from its sizes n_{l-1} x n_l and N.
-
-    p-step: the n_{l-1} x n_{l-1} Cholesky and 2 N n_l n_{l-1}; (W, b): the Gram matrix
-    N n_{l-1}^2 and z^T p; a = p W^T: N n_l n_{l-1}. Layer 1 has no p-step.
-    """
-    costs = []
-    for l in range(len(widths) - 1):
-        n_in, n_out = widths[l], widths[l + 1]
-        c = n_samples * (2 * n_in * n_out + n_in * n_in) + n_in**3 / 3
-        if l > 0:
-            c += 2 * n_samples * n_in * n_out + n_in**3 / 3
-        costs.append(float(c))
-    return costs
-
-
-def layer_memory(widths: list[int], n_samples: int) -> list[float]:
-    """Estimated bytes per layer: p (n_{l-1}) and z, q, u (n_l each) for N samples, W and b, fp32."""
-    return [
-        4.0
-        * (n_samples * (widths[l] + 3 * widths[l + 1]) + widths[l] * widths[l + 1] + widths[l + 1])
-        for l in range(len(widths) - 1)
-    ]
+def _refusal(spec: str) -> str:
+    """The one line that says why admm cannot train a model that is neither mlp nor cnn."""
+    if parse_spec(spec).kind != "gcn":  # name the first block it cannot train
+        try:
+            layer_ops(build_model(spec, (1, 32, 32), 10), (1, 32, 32))
+        except JimuError as e:
+            return str(e)
+    return f"admm trains mlp:... and cnn:... models; model {spec!r} is not one"
 
 
 class AdmmStrategy(Strategy):
     """pdADMM (Wang et al., ICDM 2020): the p = q links between layers are dualised, so every
     layer's subproblems are solved in parallel from the previous iterate of its neighbours.
+    MLPs and CNNs (``cnn:C1-C2-...``: conv layers with their average pooling folded into the
+    next layer's operator, p-steps by conjugate gradients or an explicit matrix; layers.py).
 
     Worker r owns a contiguous block of layers chosen to balance the estimated cost, and
     exchanges only p (to the left) and q (to the right) with its neighbours each iteration;
@@ -100,9 +91,22 @@ class AdmmStrategy(Strategy):
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
-        if parse_spec(cfg.model).kind != "mlp":
-            return [f"admm trains MLPs (mlp:WIDTHxDEPTH); model {cfg.model!r} is not one"]
-        return []
+        kind = parse_spec(cfg.model).kind
+        if kind not in ("mlp", "cnn"):
+            return [_refusal(cfg.model)]
+        out = []
+        if kind == "cnn" and cfg.admm_batch and cfg.admm_memory:
+            # the statistics are those of dense layers on flat inputs (updates.WbStats)
+            out.append(
+                f"admm-memory works on MLPs only, not on conv layers yet "
+                f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
+            )
+        if kind == "cnn" and cfg.precision == "bf16":
+            # under autocast the convolutions would return bfloat16 feature maps to exchange
+            out.append(
+                f"admm trains CNNs in fp32 or tf32 only (precision: bf16, model: {cfg.model})"
+            )
+        return out
 
     def data_device(self, device: torch.device) -> torch.device:
         # mini-batch mode streams batches to the device, so device memory does not grow with N
@@ -113,16 +117,18 @@ class AdmmStrategy(Strategy):
         assert cfg.epochs is not None
         # the blocks' W, b live on the device; the model holds them for evaluation and gathering
         model = model.to(run.device)
-        linears = linear_layers(model)
-        L = len(linears)
-        widths = [linears[0].in_features] + [m.out_features for m in linears]
+        maps = weight_layers(model)
+        ops = layer_ops(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
+        L = len(maps)
         batch = cfg.admm_batch or len(data.train_y)
-        costs = layer_costs(widths, batch)
+        # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
+        # m = C_in s^2, and 4 N H W C_in C_out s^2 per CG iteration of its p-step; ConvOp.flops)
+        costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
         sizes = partition(costs, run.world)
         self.plan = StagePlan(tuple(sizes), run.world, how="estimated cost")
         lo, hi = self.plan.bounds(run.rank)
         if run.is_main and not cfg.quiet:
-            memory = layer_memory(widths, batch)
+            memory = [op.nbytes(batch) for op in ops]
             share = [sum(costs[slice(*self.plan.bounds(r))]) / sum(costs) for r in range(run.world)]
             mib = [sum(memory[slice(*self.plan.bounds(r))]) / 2**20 for r in range(run.world)]
             mode = f"mini-batch {cfg.admm_batch}" if cfg.admm_batch else "full batch"
@@ -130,8 +136,10 @@ class AdmmStrategy(Strategy):
                 f"{self.plan.summary('admm')}, {mode}; per worker: cost share "
                 f"{[round(c, 2) for c in share]}, variables {[round(m, 1) for m in mib]} MiB"
             )
-        self.model, self.run, self.linears = model, run, linears
+        self.model, self.run, self.maps = model, run, maps
         self.shapes = block_shapes(model, data.train_x[:1])
+        # conv p-steps solved by CG: their iterations and cap hits go into the events
+        self._cg = any(isinstance(op, ConvOp) and op.solver is PSolver.CG for op in ops)
         params = AdmmParams(
             rho=cfg.rho,
             nu=cfg.nu,
@@ -140,17 +148,23 @@ class AdmmStrategy(Strategy):
             momentum=cfg.admm_momentum,
             memory=cfg.admm_memory if cfg.admm_batch else 0.0,
         )
-        W = [linears[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
-        b = [linears[l].bias.detach().to(run.device).clone() for l in range(lo, hi)]
-        self.block = LayerBlock(lo, hi, L, W, b, params)
+        W = [maps[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
+        b = [maps[l].bias.detach().to(run.device).clone() for l in range(lo, hi)]
+        self.block = LayerBlock(lo, hi, L, W, b, params, ops[lo:hi])
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
-        x = data.train_x.flatten(1)
+        # dense layers take flat rows, conv layers [N, C, H, W] maps
+        x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
         y = data.train_y if hi == L else None
         start, steps, samples = 0, 0, 0
         self.history: list[float] = []
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
-        # a scaled start rescales the weights once, on the first (mini-)batch of the run
-        self._scale = cfg.admm_init == "scaled" and run.resumed is None
+        # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
+        # CNNs start with unit scales by default (they stall near 0.87 on digits without)
+        init = cfg.admm_init
+        if init == "auto":
+            init = "unit" if any(isinstance(op, ConvOp) for op in ops) else "forward"
+        self._scale = init in ("scaled", "unit") and run.resumed is None
+        self._unit = init == "unit"
         if run.resumed is not None:
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
             self.history = list(run.resumed.rank_state.get("history", []))
@@ -185,14 +199,15 @@ class AdmmStrategy(Strategy):
         return FitResult(
             epochs=cfg.epochs,
             steps=steps,
-            extra={"admm_blocks": sizes, "zlast_cap_hits": self.block.zlast_hits},
+            extra={"admm_blocks": sizes, "zlast_cap_hits": self.block.zlast_hits}
+            | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
         )
 
     # ---- iterations -----------------------------------------------------------------------------
     def _init_forward(self, x: Tensor | None, n_samples: int) -> None:
         run = self.run
         init_blocks_forward(
-            self.block, x, n_samples, self.exchange, run.rank, run.world, scale=self._scale
+            self.block, x, n_samples, self.exchange, run.rank, run.world, self._scale, self._unit
         )
         self._scale = False
 
@@ -237,8 +252,8 @@ class AdmmStrategy(Strategy):
     def _write_back(self) -> None:
         with torch.no_grad():
             for l in self.block.layers:
-                self.linears[l].weight.copy_(self.block.W[l])
-                self.linears[l].bias.copy_(self.block.b[l])
+                self.maps[l].weight.copy_(self.block.W[l])
+                self.maps[l].bias.copy_(self.block.b[l])
 
     def _log(self, step: int, done: int, data: DataSplits, samples: int) -> None:
         cfg, run = self.cfg, self.run
@@ -252,6 +267,9 @@ class AdmmStrategy(Strategy):
                 objective = sum(s[0] for s in shares)
                 residual = math.sqrt(sum(s[1] for s in shares))
                 metrics |= {"admm_objective": objective, "admm_residual": residual}
+            if self._cg:
+                per_solve, hits = self._cg_counts()
+                metrics |= {"admm_cg_iters": per_solve, "admm_cg_cap_hits": hits}
         metrics |= {"rho": self.block.params.rho, "nu": self.block.params.nu}
         event = run.log(step, done, samples=samples, **metrics)
         bad = [
@@ -273,6 +291,14 @@ class AdmmStrategy(Strategy):
             raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
         if cfg.rho_growth > 1 and not cfg.admm_batch:
             self._schedule(residual)
+
+    def _cg_counts(self) -> tuple[float, int]:
+        """Collective: CG iterations per conv p-step and the p-steps that hit the cap, all ranks, so far."""
+        counts = self.run.gather_objects(
+            (self.block.cg_iters, self.block.cg_solves, self.block.cg_hits)
+        )
+        iters, solves, hits = (sum(c[i] for c in counts) for i in range(3))
+        return iters / max(solves, 1), hits
 
     def block_labels(self, data: DataSplits) -> Tensor | None:
         return data.train_y if self.block.hi == self.block.L else None
