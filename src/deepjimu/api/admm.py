@@ -26,7 +26,7 @@ from deepjimu.strategies.admm.driver import (
     serial_iteration,
 )
 from deepjimu.strategies.admm.health import solve_failed
-from deepjimu.strategies.admm.strategy import layer_costs
+from deepjimu.strategies.admm.layers import DenseOp
 from deepjimu.strategies.partition import parse_balance, partition
 
 __all__ = ["AdmmStep", "PdADMM", "admm_linears"]
@@ -115,7 +115,8 @@ class PdADMM:
         nu: weight of the layer equations.
         bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
         tau: proximal weight of each (W, b) step (larger: slower W).
-        momentum: extrapolate every variable by this fraction of its last change (0: off).
+        momentum: extrapolate every variable by this fraction of its last change (0: off;
+            default 0.5, as ``jimu train``).
         init: ``forward`` (the model's weights) or ``scaled`` (first rescale each layer to
             the first layer's pre-activation RMS on ``x``).
         group: None (serial) or the process group whose ranks share the layers.
@@ -140,7 +141,7 @@ class PdADMM:
         bits: int = 0,
         *,
         tau: float = 1.0,
-        momentum: float = 0.0,
+        momentum: float = 0.5,
         init: Literal["forward", "scaled"] = "forward",
         group: dist.ProcessGroup | None = None,
         balance: list[int] | None = None,
@@ -203,7 +204,10 @@ class PdADMM:
         if self.group is not None:
             dist.broadcast(n, group=self.group, group_src=0)
         n_samples = int(n.item())
-        sizes = self.sizes or partition(layer_costs(self.widths, n_samples), self.world)
+        # the strategy's balance: each layer's flops per iteration (layers.DenseOp.flops)
+        ops = [DenseOp((n_in,), n_out) for n_in, n_out in zip(self.widths, self.widths[1:])]
+        costs = [op.flops(n_samples, with_p=l > 0) for l, op in enumerate(ops)]
+        sizes = self.sizes or partition(costs, self.world)
         lo = sum(sizes[: self.rank])
         hi = lo + sizes[self.rank]
         # a scaled start rescales the weights once, at the first init, as the strategy does
