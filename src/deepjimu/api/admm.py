@@ -205,7 +205,10 @@ class PdADMM:
             dist.broadcast(n, group=self.group, group_src=0)
         n_samples = int(n.item())
         # the strategy's balance: each layer's flops per iteration (layers.DenseOp.flops)
-        ops = [DenseOp((n_in,), n_out) for n_in, n_out in zip(self.widths, self.widths[1:])]
+        ops = [
+            DenseOp((n_in,), n_out)
+            for n_in, n_out in zip(self.widths[:-1], self.widths[1:], strict=True)
+        ]
         costs = [op.flops(n_samples, with_p=l > 0) for l, op in enumerate(ops)]
         sizes = self.sizes or partition(costs, self.world)
         lo = sum(sizes[: self.rank])
