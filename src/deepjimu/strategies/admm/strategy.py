@@ -44,8 +44,16 @@ def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
             raise JimuError(
                 f"admm needs one Linear or Conv2d per block (block {i} has {len(maps)})"
             )
+        if maps[0].bias is None:
+            raise JimuError(f"admm needs a bias in every layer (block {i} has none)")
         out.append(maps[0])
     return out
+
+
+def _bias(m: nn.Linear | nn.Conv2d) -> Tensor:
+    """``m.bias``, which :func:`weight_layers` checked is there."""
+    assert m.bias is not None
+    return m.bias
 
 
 def _refusal(spec: str) -> str:
@@ -149,7 +157,7 @@ class AdmmStrategy(Strategy):
             memory=cfg.admm_memory if cfg.admm_batch else 0.0,
         )
         W = [maps[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
-        b = [maps[l].bias.detach().to(run.device).clone() for l in range(lo, hi)]
+        b = [_bias(maps[l]).detach().to(run.device).clone() for l in range(lo, hi)]
         self.block = LayerBlock(lo, hi, L, W, b, params, ops[lo:hi])
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
         # dense layers take flat rows, conv layers [N, C, H, W] maps
@@ -253,7 +261,7 @@ class AdmmStrategy(Strategy):
         with torch.no_grad():
             for l in self.block.layers:
                 self.maps[l].weight.copy_(self.block.W[l])
-                self.maps[l].bias.copy_(self.block.b[l])
+                _bias(self.maps[l]).copy_(self.block.b[l])
 
     def _log(self, step: int, done: int, data: DataSplits, samples: int) -> None:
         cfg, run = self.cfg, self.run
