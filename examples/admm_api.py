@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--rho", type=float, default=1.0)
     parser.add_argument("--nu", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--momentum", type=float, default=0.5)
     args = parser.parse_args()
     if args.workers > 1 and "RANK" not in os.environ:  # start the ranks: torchrun, this script
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -48,7 +49,7 @@ def main() -> None:
     data = load_dataset("digits", DataOptions(seed=args.seed))
     model = build_model(args.model, data.feature_shape, data.num_classes, seed=args.seed)
 
-    admm = PdADMM(model, rho=args.rho, nu=args.nu, group=group)
+    admm = PdADMM(model, rho=args.rho, nu=args.nu, momentum=args.momentum, group=group)
     admm.init(data.train_x)
     for _ in range(args.iterations):
         result = admm.step(data.train_x, data.train_y)  # the weights are now in `model`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,6 +10,12 @@ import pytest
 
 from deepjimu.config import RunConfig
 from processes import FAULT
+
+# A fixed OpenMP wait policy for the whole suite: `--omp-wait auto` would otherwise choose by
+# the machine's load at each run's start, and a one-worker run leaves this process (and the
+# tests' monkeypatches) when the choice differs from this process's policy. PASSIVE also
+# keeps the suite's many processes from spinning on CI's 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture

@@ -15,7 +15,16 @@ from deepjimu.launch import train
 from processes import env
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "admm_api.py"
-SETTINGS = {"model": "mlp:32x2", "rho": 0.5, "nu": 2.0, "epochs": 12, "seed": 3}
+# momentum 0: with momentum a distributed run's reported objective differs from the serial
+# one by ~0.2% (its iterates are equal: tests/strategies/admm/test_driver.py); open issue 9
+SETTINGS = {
+    "model": "mlp:32x2",
+    "rho": 0.5,
+    "nu": 2.0,
+    "epochs": 12,
+    "seed": 3,
+    "admm_momentum": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +32,13 @@ def jimu_train(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """``jimu train --strategy admm`` (1 worker: the iterates of 2 equal it, tests/strategies)."""
     root = tmp_path_factory.mktemp("example")
     cfg = RunConfig(
-        strategy="admm", workers=1, dataset="digits", quiet=True, runs_dir=str(root), name="ref"
+        strategy="admm",
+        workers=1,
+        dataset="digits",
+        quiet=True,
+        runs_dir=str(root),
+        name="ref",
+        threads=1,  # as the example runs (OMP_NUM_THREADS=1): same rounding
     )
     summary = train(RunConfig(**{**cfg.to_dict(), **SETTINGS}))
     assert summary is not None
@@ -42,7 +57,7 @@ def test_example_equals_jimu_train(jimu_train: dict, workers: int) -> None:
         str(SETTINGS["seed"]),
     ]
     args += ["--rho", str(SETTINGS["rho"]), "--nu", str(SETTINGS["nu"])]
-    args += ["--iterations", str(SETTINGS["epochs"])]
+    args += ["--iterations", str(SETTINGS["epochs"]), "--momentum", "0"]
     r = subprocess.run(
         [sys.executable, str(EXAMPLE), *args],
         capture_output=True,

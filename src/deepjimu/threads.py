@@ -5,7 +5,7 @@ policy of a process must be in its environment before ``import torch``. The laun
 it into the environment of the workers it starts; under torchrun the CLI sets it before it
 imports torch.
 
-The rule (measured for every strategy and worker count; BENCHMARKS.md, "Threads"):
+The rule (measured per strategy and worker count; BENCHMARKS.md section 2, "Threads"):
 
 - workers x threads <= cores: leave OpenMP's own default (idle threads spin briefly, then
   sleep). Forcing ``PASSIVE`` made single-process backprop up to 2x slower; forcing

@@ -131,7 +131,7 @@ class LayerBlock:
         are c times smaller is coupled c^2 times more weakly against the loss; a CNN's
         activations shrink layer by layer (torch's init, then average pooling: 0.48 RMS at
         the input, 0.064 at the classifier of cnn:16-32 on digits), which is why CNNs start
-        this way by default (BENCHMARKS.md, section 9).
+        this way by default (BENCHMARKS.md, section 12).
 
         Returns:
             the block output (the next block's input) and the (s, r) it carries on (None
