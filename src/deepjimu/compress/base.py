@@ -9,7 +9,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from deepjimu.comm import Comm, nbytes
 
-__all__ = ["HookState", "allreduce_hook", "counted_allreduce"]
+__all__ = ["HookState", "allreduce_hook", "counted_all_gather", "counted_allreduce"]
 
 
 class HookState:
@@ -67,6 +67,23 @@ def counted_allreduce(
     state.comm.count(sent=nbytes(buf), recv=nbytes(buf))
     # group None is the default group, as in torch's own callers; its stub says ProcessGroup
     return default_hooks.allreduce_hook(state.group, bucket)  # type: ignore[arg-type]
+
+
+def counted_all_gather(
+    state: HookState, payload: torch.Tensor, world: int
+) -> tuple[list[torch.Tensor], torch.futures.Future[list[torch.Tensor]]]:
+    """Start an all-gather of every rank's ``payload`` over the group, its bytes counted.
+
+    Each rank sends its payload once and receives ``world`` of them (codes of different
+    ranks cannot be summed on the wire, so compressed hooks gather and decode locally).
+
+    Returns:
+        the tensors the payloads arrive in, and the future of the collective.
+    """
+    gathered = [torch.empty_like(payload) for _ in range(world)]
+    state.comm.count(sent=nbytes(payload), recv=world * nbytes(payload))
+    fut = dist.all_gather(gathered, payload, group=state.group, async_op=True).get_future()
+    return gathered, fut
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepjimu.comm import Comm, nbytes
-from deepjimu.compress.base import HookState, counted_allreduce
+from deepjimu.comm import Comm
+from deepjimu.compress.base import HookState, counted_all_gather, counted_allreduce
 
 __all__ = ["CHUNK", "QsgdState", "qsgd_decode", "qsgd_encode", "qsgd_hook", "qsgd_payload_bytes"]
 
@@ -104,9 +104,7 @@ def qsgd_hook(state: QsgdState, bucket: dist.GradBucket) -> torch.futures.Future
     g = bucket.buffer()
     payload = qsgd_encode(g, state.bits, state.generator)
     world = state.world
-    gathered = [torch.empty_like(payload) for _ in range(world)]
-    state.comm.count(sent=nbytes(payload), recv=world * nbytes(payload))
-    fut = dist.all_gather(gathered, payload, group=state.group, async_op=True).get_future()
+    gathered, fut = counted_all_gather(state, payload, world)
 
     def decode(_: torch.futures.Future) -> Tensor:
         t0 = time.perf_counter()

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from deepjimu.comm import Comm, nbytes
-from deepjimu.compress.base import HookState, counted_allreduce
+from deepjimu.comm import Comm
+from deepjimu.compress.base import HookState, counted_all_gather, counted_allreduce
 
 __all__ = ["TopkState", "topk_decode", "topk_encode", "topk_hook", "topk_indices", "topk_k"]
 
@@ -122,9 +122,7 @@ def topk_hook(state: TopkState, bucket: dist.GradBucket) -> torch.futures.Future
         residual[idx] = 0
         state.residual[bucket.index()] = residual
     world = state.world
-    gathered = [torch.empty_like(payload) for _ in range(world)]
-    state.comm.count(sent=nbytes(payload), recv=world * nbytes(payload))
-    fut = dist.all_gather(gathered, payload, group=state.group, async_op=True).get_future()
+    gathered, fut = counted_all_gather(state, payload, world)
 
     def decode(_: torch.futures.Future) -> Tensor:
         t0 = time.perf_counter()
