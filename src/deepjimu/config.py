@@ -142,15 +142,25 @@ class RunConfig:
     admm_tau: float = _opt(
         1.0, "admm: proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)"
     )
+    admm_ridge: float = _opt(
+        0.003,
+        "admm: relative ridge of every (W, b) step, the ridge of input noise with this "
+        "fraction of the layer's mean input variance (0: off)",
+    )
     admm_momentum: float = _opt(
         0.5, "admm: extrapolate every variable by this fraction of its last change (0: off)"
+    )
+    admm_sweeps: int = _opt(
+        1,
+        "admm: backward Gauss-Seidel sweeps after each forward start, which carry the labels "
+        "to every layer at once (sequential across workers; 0: off)",
     )
     admm_init: str = _opt(
         "auto",
         "admm: start from a forward pass of the model's weights (forward), or first scale each "
         "layer to the first layer's pre-activation RMS on the data (scaled), or each hidden "
         "layer to unit-RMS activations, same network function (unit); auto: unit for CNNs, "
-        "forward for MLPs",
+        "scaled for MLPs of 8 layers or more, else forward",
         choices=("auto", "forward", "scaled", "unit"),
     )
     admm_memory: float = _opt(
@@ -426,12 +436,17 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"admm-tau must be a number >= 0 (admm-tau: {cfg.admm_tau})",
     )
     need(
+        cfg.admm_ridge >= 0 and math.isfinite(cfg.admm_ridge),
+        f"admm-ridge must be a number >= 0 (admm-ridge: {cfg.admm_ridge})",
+    )
+    need(
         0 <= cfg.admm_momentum < 1,
         f"admm-momentum must be in [0, 1) (admm-momentum: {cfg.admm_momentum})",
     )
     need(
         0 <= cfg.admm_memory < 1, f"admm-memory must be in [0, 1) (admm-memory: {cfg.admm_memory})"
     )
+    need(cfg.admm_sweeps >= 0, f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})")
     need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
     # kfac (issue 12)
     need(

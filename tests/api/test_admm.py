@@ -14,7 +14,7 @@ from torch import nn
 
 from deepjimu.api.admm import PdADMM, admm_linears
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
-from deepjimu.strategies.admm.driver import serial_iteration
+from deepjimu.strategies.admm.driver import backward_sweep, serial_iteration
 from distributed import run_world
 from processes import env
 
@@ -69,7 +69,9 @@ def test_accepts_flatten_first_and_nested_blocks() -> None:
         ({"nu": float("nan")}, "nu must be a positive number"),
         ({"bits": 4}, r"bits must be 0, 8 or 16 \(bits: 4\)"),
         ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
-        ({"init": "zeros"}, "init must be forward or scaled"),
+        ({"init": "zeros"}, "init must be auto, forward or scaled"),
+        ({"ridge": -1.0}, r"ridge must be a number >= 0 \(ridge: -1.0\)"),
+        ({"sweeps": -1}, r"sweeps must be >= 0 \(sweeps: -1\)"),
     ],
 )
 def test_refuses_bad_values(kw: dict, message: str) -> None:
@@ -88,10 +90,11 @@ def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
         3,
         [m.weight.detach().clone() for m in linears],
         [m.bias.detach().clone() for m in linears],
-        AdmmParams(rho=0.5, nu=2.0, momentum=0.5),
+        AdmmParams(rho=0.5, nu=2.0, momentum=0.5, ridge=0.003),
     )
     ref.init_forward(x)
-    admm = PdADMM(model, rho=0.5, nu=2.0)  # momentum 0.5 by default, as jimu train
+    backward_sweep(ref, y)  # one sweep after the start, as jimu train
+    admm = PdADMM(model, rho=0.5, nu=2.0)  # momentum, ridge and sweeps by default, as jimu train
     for i in range(4):
         serial_iteration(ref, y)
         ref.extrapolate()

@@ -18,9 +18,10 @@ from torch import Tensor, nn
 
 from deepjimu.comm import Comm, CommStats
 from deepjimu.errors import JimuError
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init
 from deepjimu.strategies.admm.driver import (
     Exchange,
+    backward_sweep,
     distributed_iteration,
     init_blocks_forward,
     serial_iteration,
@@ -115,10 +116,15 @@ class PdADMM:
         nu: weight of the layer equations.
         bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
         tau: proximal weight of each (W, b) step (larger: slower W).
+        ridge: relative ridge of each (W, b) step (``updates.ridge_weight``; default 0.003,
+            as ``jimu train``).
+        sweeps: backward Gauss-Seidel sweeps after each :meth:`init`, run by the first
+            :meth:`step` after it (it brings the labels; default 1, as ``jimu train``).
         momentum: extrapolate every variable by this fraction of its last change (0: off;
             default 0.5, as ``jimu train``).
-        init: ``forward`` (the model's weights) or ``scaled`` (first rescale each layer to
-            the first layer's pre-activation RMS on ``x``).
+        init: ``forward`` (the model's weights), ``scaled`` (first rescale each layer to
+            the first layer's pre-activation RMS on ``x``) or ``auto`` (scaled from
+            ``blocks.SCALED_FROM_DEPTH`` layers, as ``jimu train``).
         group: None (serial) or the process group whose ranks share the layers.
         balance: layers per rank of ``group``, e.g. ``[2, 1]``.
 
@@ -141,8 +147,10 @@ class PdADMM:
         bits: int = 0,
         *,
         tau: float = 1.0,
+        ridge: float = 0.003,
+        sweeps: int = 1,
         momentum: float = 0.5,
-        init: Literal["forward", "scaled"] = "forward",
+        init: Literal["auto", "forward", "scaled"] = "auto",
         group: dist.ProcessGroup | None = None,
         balance: list[int] | None = None,
     ) -> None:
@@ -154,10 +162,14 @@ class PdADMM:
             raise ValueError(f"bits must be 0, 8 or 16 (bits: {bits})")
         if not (tau >= 0 and math.isfinite(tau)):
             raise ValueError(f"tau must be a number >= 0 (tau: {tau})")
+        if not (ridge >= 0 and math.isfinite(ridge)):
+            raise ValueError(f"ridge must be a number >= 0 (ridge: {ridge})")
+        if sweeps < 0:
+            raise ValueError(f"sweeps must be >= 0 (sweeps: {sweeps})")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must be in [0, 1) (momentum: {momentum})")
-        if init not in ("forward", "scaled"):
-            raise ValueError(f"init must be forward or scaled (init: {init!r})")
+        if init not in ("auto", "forward", "scaled"):
+            raise ValueError(f"init must be auto, forward or scaled (init: {init!r})")
         self.model, self.group, self.init_mode = model, group, init
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world = dist.get_world_size(group) if group is not None else 1
@@ -172,7 +184,8 @@ class PdADMM:
         elif self.world > self.L:
             raise ValueError(f"cannot cut {self.L} layers into {self.world} ranks")
         self.device = self.linears[0].weight.device
-        self.params = AdmmParams(rho=rho, nu=nu, bits=bits, tau=tau, momentum=momentum)
+        self.params = AdmmParams(rho=rho, nu=nu, bits=bits, tau=tau, ridge=ridge, momentum=momentum)
+        self.sweeps, self._sweeps_due = sweeps, 0
         # the messages of the iterations are counted, as a strategy's: stats.bytes_sent, ...
         self.stats = CommStats()
         self.exchange = Exchange(Comm(self.stats, group), bits, self.device)
@@ -214,9 +227,11 @@ class PdADMM:
         lo = sum(sizes[: self.rank])
         hi = lo + sizes[self.rank]
         # a scaled start rescales the weights once, at the first init, as the strategy does
-        scale = self.init_mode == "scaled" and self.block is None
+        mode = auto_init(ops) if self.init_mode == "auto" else self.init_mode
+        scale = mode == "scaled" and self.block is None
         self.block = self._new_block(lo, hi)
         init_blocks_forward(self.block, x, n_samples, self.exchange, self.rank, self.world, scale)
+        self._sweeps_due = self.sweeps
         self._x = x
         self._write_back()
 
@@ -257,6 +272,9 @@ class PdADMM:
         else:
             y = None
         try:
+            for _ in range(self._sweeps_due):  # the strategy sweeps right after its start
+                backward_sweep(block, y, self.exchange, self.rank, self.world)
+            self._sweeps_due = 0
             if self.world == 1:
                 assert y is not None
                 serial_iteration(block, y)

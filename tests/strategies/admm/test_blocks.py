@@ -1,4 +1,4 @@
-"""LayerBlock: the scaled start, momentum's bookkeeping and checkpoints that torch reads safely."""
+"""LayerBlock: the scaled start, the backward sweep, momentum's bookkeeping and safe checkpoints."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import itertools
 
 import torch
 
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm import updates as U
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init
 from deepjimu.strategies.admm.driver import serial_iteration
+from deepjimu.strategies.admm.layers import ConvOp, DenseOp
 
 WIDTHS = [6, 8, 8, 3]
 
@@ -39,6 +41,53 @@ def test_scaled_start_gives_every_layer_the_first_rms_and_keeps_the_predictions(
         ratio, torch.full_like(ratio, float(ratio.mean())), rtol=1e-4, atol=0
     )
     assert torch.equal(after.argmax(1), before.argmax(1))
+
+
+def test_backward_sweep_is_the_exact_updates_from_the_last_layer_to_the_first() -> None:
+    """Independent path: the pure updates of updates.py in Gauss-Seidel order, layer 2 to 0."""
+    params = AdmmParams(rho=0.7, nu=1.3, tau=0.5, ridge=0.01)
+    block, x, y = _block(params)
+    block.init_forward(x)
+    p = {l: t.clone() for l, t in block.p.items()}
+    W, b, z = dict(block.W), dict(block.b), dict(block.z)
+    q, u = dict(block.q), dict(block.u)
+    rho, nu, tau, ridge = params.rho, params.nu, params.tau, params.ridge
+    for l in (2, 1, 0):
+        if l < 2:
+            q[l] = U.update_q(p[l + 1], u[l], z[l], rho, nu)
+            u[l] = U.update_u(u[l], p[l + 1], q[l], rho)
+        W[l], b[l] = U.update_Wb(p[l], z[l], W[l], nu, tau=tau, ridge=ridge)
+        a = p[l] @ W[l].T + b[l]
+        z[l] = U.update_z_last(a, y, z[l], nu).z if l == 2 else U.update_z_hidden(a, q[l], z[l])
+        if l > 0:
+            p[l] = U.update_p(W[l], b[l], z[l], q[l - 1], u[l - 1], rho, nu)
+    block.sweep_backward(y)
+    for name, want in (("W", W), ("b", b), ("z", z), ("q", q), ("u", u), ("p", p)):
+        for l, t in want.items():
+            torch.testing.assert_close(getattr(block, name)[l], t, msg=f"{name}{l}")
+
+
+def test_one_sweep_carries_the_labels_to_the_first_layer_one_iteration_does_not() -> None:
+    """From a forward start (u = 0, z = a), a Jacobi p-step returns p_1 = q_0: the first layer
+    sees the labels only after L - 1 iterations. A sweep moves p_1 and the first layer's z."""
+    jacobi, x, y = _block(AdmmParams())
+    sweep, _, _ = _block(AdmmParams())
+    for blk in (jacobi, sweep):
+        blk.init_forward(x)
+    p1, z0 = jacobi.p[1].clone(), jacobi.z[0].clone()
+    serial_iteration(jacobi, y)
+    torch.testing.assert_close(jacobi.p[1], p1)
+    torch.testing.assert_close(jacobi.z[0], z0, rtol=1e-4, atol=1e-6)
+    sweep.sweep_backward(y)
+    assert float((sweep.p[1] - p1).abs().max()) > 1e-4
+    assert float((sweep.z[0] - z0).abs().max()) > 1e-4
+
+
+def test_auto_init_is_unit_for_cnns_scaled_for_deep_mlps() -> None:
+    dense = [DenseOp((8,), 8)] * 7
+    assert auto_init(dense) == "forward"
+    assert auto_init([*dense, DenseOp((8,), 3)]) == "scaled"
+    assert auto_init([ConvOp((1, 8, 8), 4), DenseOp((4, 8, 8), 3)]) == "unit"
 
 
 def test_momentum_zero_changes_nothing_and_first_call_only_records() -> None:

@@ -156,24 +156,29 @@ def test_update_p_flat_equals_the_dense_solve() -> None:
     torch.testing.assert_close(update_p_flat(W, b, z, q_prev, u_prev, 0.8, 1.5, pool=2), expected)
 
 
-@pytest.mark.parametrize(("k", "tau"), [(1, 0.0), (2, 0.5)])
-def test_update_Wb_conv_is_the_joint_minimiser(k: int, tau: float) -> None:
+@pytest.mark.parametrize(("k", "tau", "ridge"), [(1, 0.0, 0.0), (2, 0.5, 0.0), (2, 0.5, 0.2)])
+def test_update_Wb_conv_is_the_joint_minimiser(k: int, tau: float, ridge: float) -> None:
     g = torch.Generator().manual_seed(6)
     p = _randn(N, 2, 8, 7, g=g) + 1.5  # non-centred: W and b are coupled
     W_old, b_old = _randn(3, 2, 3, 3, g=g), _randn(3, g=g)
     z = _randn(N, 3, 8 // k, 7 // k, g=g)  # at least 36 equations for 19 unknowns per channel
     nu = 0.9
+    # relative ridge: ridge * nu * the patches' summed variance per patch column
+    rows = patch_rows(avg_pool(p, k), 3)
+    mu = ridge * nu * (rows - rows.mean(dim=0)).square().sum() / rows.shape[1]
 
     def objective(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         fit = (z - conv_forward(avg_pool(p, k), W, b)).square().sum()
-        return (nu / 2) * fit + (tau / 2) * (W - W_old).square().sum()
+        return (nu / 2) * fit + (tau / 2) * (W - W_old).square().sum() + (mu / 2) * W.square().sum()
 
-    W, b = update_Wb_conv(p, z, W_old, nu, pool=k, tau=tau)
+    W, b = update_Wb_conv(p, z, W_old, nu, pool=k, tau=tau, ridge=ridge)
     W_expected, b_expected = _argmin(objective, W_old, b_old)
     torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
     torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
     gram = centred_gram(patch_rows(avg_pool(p, k), 3))
-    torch.testing.assert_close(update_Wb_conv(p, z, W_old, nu, pool=k, tau=tau, gram=gram), (W, b))
+    torch.testing.assert_close(
+        update_Wb_conv(p, z, W_old, nu, pool=k, tau=tau, ridge=ridge, gram=gram), (W, b)
+    )
 
 
 def test_choose_p_solver_and_bad_arguments() -> None:

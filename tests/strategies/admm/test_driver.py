@@ -1,4 +1,5 @@
-"""Transparency: distributed pdADMM iterates equal the serial ones; quantized exchange shrinks bytes."""
+"""Transparency: distributed pdADMM iterates (and start-up sweeps) equal the serial ones; quantized
+exchange shrinks bytes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import (
     Exchange,
+    backward_sweep,
     distributed_iteration,
     init_blocks_forward,
     serial_iteration,
@@ -40,15 +42,19 @@ def _snapshot(block: LayerBlock) -> dict[str, torch.Tensor]:
     return out
 
 
-def _params(bits: int, momentum: float) -> AdmmParams:
-    return AdmmParams(rho=0.5, nu=0.8, bits=bits, tau=1.0, momentum=momentum)
+def _params(bits: int, momentum: float, ridge: float = 0.0) -> AdmmParams:
+    return AdmmParams(rho=0.5, nu=0.8, bits=bits, tau=1.0, momentum=momentum, ridge=ridge)
 
 
-def _serial(bits: int, momentum: float = 0.0, scale: bool = False) -> dict[str, torch.Tensor]:
+def _serial(
+    bits: int, momentum: float = 0.0, scale: bool = False, sweeps: int = 0, ridge: float = 0.0
+) -> dict[str, torch.Tensor]:
     torch.set_num_threads(1)
     x, y, W, b = _problem()
-    block = LayerBlock(0, 4, 4, W, b, _params(bits, momentum))
+    block = LayerBlock(0, 4, 4, W, b, _params(bits, momentum, ridge))
     block.init_forward(x, (1.0, 0.0) if scale else None)
+    for _ in range(sweeps):
+        backward_sweep(block, y)
     for _ in range(ITERS):
         serial_iteration(block, y)
         if momentum:
@@ -57,15 +63,24 @@ def _serial(bits: int, momentum: float = 0.0, scale: bool = False) -> dict[str, 
 
 
 def _distributed(
-    rank: int, world: int, sizes: list[int], bits: int, momentum: float = 0.0, scale: bool = False
+    rank: int,
+    world: int,
+    sizes: list[int],
+    bits: int,
+    momentum: float = 0.0,
+    scale: bool = False,
+    sweeps: int = 0,
+    ridge: float = 0.0,
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
     x, y, W, b = _problem()
     lo = sum(sizes[:rank])
     hi = lo + sizes[rank]
-    block = LayerBlock(lo, hi, 4, W[lo:hi], b[lo:hi], _params(bits, momentum))
+    block = LayerBlock(lo, hi, 4, W[lo:hi], b[lo:hi], _params(bits, momentum, ridge))
     stats = CommStats()
     ex = Exchange(Comm(stats), bits, torch.device("cpu"))
     init_blocks_forward(block, x if rank == 0 else None, N, ex, rank, world, scale)
+    for _ in range(sweeps):
+        backward_sweep(block, y if hi == 4 else None, ex, rank, world)
     sent = []
     for _ in range(ITERS):
         before = stats.bytes_sent
@@ -76,11 +91,22 @@ def _distributed(
     return _snapshot(block), sent
 
 
-@pytest.mark.parametrize("bits,momentum,scale", [(0, 0.0, False), (8, 0.0, False), (8, 0.5, True)])
-def test_distributed_iterates_equal_serial(bits: int, momentum: float, scale: bool) -> None:
-    serial = _serial(bits, momentum, scale)
+@pytest.mark.parametrize(
+    "bits,momentum,scale,sweeps,ridge",
+    [
+        (0, 0.0, False, 0, 0.0),
+        (8, 0.0, False, 0, 0.0),
+        (8, 0.5, True, 0, 0.0),
+        (0, 0.5, False, 2, 0.01),  # the defaults' kind: start-up sweeps and a ridge
+        (8, 0.5, False, 1, 0.003),
+    ],
+)
+def test_distributed_iterates_equal_serial(
+    bits: int, momentum: float, scale: bool, sweeps: int, ridge: float
+) -> None:
+    serial = _serial(bits, momentum, scale, sweeps, ridge)
     for sizes in ([2, 2], [1, 2, 1]):
-        results = run_world(_distributed, len(sizes), sizes, bits, momentum, scale)
+        results = run_world(_distributed, len(sizes), sizes, bits, momentum, scale, sweeps, ridge)
         merged: dict[str, torch.Tensor] = {}
         for snap, _ in results:
             merged.update(snap)

@@ -135,6 +135,8 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
         ({"model": "lenet"}, "admm cannot train max pooling (block 0: Conv2d-ReLU-MaxPool2d): it is not linear; use a cnn:C1-C2-... model (average pooling)"),
         ({"model": "resnet"}, "admm cannot train block 0: Conv2d-BatchNorm2d-ReLU: it needs [Flatten,] Linear[, ReLU] or Conv2d, ReLU[, AvgPool2d] blocks (an mlp:... or cnn:... model)"),
         ({"model": "cnn:4-8", "admm_cg_iters": 0}, "admm-cg-iters must be >= 1 (admm-cg-iters: 0)"),
+        ({"admm_ridge": -0.1}, "admm-ridge must be a number >= 0 (admm-ridge: -0.1)"),
+        ({"admm_sweeps": -1}, "admm-sweeps must be >= 0 (admm-sweeps: -1)"),
         ({"model": "cnn:4-8", "admm_batch": 64, "admm_memory": 0.9}, "admm-memory works on MLPs only, not on conv layers yet (admm-memory: 0.9, model: cnn:4-8)"),
         ({"model": "cnn:4-8", "precision": "bf16"}, "admm trains CNNs in fp32 or tf32 only (precision: bf16, model: cnn:4-8)"),
     ],

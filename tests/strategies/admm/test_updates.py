@@ -19,6 +19,7 @@ from deepjimu.strategies.admm.updates import (
     last_layer_objective,
     layer_lagrangian,
     primal_residual,
+    ridge_weight,
     update_b,
     update_p,
     update_q,
@@ -196,6 +197,55 @@ def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float) -> None:
     torch.testing.assert_close((W2, b2), (W, b))
 
 
+@pytest.mark.parametrize(("ridge", "tau"), [(0.01, 0.0), (0.3, 0.5)])
+def test_update_Wb_with_a_relative_ridge_is_the_minimiser(ridge: float, tau: float) -> None:
+    """The ridge weight is ridge * nu * (mean input variance) * N, written out independently."""
+    g = torch.Generator().manual_seed(15)
+    n_in, n_out, nu = 4, 3, 1.3
+    p = _randn(N, n_in, generator=g) * torch.tensor([3.0, 1.0, 0.1, 0.01], dtype=DT) + 2.0
+    z, W_old, b_old = (
+        _randn(N, n_out, generator=g),
+        _randn(n_out, n_in, generator=g),
+        _randn(n_out, generator=g),
+    )
+    mu = ridge * nu * ((p - p.mean(dim=0)) ** 2).sum() / n_in
+
+    def objective(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
+
+    W, b = update_Wb(p, z, W_old, nu, tau=tau, ridge=ridge)
+    W_expected, b_expected = _argmin(objective, W_old, b_old)
+    torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(ridge_weight(centred_gram(p), nu, ridge), mu)
+
+
+def test_relative_ridge_is_scale_free() -> None:
+    """Inputs c times larger (a layer with larger activations) give W / c: the same fit."""
+    g = torch.Generator().manual_seed(16)
+    p, z = _randn(N, 4, generator=g), _randn(N, 3, generator=g)
+    W0 = torch.zeros(3, 4, dtype=DT)
+    W, b = update_Wb(p, z, W0, 0.9, ridge=0.05)
+    W_c, b_c = update_Wb(100.0 * p, z, W0, 0.9, ridge=0.05)
+    torch.testing.assert_close(W_c, W / 100.0, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(b_c, b, rtol=1e-10, atol=1e-12)
+
+
+def test_relative_ridge_is_the_least_squares_of_noisy_inputs() -> None:
+    """Bishop (1995): least squares on inputs plus isotropic noise of variance s^2 = ridge times the
+    inputs' mean variance tends to the ridge solution (Monte Carlo over many noisy copies)."""
+    g = torch.Generator().manual_seed(17)
+    n_in, ridge, copies = 3, 0.2, 20000
+    p = _randn(N, n_in, generator=g) * torch.tensor([2.0, 1.0, 0.3], dtype=DT)
+    z = _randn(N, 2, generator=g)
+    variance = ((p - p.mean(dim=0)) ** 2).sum() / (N * n_in)
+    noisy = p.repeat(copies, 1) + _randn(copies * N, n_in, generator=g) * (ridge * variance).sqrt()
+    W_noise, b_noise = update_Wb(noisy, z.repeat(copies, 1), torch.zeros(2, n_in, dtype=DT), 1.0)
+    W, b = update_Wb(p, z, torch.zeros(2, n_in, dtype=DT), 1.0, ridge=ridge)
+    torch.testing.assert_close(W_noise, W, rtol=0.05, atol=0.02)
+    torch.testing.assert_close(b_noise, b, rtol=0.05, atol=0.02)
+
+
 @pytest.mark.parametrize("decay", [0.0, 0.5, 1.0])
 def test_update_Wb_stats_is_the_minimiser_over_every_decayed_batch(decay: float) -> None:
     """Three batches summarised in O(n^2) statistics give the exact weighted (W, b) minimiser."""
@@ -222,6 +272,10 @@ def test_update_Wb_stats_is_the_minimiser_over_every_decayed_batch(decay: float)
     torch.testing.assert_close(
         update_Wb_stats(combine_stats(None, p_last, z_last, decay), W_old, nu, tau=tau),
         update_Wb(p_last, z_last, W_old, nu, tau=tau),
+    )
+    torch.testing.assert_close(  # the ridge is the same function of the statistics' Gram
+        update_Wb_stats(combine_stats(None, p_last, z_last, decay), W_old, nu, ridge=0.1),
+        update_Wb(p_last, z_last, W_old, nu, ridge=0.1),
     )
     with pytest.raises(ValueError, match="decay must be in"):
         combine_stats(None, *batches[0], 1.5)

@@ -149,6 +149,7 @@ def update_Wb_conv(
     pool: int = 1,
     mu: float = 0.0,
     tau: float = 0.0,
+    ridge: float = 0.0,
     gram: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(W, b)-subproblem: argmin (nu/2)||z - conv(P p, W) - b||^2 + (mu/2)||W||^2 + (tau/2)||W - W_old||^2.
@@ -167,6 +168,7 @@ def update_Wb_conv(
         pool: k of the folded average pooling P (1: none).
         mu: ridge weight, >= 0.
         tau: proximal weight towards W_old, >= 0.
+        ridge: relative ridge, >= 0 (``updates.update_Wb``; relative to the patches' variance).
         gram: ``updates.centred_gram(patch_rows(avg_pool(p, pool), s))`` if the caller has it
             (it is constant for the input layer), [C_in s^2, C_in s^2].
 
@@ -186,7 +188,7 @@ def update_Wb_conv(
     rows = patch_rows(x, s)
     W_flat, b = U.update_Wb(
         rows, z.permute(0, 2, 3, 1).reshape(-1, C_out), W.reshape(C_out, -1), nu,
-        mu=mu, tau=tau, gram=gram,
+        mu=mu, tau=tau, ridge=ridge, gram=gram,
     )  # fmt: skip
     return W_flat.view_as(W), b
 

@@ -9,7 +9,13 @@ from deepjimu.comm import Comm, Pending
 from deepjimu.strategies.admm.blocks import LayerBlock
 from deepjimu.strategies.admm.quantize import dequantize, quantize
 
-__all__ = ["Exchange", "distributed_iteration", "init_blocks_forward", "serial_iteration"]
+__all__ = [
+    "Exchange",
+    "backward_sweep",
+    "distributed_iteration",
+    "init_blocks_forward",
+    "serial_iteration",
+]
 
 
 class Exchange:
@@ -97,6 +103,37 @@ def distributed_iteration(
         block.step_left_dual()
     for s in sends:
         s.wait()
+
+
+def backward_sweep(
+    block: LayerBlock, y: Tensor | None, ex: Exchange | None = None, rank: int = 0, world: int = 1
+) -> None:
+    """One Gauss-Seidel sweep from the last layer to the first (:meth:`LayerBlock.sweep_backward`).
+
+    Across workers it runs right to left: rank r waits for the p_hi that rank r+1 has just
+    updated, sweeps its block and sends its p_lo left; then every rank sends its new q_{hi-1}
+    right, and the receiver keeps u_{lo-1} in step, as after an iteration. So the iterates
+    equal one serial sweep over all layers. Like the forward start, this is a sequential
+    chain (each rank waits for the one on its right): it belongs at the start, not in the loop.
+    """
+    if world == 1:
+        block.sweep_backward(y)
+        return
+    assert ex is not None
+    left, right = rank - 1 if rank > 0 else None, rank + 1 if rank < world - 1 else None
+    if right is not None:
+        block.p_right = ex.irecv(tuple(block.last_q().shape), right).wait()
+    block.sweep_backward(y)
+    sends: list[Pending] = []
+    if left is not None:
+        sends += ex.isend(block.first_p(), left)
+    if right is not None:
+        sends += ex.isend(block.last_q(), right)
+    if left is not None:
+        block.q_left = ex.irecv(tuple(block.first_p().shape), left).wait()
+        block.step_left_dual()
+    for pending in sends:
+        pending.wait()
 
 
 def init_blocks_forward(

@@ -78,10 +78,11 @@ class DenseOp:
         nu: float,
         *,
         tau: float = 0.0,
+        ridge: float = 0.0,
         gram: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``updates.update_Wb`` on flatten(P p)."""
-        return U.update_Wb(self._x(p), z, W, nu, tau=tau, gram=gram)
+        return U.update_Wb(self._x(p), z, W, nu, tau=tau, ridge=ridge, gram=gram)
 
     def solve_p(
         self, W: Tensor, b: Tensor, z: Tensor, q_prev: Tensor, u_prev: Tensor, rho: float, nu: float,
@@ -159,10 +160,11 @@ class ConvOp:
         nu: float,
         *,
         tau: float = 0.0,
+        ridge: float = 0.0,
         gram: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``conv.update_Wb_conv``: least squares over the im2col patches of P p."""
-        return C.update_Wb_conv(p, z, W, nu, pool=self.pool, tau=tau, gram=gram)
+        return C.update_Wb_conv(p, z, W, nu, pool=self.pool, tau=tau, ridge=ridge, gram=gram)
 
     def solve_p(
         self, W: Tensor, b: Tensor, z: Tensor, q_prev: Tensor, u_prev: Tensor, rho: float, nu: float,

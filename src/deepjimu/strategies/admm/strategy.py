@@ -13,10 +13,11 @@ from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
 from deepjimu.run import Run
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init
 from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
+    backward_sweep,
     distributed_iteration,
     init_blocks_forward,
     serial_iteration,
@@ -153,6 +154,7 @@ class AdmmStrategy(Strategy):
             nu=cfg.nu,
             bits=cfg.quantize,
             tau=cfg.admm_tau,
+            ridge=cfg.admm_ridge,
             momentum=cfg.admm_momentum,
             memory=cfg.admm_memory if cfg.admm_batch else 0.0,
         )
@@ -167,10 +169,9 @@ class AdmmStrategy(Strategy):
         self.history: list[float] = []
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
-        # CNNs start with unit scales by default (they stall near 0.87 on digits without)
-        init = cfg.admm_init
-        if init == "auto":
-            init = "unit" if any(isinstance(op, ConvOp) for op in ops) else "forward"
+        # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
+        # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
+        init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
         self._scale = init in ("scaled", "unit") and run.resumed is None
         self._unit = init == "unit"
         if run.resumed is not None:
@@ -178,9 +179,7 @@ class AdmmStrategy(Strategy):
             self.history = list(run.resumed.rank_state.get("history", []))
             start, steps = run.resumed.epoch, run.resumed.step
             samples = run.resumed.extra.get("samples", 0)
-        elif not cfg.admm_batch:
-            with run.training(), run.autocast():
-                self._init_forward(x if lo == 0 else None, len(x))
+        fresh = run.resumed is None and not cfg.admm_batch  # full batch starts once, here
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):
@@ -189,6 +188,9 @@ class AdmmStrategy(Strategy):
                     if cfg.admm_batch:
                         steps += self._minibatch_epoch(x, data.train_y, epoch)
                     else:
+                        if fresh:  # in the try: a start-up sweep factorises too
+                            self._start(x if lo == 0 else None, y, len(x))
+                            fresh = False
                         self._iterate(y)
                         steps += 1
                 except torch.linalg.LinAlgError as e:  # the p and W solves factorise
@@ -212,12 +214,15 @@ class AdmmStrategy(Strategy):
         )
 
     # ---- iterations -----------------------------------------------------------------------------
-    def _init_forward(self, x: Tensor | None, n_samples: int) -> None:
+    def _start(self, x: Tensor | None, y: Tensor | None, n_samples: int) -> None:
+        """A forward start of every variable, then ``--admm-sweeps`` backward sweeps."""
         run = self.run
         init_blocks_forward(
             self.block, x, n_samples, self.exchange, run.rank, run.world, self._scale, self._unit
         )
         self._scale = False
+        for _ in range(self.cfg.admm_sweeps):
+            backward_sweep(self.block, y, self.exchange, run.rank, run.world)
 
     def _iterate(self, y: Tensor | None) -> None:
         if self.run.world == 1:
@@ -249,7 +254,7 @@ class AdmmStrategy(Strategy):
         for idx in batches:
             xb = x[idx].to(run.device) if block.lo == 0 else None
             yb = y[idx].to(run.device) if block.hi == block.L else None
-            self._init_forward(xb, len(idx))
+            self._start(xb, yb, len(idx))
             for _ in range(inner):
                 self._iterate(yb)
             if block.params.memory:

@@ -45,6 +45,7 @@ __all__ = [
     "last_layer_objective",
     "layer_lagrangian",
     "primal_residual",
+    "ridge_weight",
     "update_W",
     "update_Wb",
     "update_Wb_stats",
@@ -133,6 +134,20 @@ def _gram(p: Tensor, ptp: Tensor | None = None, strips: int = 4) -> Tensor:
         torch.mm(p[:, lo:hi].T, p[:, lo:], out=G[lo:hi, lo:])
         G[hi:, lo:hi] = G[lo:hi, hi:].T
     return G
+
+
+def ridge_weight(gram: Tensor, nu: float, ridge: float) -> Tensor:
+    """The ridge weight ``ridge * nu * tr(G) / n`` of a (W, b) step whose centred Gram is ``gram``.
+
+    Training a linear map on inputs with isotropic noise of variance s^2 added is, in
+    expectation, least squares plus (N s^2 / 2)||W||^2 (Bishop, "Training with noise is
+    equivalent to Tikhonov regularization", 1995). With s^2 = ``ridge`` times the layer's
+    mean input variance, tr(G) / N / n, the weight is ``ridge * nu * tr(G) / n``: scale-free,
+    so one ``ridge`` means the same for the raw pixels and for a hidden layer whose
+    activations are a hundred times smaller, and it does not grow or shrink with N.
+    It is a tensor, so no host sync.
+    """
+    return torch.diagonal(gram).mean() * (ridge * nu)
 
 
 def centred_gram(p: Tensor) -> Tensor:
@@ -289,6 +304,7 @@ def update_Wb(
     *,
     mu: float = 0.0,
     tau: float = 0.0,
+    ridge: float = 0.0,
     gram: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(W, b)-subproblem: argmin (nu/2)||z - pW^T - b||^2 + (mu/2)||W||^2 + (tau/2)||W - W_old||^2.
@@ -307,6 +323,8 @@ def update_Wb(
         nu: weight of the fit term, > 0.
         mu: ridge weight on W, >= 0.
         tau: proximal weight towards W_old, >= 0.
+        ridge: relative ridge, >= 0: adds :func:`ridge_weight` of the Gram to ``mu`` (the
+            ridge of input noise with ``ridge`` times the inputs' mean variance).
         gram: the centred Gram (p - m)^T (p - m), m the mean row of p, if the caller has
             it (it is constant for the input layer), [n_{l-1}, n_{l-1}].
 
@@ -314,14 +332,14 @@ def update_Wb(
         (W, b), shapes [n_l, n_{l-1}] and [n_l].
 
     Raises:
-        ValueError: on mismatched shapes or nu <= 0, mu < 0, tau < 0.
+        ValueError: on mismatched shapes or nu <= 0, mu < 0, tau < 0, ridge < 0.
 
     Example:
         >>> W, b = update_Wb(p, z, layer.weight, nu=1.0)
         >>> a = p @ W.T + b
     """
     _check_positive(nu=nu)
-    _check_nonnegative(mu=mu, tau=tau)
+    _check_nonnegative(mu=mu, tau=tau, ridge=ridge)
     N, n_in = p.shape
     n_out = W.shape[0]
     _check_shape("W", W, (n_out, n_in))
@@ -331,7 +349,8 @@ def update_Wb(
     G_centred = _gram(p_centred, gram)
     zc_t_p = z.T @ p_centred  # = (z - mean z)^T (p - m), as the columns of p - m sum to 0
     eye = torch.eye(n_in, dtype=p.dtype, device=p.device)
-    W_new = _solve_right_psd(nu * G_centred + (mu + tau) * eye, nu * zc_t_p + tau * W)
+    damping = ridge_weight(G_centred, nu, ridge) + (mu + tau)
+    W_new = _solve_right_psd(nu * G_centred + damping * eye, nu * zc_t_p + tau * W)
     # b = mean z - W m cancels as much as the Gram would: elementwise, so it stays float32
     return W_new, z.mean(dim=0) - (W_new * p_mean).sum(dim=1)
 
@@ -396,31 +415,34 @@ def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> Wb
 
 
 def update_Wb_stats(
-    stats: WbStats, W: Tensor, nu: float, *, tau: float = 0.0
+    stats: WbStats, W: Tensor, nu: float, *, tau: float = 0.0, ridge: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """(W, b)-subproblem over the samples that ``stats`` summarises, each with its weight:
 
-    argmin sum_i w_i (nu/2)||z_i - W p_i - b||^2 + (tau/2)||W - W_old||^2, solved exactly as
-    in ``update_Wb``: W (nu C_pp + tau I) = nu C_zp + tau W_old, b = z_mean - W p_mean.
+    argmin sum_i w_i (nu/2)||z_i - W p_i - b||^2 + (mu/2)||W||^2 + (tau/2)||W - W_old||^2,
+    mu = ``ridge_weight(C_pp, nu, ridge)``, solved exactly as in ``update_Wb``:
+    W (nu C_pp + (mu + tau) I) = nu C_zp + tau W_old, b = z_mean - W p_mean.
 
     Args:
         stats: from ``combine_stats``.
         W: current weight W_old, [n_l, n_{l-1}].
         nu: weight of the fit term, > 0.
         tau: proximal weight towards W_old, >= 0.
+        ridge: relative ridge, >= 0 (as in ``update_Wb``).
 
     Returns:
         (W, b), shapes [n_l, n_{l-1}] and [n_l].
 
     Raises:
-        ValueError: on mismatched shapes or nu <= 0, tau < 0.
+        ValueError: on mismatched shapes or nu <= 0, tau < 0, ridge < 0.
     """
     _check_positive(nu=nu)
-    _check_nonnegative(tau=tau)
+    _check_nonnegative(tau=tau, ridge=ridge)
     n_out, n_in = W.shape
     _check_shape("C_zp", stats.C_zp, (n_out, n_in))
     eye = torch.eye(n_in, dtype=W.dtype, device=W.device)
-    W_new = _solve_right_psd(nu * stats.C_pp + tau * eye, nu * stats.C_zp + tau * W)
+    damping = ridge_weight(stats.C_pp, nu, ridge) + tau
+    W_new = _solve_right_psd(nu * stats.C_pp + damping * eye, nu * stats.C_zp + tau * W)
     return W_new, stats.z_mean - (W_new * stats.p_mean).sum(dim=1)
 
 
