@@ -4,7 +4,8 @@ For every model and data set it runs ``jimu train`` once per variant (each an or
 folder) and prints test accuracy after ``--report`` iterations, the final train and test
 accuracy, and the training time (evaluation excluded), next to ``local`` (Adam, its defaults)
 on the same data. Variants are admm flag sets; ``base`` is the paper's pdADMM as deepjimu
-solves it (exact subproblems, rho = nu = 1, no momentum, the model's own initialisation).
+solves it (exact subproblems, rho = nu = 1, no momentum, ridge or sweep, the model's own
+initialisation); every other variant turns one option on; ``defaults`` is ``jimu train``'s.
 
 Usage:
     python benchmarks/admm_ablation.py --dataset digits
@@ -26,18 +27,35 @@ from typing import Any
 
 __all__ = ["FULL_BATCH", "MINI_BATCH", "main"]
 
-BASE = "--admm-momentum 0 --admm-init forward --rho-growth 1"
+# base: the paper's pdADMM as deepjimu solves it, every option off
+OFF = {
+    "admm-momentum": "0",
+    "admm-init": "forward",
+    "rho-growth": "1",
+    "admm-ridge": "0",
+    "admm-sweeps": "0",
+}
+
+
+def _flags(**on: str) -> str:
+    """The base flags with the options ``on`` (underscores for dashes) set instead."""
+    values = OFF | {k.replace("_", "-"): v for k, v in on.items()}
+    return " ".join(f"--{k} {v}" for k, v in values.items())
+
+
+BASE = _flags()
 FULL_BATCH = {
     "base": BASE,
-    "momentum 0.5": "--admm-momentum 0.5 --admm-init forward --rho-growth 1",
-    "scaled start": "--admm-momentum 0 --admm-init scaled --rho-growth 1",
-    "rho growth 2": "--admm-momentum 0 --admm-init forward --rho-growth 2",
-    "momentum + scaled": "--admm-momentum 0.5 --admm-init scaled --rho-growth 1",
+    "momentum 0.7": _flags(admm_momentum="0.7"),
+    "ridge 0.01": _flags(admm_ridge="0.01"),
+    "sweep 1": _flags(admm_sweeps="1"),
+    "scaled start": _flags(admm_init="scaled"),
+    "rho growth 2": _flags(rho_growth="2"),
     "defaults": "",
 }
 MINI_BATCH = {
-    "base (per-batch prox)": f"{BASE} --admm-memory 0",
-    "memory 0.9": f"{BASE} --admm-memory 0.9",
+    "base (per-batch prox)": _flags(admm_memory="0"),
+    "memory 0.8": _flags(admm_memory="0.8"),
     "defaults": "",
 }
 

@@ -142,18 +142,22 @@ class RunConfig:
     admm_tau: float = _opt(
         1.0, "admm: proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)"
     )
-    admm_ridge: float = _opt(
-        0.003,
+    admm_ridge: float | None = _opt(
+        None,
         "admm: relative ridge of every (W, b) step, the ridge of input noise with this "
-        "fraction of the layer's mean input variance (0: off)",
+        "fraction of the layer's mean input variance (0: off; default 0.01 for MLPs, "
+        "0.003 for CNNs)",
     )
-    admm_momentum: float = _opt(
-        0.5, "admm: extrapolate every variable by this fraction of its last change (0: off)"
+    admm_momentum: float | None = _opt(
+        None,
+        "admm: extrapolate every variable by this fraction of its last change (0: off; "
+        "default 0.7 for MLPs, 0.5 for CNNs)",
     )
-    admm_sweeps: int = _opt(
-        1,
+    admm_sweeps: int | None = _opt(
+        None,
         "admm: backward Gauss-Seidel sweeps after each forward start, which carry the labels "
-        "to every layer at once (sequential across workers; 0: off)",
+        "to every layer at once (sequential across workers; 0: off; default 1 for MLPs, "
+        "0 for CNNs)",
     )
     admm_init: str = _opt(
         "auto",
@@ -163,10 +167,10 @@ class RunConfig:
         "scaled for MLPs of 8 layers or more, else forward",
         choices=("auto", "forward", "scaled", "unit"),
     )
-    admm_memory: float = _opt(
-        0.0,
+    admm_memory: float | None = _opt(
+        None,
         "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
-        "by this decay per batch (0: the current batch only)",
+        "by this decay per batch (0: the current batch only; default 0.8 for MLPs, 0 for CNNs)",
     )
     # admm on CNNs (issue 13)
     admm_cg_iters: int = _opt(50, "admm: cap on the conjugate-gradient iterations of a conv p-step")
@@ -436,17 +440,21 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"admm-tau must be a number >= 0 (admm-tau: {cfg.admm_tau})",
     )
     need(
-        cfg.admm_ridge >= 0 and math.isfinite(cfg.admm_ridge),
+        cfg.admm_ridge is None or (cfg.admm_ridge >= 0 and math.isfinite(cfg.admm_ridge)),
         f"admm-ridge must be a number >= 0 (admm-ridge: {cfg.admm_ridge})",
     )
     need(
-        0 <= cfg.admm_momentum < 1,
+        cfg.admm_momentum is None or 0 <= cfg.admm_momentum < 1,
         f"admm-momentum must be in [0, 1) (admm-momentum: {cfg.admm_momentum})",
     )
     need(
-        0 <= cfg.admm_memory < 1, f"admm-memory must be in [0, 1) (admm-memory: {cfg.admm_memory})"
+        cfg.admm_memory is None or 0 <= cfg.admm_memory < 1,
+        f"admm-memory must be in [0, 1) (admm-memory: {cfg.admm_memory})",
     )
-    need(cfg.admm_sweeps >= 0, f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})")
+    need(
+        cfg.admm_sweeps is None or cfg.admm_sweeps >= 0,
+        f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})",
+    )
     need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
     # kfac (issue 12)
     need(

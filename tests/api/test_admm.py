@@ -90,11 +90,12 @@ def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
         3,
         [m.weight.detach().clone() for m in linears],
         [m.bias.detach().clone() for m in linears],
-        AdmmParams(rho=0.5, nu=2.0, momentum=0.5, ridge=0.003),
+        AdmmParams(rho=0.5, nu=2.0, momentum=0.7, ridge=0.01),
     )
     ref.init_forward(x)
     backward_sweep(ref, y)  # one sweep after the start, as jimu train
-    admm = PdADMM(model, rho=0.5, nu=2.0)  # momentum, ridge and sweeps by default, as jimu train
+    # momentum, ridge and sweeps by default as jimu train for MLPs (blocks.MLP_DEFAULTS)
+    admm = PdADMM(model, rho=0.5, nu=2.0)
     for i in range(4):
         serial_iteration(ref, y)
         ref.extrapolate()

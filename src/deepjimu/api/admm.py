@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from deepjimu.comm import Comm, CommStats
 from deepjimu.errors import JimuError
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init
+from deepjimu.strategies.admm.blocks import MLP_DEFAULTS, AdmmParams, LayerBlock, auto_init
 from deepjimu.strategies.admm.driver import (
     Exchange,
     backward_sweep,
@@ -116,12 +116,12 @@ class PdADMM:
         nu: weight of the layer equations.
         bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
         tau: proximal weight of each (W, b) step (larger: slower W).
-        ridge: relative ridge of each (W, b) step (``updates.ridge_weight``; default 0.003,
-            as ``jimu train``).
+        ridge: relative ridge of each (W, b) step (``updates.ridge_weight``; default
+            ``blocks.MLP_DEFAULTS``, as ``jimu train``).
         sweeps: backward Gauss-Seidel sweeps after each :meth:`init`, run by the first
-            :meth:`step` after it (it brings the labels; default 1, as ``jimu train``).
+            :meth:`step` after it (it brings the labels; default as ``jimu train``).
         momentum: extrapolate every variable by this fraction of its last change (0: off;
-            default 0.5, as ``jimu train``).
+            default as ``jimu train`` for MLPs).
         init: ``forward`` (the model's weights), ``scaled`` (first rescale each layer to
             the first layer's pre-activation RMS on ``x``) or ``auto`` (scaled from
             ``blocks.SCALED_FROM_DEPTH`` layers, as ``jimu train``).
@@ -147,9 +147,9 @@ class PdADMM:
         bits: int = 0,
         *,
         tau: float = 1.0,
-        ridge: float = 0.003,
-        sweeps: int = 1,
-        momentum: float = 0.5,
+        ridge: float = float(MLP_DEFAULTS["ridge"]),
+        sweeps: int = int(MLP_DEFAULTS["sweeps"]),
+        momentum: float = float(MLP_DEFAULTS["momentum"]),
         init: Literal["auto", "forward", "scaled"] = "auto",
         group: dist.ProcessGroup | None = None,
         balance: list[int] | None = None,

@@ -13,7 +13,7 @@ from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
 from deepjimu.run import Run
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_defaults, auto_init
 from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
@@ -104,7 +104,7 @@ class AdmmStrategy(Strategy):
         if kind not in ("mlp", "cnn"):
             return [_refusal(cfg.model)]
         out = []
-        if kind == "cnn" and cfg.admm_batch and cfg.admm_memory:
+        if kind == "cnn" and cfg.admm_batch and cfg.admm_memory:  # asked for (default: none)
             # the statistics are those of dense layers on flat inputs (updates.WbStats)
             out.append(
                 f"admm-memory works on MLPs only, not on conv layers yet "
@@ -149,14 +149,23 @@ class AdmmStrategy(Strategy):
         self.shapes = block_shapes(model, data.train_x[:1])
         # conv p-steps solved by CG: their iterations and cap hits go into the events
         self._cg = any(isinstance(op, ConvOp) and op.solver is PSolver.CG for op in ops)
+        # the options left to their default take the model kind's (blocks.auto_defaults)
+        auto = auto_defaults(ops)
+        chosen = {
+            k: auto[k] if getattr(cfg, f"admm_{k}") is None else getattr(cfg, f"admm_{k}")
+            for k in auto
+        }
+        if not cfg.admm_batch:
+            chosen["memory"] = 0.0
+        self.sweeps = int(chosen["sweeps"])
         params = AdmmParams(
             rho=cfg.rho,
             nu=cfg.nu,
             bits=cfg.quantize,
             tau=cfg.admm_tau,
-            ridge=cfg.admm_ridge,
-            momentum=cfg.admm_momentum,
-            memory=cfg.admm_memory if cfg.admm_batch else 0.0,
+            ridge=chosen["ridge"],
+            momentum=chosen["momentum"],
+            memory=chosen["memory"],
         )
         W = [maps[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
         b = [_bias(maps[l]).detach().to(run.device).clone() for l in range(lo, hi)]
@@ -172,6 +181,15 @@ class AdmmStrategy(Strategy):
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
         init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
+        self.settings = {"init": init, **chosen}
+        if run.is_main and not cfg.quiet:
+            print(
+                "admm settings: "
+                + ", ".join(
+                    f"{k} {v:g}" if not isinstance(v, str) else f"{k} {v}"
+                    for k, v in self.settings.items()
+                )
+            )
         self._scale = init in ("scaled", "unit") and run.resumed is None
         self._unit = init == "unit"
         if run.resumed is not None:
@@ -209,7 +227,11 @@ class AdmmStrategy(Strategy):
         return FitResult(
             epochs=cfg.epochs,
             steps=steps,
-            extra={"admm_blocks": sizes, "zlast_cap_hits": self.block.zlast_hits}
+            extra={
+                "admm_blocks": sizes,
+                "admm_settings": self.settings,
+                "zlast_cap_hits": self.block.zlast_hits,
+            }
             | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
         )
 
@@ -221,7 +243,7 @@ class AdmmStrategy(Strategy):
             self.block, x, n_samples, self.exchange, run.rank, run.world, self._scale, self._unit
         )
         self._scale = False
-        for _ in range(self.cfg.admm_sweeps):
+        for _ in range(self.sweeps):
             backward_sweep(self.block, y, self.exchange, run.rank, run.world)
 
     def _iterate(self, y: Tensor | None) -> None:
