@@ -146,7 +146,7 @@ class RunConfig:
         None,
         "admm: relative ridge of every (W, b) step, the ridge of input noise with this "
         "fraction of the layer's mean input variance (0: off; default 0.01 for MLPs, "
-        "0.003 for CNNs)",
+        "0 for CNNs)",
     )
     admm_momentum: float | None = _opt(
         None,

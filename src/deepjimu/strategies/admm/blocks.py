@@ -47,10 +47,12 @@ mlp:256x3 at 30 iterations average 93.2% against 92.3% at ridge 0.003 and moment
 sweep lifts mlp:500x6 by 0.2 points and gets deep nets off chance sooner; in mini-batch mode
 (batch 500) memory 0.8 keeps improving past the first epoch where the per-batch step stalls."""
 
-CNN_DEFAULTS = {"ridge": 0.003, "momentum": 0.5, "sweeps": 0, "memory": 0.0}
-"""admm's defaults for CNNs. On digits, cnn:16-32: 98.06% with these; ridge 0.01 gave 94.4-95.6%
-and a start-up sweep 96.4-96.7% (BENCHMARKS.md section 12). The statistics of ``memory`` are
-those of dense layers, so CNNs have none."""
+CNN_DEFAULTS = {"ridge": 0.0, "momentum": 0.5, "sweeps": 0, "memory": 0.0}
+"""admm's defaults for CNNs (BENCHMARKS.md section 12, digits, 2 workers). The ridge that helps
+MLPs breaks deep CNNs: cnn:16-16-16-16-32-32-32-32 0.900 without, 0.767 at 0.001, 0.531 at
+0.003; on cnn:16-32 it is noise (0.978 / 0.981) except with 8-bit exchange, where 0.003 gives
+0.981 against 0.958 (use ``--admm-ridge 0.003 --quantize 8`` on shallow CNNs). A start-up
+sweep gave cnn:16-32 0.964-0.967. The statistics of ``memory`` are those of dense layers."""
 
 
 def auto_defaults(ops: Sequence[LayerOp]) -> dict[str, float]:
