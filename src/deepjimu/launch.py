@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.atomic import atomic_write_text
-from deepjimu.config import RunConfig, validate
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.precision import check_precision
 from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
+from deepjimu.validation import validate
 from deepjimu.worker import ModelFactory, error_dir, pick_device, run_dir_of, worker_main
 
 __all__ = ["probe", "train"]

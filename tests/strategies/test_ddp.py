@@ -10,12 +10,13 @@ import pytest
 
 from deepjimu.compress import probe
 from deepjimu.compress.cost import CANDIDATES, PROBED
-from deepjimu.config import RunConfig, validate
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies.base import count_correct
 from deepjimu.strategies.ddp import DDPStrategy
+from deepjimu.validation import validate
 from distributed import run_world
 
 
