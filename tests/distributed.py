@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import io
 import os
@@ -101,7 +102,7 @@ def run_world(
 
 
 def distributed_test(
-    world_size: Sequence[int] = (1, 2), timeout: float = 60.0
+    world_size: Sequence[int] = (1, 2), timeout: float = 60.0, preload: Sequence[str] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     """Decorator: run the test body on real gloo ranks, once per world size (a parametrized test).
 
@@ -111,6 +112,8 @@ def distributed_test(
     from the test process: a spawned rank imports torch afresh, several seconds each on a
     loaded CI machine against a fraction of one for a fork (each rank runs one thread, as
     DataLoader's forked workers do, so OpenMP's pool is not touched after the fork).
+    ``preload`` names modules to import before the fork, once, that every rank would
+    otherwise import anew (DDP's constructor imports ``torch._dynamo``: seconds each).
 
     Example:
         >>> @distributed_test(world_size=[1, 2, 3])
@@ -124,6 +127,8 @@ def distributed_test(
         wants_tmp = len(inspect.signature(body).parameters) == 3
 
         def test(world_size: int, tmp_path: Path) -> None:
+            for name in preload:
+                importlib.import_module(name)
             extra = [str(tmp_path)] if wants_tmp else []
             run_world(body, world_size, *extra, timeout=timeout, start_method="fork")
 
