@@ -10,6 +10,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from deepjimu.choices import (
+    AdmmInit,
+    Choice,
+    Device,
+    GraphFeatures,
+    KfacMethod,
+    OmpWait,
+    Optimizer,
+    Precision,
+    Schedule,
+    Split,
+)
 from deepjimu.compress.spec import compress_problems
 from deepjimu.errors import JimuError
 
@@ -20,7 +32,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DEFAULT_LR",
-    "PRECISIONS",
     "ConfigErrors",
     "RunConfig",
     "add_options",
@@ -30,19 +41,20 @@ __all__ = [
     "option_fields",
 ]
 
-PRECISIONS = ("fp32", "tf32", "bf16")  # see deepjimu.precision
-DEFAULT_LR = {"adam": 1e-3, "sgd": 0.05, "kfac": 0.05}  # per --optimizer, when --lr is not given
+# per --optimizer, when --lr is not given
+DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
 
 
-def _opt(
-    default: Any,
-    help: str,
-    choices: tuple[str, ...] | None = None,
-    commas: bool = False,
-    **kw: Any,
-) -> Any:
-    # commas: a value of this option may itself contain commas (not a list of values)
-    meta = {"help": help, "choices": choices, "commas": commas}
+def _opt(default: Any, help: str, commas: bool = False, **kw: Any) -> Any:
+    # commas: a value of this option may itself contain commas (not a list of values);
+    # a Choice default makes the option take one of its enum's spellings
+    kind = type(default) if isinstance(default, Choice) else None
+    meta = {
+        "help": help,
+        "choices": kind.spellings() if kind else None,
+        "enum": kind,
+        "commas": commas,
+    }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -53,7 +65,9 @@ class RunConfig:
     """All options of one training run. Field names are the flags (``--batch-size``) and TOML keys.
 
     ``None`` means "the strategy's default" for ``workers``, ``epochs`` and ``lr``;
-    :func:`deepjimu.strategies.resolve` fills them in.
+    :func:`deepjimu.validation.validate` fills them in. An option with a closed set of values
+    holds its :mod:`~deepjimu.choices` member; a spelling outside the set stays a string,
+    for validation to name.
     """
 
     # what and where
@@ -66,22 +80,19 @@ class RunConfig:
     )
     runs_dir: str = _opt("runs", "folder that holds run folders")
     seed: int = _opt(0, "one seed for data split, init, shuffling")
-    device: str = _opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    device: Device = _opt(Device.AUTO, "auto, cpu or cuda")
     quiet: bool = _opt(False, "no progress bar")
     threads: int = _opt(
         0,
         "CPU threads per worker (0: OMP_NUM_THREADS if set, else cores / workers on this machine)",
     )
-    omp_wait: str = _opt(
-        "auto",
+    omp_wait: OmpWait = _opt(
+        OmpWait.AUTO,
         "OpenMP idle threads: auto (passive when workers x threads exceed the cores, else "
         "OpenMP's default; OMP_WAIT_POLICY wins if set), default, active or passive",
-        choices=("auto", "default", "active", "passive"),
     )
-    precision: str = _opt(
-        "fp32",
-        "matmul precision: fp32, tf32 (CUDA tensor cores) or bf16 (autocast)",
-        choices=PRECISIONS,
+    precision: Precision = _opt(
+        Precision.FP32, "matmul precision: fp32, tf32 (CUDA tensor cores) or bf16 (autocast)"
     )
     # data
     data_dir: str = _opt("data", "folder with dataset files")
@@ -95,16 +106,14 @@ class RunConfig:
     synthetic_features: int = _opt(196, "synthetic: number of input features")
     synthetic_classes: int = _opt(10, "synthetic: number of classes")
     # graphs (issue 10): Planetoid split, graph features, stochastic block model
-    split: str = _opt(
-        "public",
+    split: Split = _opt(
+        Split.PUBLIC,
         "planetoid: public split (20 per class / 500 / 1,000) or random (same sizes, by --seed)",
-        choices=("public", "random"),
     )
     graph_hops: int = _opt(2, "graphs: propagation steps K (features A_hat^k X, k <= K)")
-    graph_features: str = _opt(
-        "last",
+    graph_features: GraphFeatures = _opt(
+        GraphFeatures.LAST,
         "graphs: last (A_hat^K X, as SGC) or concat ([X, A_hat X, ..., A_hat^K X], as pdADMM-G)",
-        choices=("last", "concat"),
     )
     graph_row_norm: bool = _opt(True, "graphs: scale each node's features to sum 1 first")
     sbm_degree: float = _opt(10.0, "sbm: average node degree (nodes: --synthetic-n)")
@@ -112,9 +121,7 @@ class RunConfig:
     # optimisation (gradient strategies)
     epochs: int | None = _opt(None, "passes over the training data (admm: iterations)")
     batch_size: int = _opt(64, "global mini-batch size (split over data-parallel workers)")
-    optimizer: str = _opt(
-        "adam", "optimizer of gradient strategies", choices=("adam", "sgd", "kfac")
-    )
+    optimizer: Optimizer = _opt(Optimizer.ADAM, "optimizer of gradient strategies")
     lr: float | None = _opt(None, "learning rate (default: 1e-3 adam, 0.05 sgd and kfac)")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(0.0, "L2 weight decay")
@@ -129,7 +136,7 @@ class RunConfig:
         "(under torchrun: give torchrun's own --max-restarts)",
     )
     # pipeline
-    schedule: str = _opt("gpipe", "pipeline schedule", choices=("gpipe", "1f1b", "interleaved"))
+    schedule: Schedule = _opt(Schedule.GPIPE, "pipeline schedule")
     microbatches: int = _opt(4, "pipeline micro-batches per mini-batch")
     balance: str = _opt("time", "stage split: time, size or N,N,...", commas=True)
     # admm
@@ -145,13 +152,12 @@ class RunConfig:
     admm_momentum: float = _opt(
         0.5, "admm: extrapolate every variable by this fraction of its last change (0: off)"
     )
-    admm_init: str = _opt(
-        "auto",
+    admm_init: AdmmInit = _opt(
+        AdmmInit.AUTO,
         "admm: start from a forward pass of the model's weights (forward), or first scale each "
         "layer to the first layer's pre-activation RMS on the data (scaled), or each hidden "
         "layer to unit-RMS activations, same network function (unit); auto: unit for CNNs, "
         "forward for MLPs",
-        choices=("auto", "forward", "scaled", "unit"),
     )
     admm_memory: float = _opt(
         0.0,
@@ -170,8 +176,8 @@ class RunConfig:
         1.0,
         "kfac: fraction F of workers preconditioning each layer, 1/workers (MEM-OPT) to 1 (COMM-OPT)",
     )
-    kfac_method: str = _opt(
-        "eigen", "kfac: eigen decompositions or damped inverses", choices=("eigen", "inverse")
+    kfac_method: KfacMethod = _opt(
+        KfacMethod.EIGEN, "kfac: eigen decompositions or damped inverses"
     )
     # ddp: gradient compression and local SGD (deepjimu.compress)
     compress: str = _opt(
@@ -195,8 +201,15 @@ class RunConfig:
         None, "ddp local SGD: plain all-reduce steps first (default: a tenth of the run's steps)"
     )
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            kind = f.metadata.get("enum")
+            value = getattr(self, f.name)
+            if kind is not None and value in kind.spellings():
+                setattr(self, f.name, kind(value))
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain values, suitable for JSON and TOML."""
+        """Plain values, suitable for JSON and TOML (a choice's member is a str)."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -472,7 +485,7 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"local-sgd-warmup must be >= 0 (local-sgd-warmup: {cfg.local_sgd_warmup})",
     )
     need(
-        cfg.optimizer != "kfac" or (cfg.compress == "none" and not cfg.local_sgd),
+        cfg.optimizer != Optimizer.KFAC or (cfg.compress == "none" and not cfg.local_sgd),
         "optimizer kfac runs with plain gradient all-reduce: drop --compress and --local-sgd "
         f"(compress: {cfg.compress}, local-sgd: {cfg.local_sgd})",
     )

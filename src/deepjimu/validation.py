@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from deepjimu.choices import Device, Optimizer, Precision
 from deepjimu.config import (
     DEFAULT_LR,
-    PRECISIONS,
     ConfigErrors,
     RunConfig,
     basic_problems,
@@ -57,7 +57,7 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"strategy {cfg.strategy} needs at least one block per worker "
             f"(workers: {workers}, blocks in {cfg.model}: {n_blocks})"
         )
-    if cfg.precision not in strategy.precisions and cfg.precision in PRECISIONS:
+    if isinstance(cfg.precision, Precision) and cfg.precision not in strategy.precisions:
         problems.append(
             f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
             f"(supported: {', '.join(strategy.precisions)})"
@@ -67,14 +67,14 @@ def validate(cfg: RunConfig) -> RunConfig:
             f"strategy {cfg.strategy} has no gradient all-reduce to compress or replace; "
             f"--compress and --local-sgd need ddp (compress: {cfg.compress}, local-sgd: {cfg.local_sgd})"
         )
-    if cfg.precision == "tf32" and cfg.device == "cpu":
+    if cfg.precision == Precision.TF32 and cfg.device == Device.CPU:
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
     # kfac (issue 12)
-    if cfg.optimizer == "kfac" and not strategy.supports_kfac:
+    if cfg.optimizer == Optimizer.KFAC and not strategy.supports_kfac:
         problems.append(
             f"optimizer kfac runs with strategy local or ddp (strategy: {cfg.strategy})"
         )
-    if cfg.optimizer == "kfac" and workers >= 1:
+    if cfg.optimizer == Optimizer.KFAC and workers >= 1:
         problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
     # graphs (issue 10): a graph model takes the whole graph, in one process
     if n_blocks and parse_spec(cfg.model).needs_graph:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from deepjimu.atomic import atomic_write_text
+from deepjimu.choices import Device
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
@@ -83,11 +84,11 @@ def pick_device(cfg: RunConfig, local_rank: int, local_world: int) -> torch.devi
         JimuError: ``--device cuda`` without enough GPUs.
     """
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg.device == "cuda" and n_gpu < local_world:
+    if cfg.device == Device.CUDA and n_gpu < local_world:
         raise JimuError(
             f"--device cuda needs one GPU per worker (GPUs: {n_gpu}, workers on this machine: {local_world})"
         )
-    if cfg.device == "cpu" or n_gpu < local_world:
+    if cfg.device == Device.CPU or n_gpu < local_world:
         return torch.device("cpu")
     return torch.device("cuda", local_rank)
 
