@@ -1,8 +1,7 @@
-"""The worker's parts that need no run: device choice, run folders, error records, summary figures."""
+"""The worker's parts that need no run: device choice, run folders, error records, throughput."""
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from pathlib import Path
@@ -13,7 +12,6 @@ import torch
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.worker import (
-    _factory_name,
     _mean_throughput,
     default_run_name,
     error_dir,
@@ -42,21 +40,6 @@ def test_run_folders_are_the_resumed_one_or_named_under_runs_dir(tmp_path: Path)
         r"ddp-mnist-\d{8}-\d{6}", default_run_name(RunConfig(strategy="ddp", dataset="mnist"))
     )
     assert run_dir_of(RunConfig(runs_dir=str(tmp_path))).parent == tmp_path
-
-
-def _factory(width: int) -> torch.nn.Sequential:
-    return torch.nn.Sequential(torch.nn.Linear(4, width))
-
-
-class _Maker:
-    def __call__(self) -> torch.nn.Sequential:
-        return _factory(2)
-
-
-def test_a_model_factory_is_named_by_module_and_name() -> None:
-    assert _factory_name(_factory) == f"factory:{__name__}._factory"
-    assert _factory_name(functools.partial(_factory, 3)) == f"factory:{__name__}._factory"
-    assert _factory_name(_Maker()) == f"factory:{__name__}._Maker"
 
 
 def test_mean_throughput_weighs_each_event_by_its_training_time() -> None:

@@ -86,13 +86,13 @@ def _start(
                     f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
                     f"instead (max-restarts: {cfg.max_restarts})"
                 )
-            cfg = validate(dataclasses.replace(cfg, workers=world))
+            cfg = validate(dataclasses.replace(cfg, workers=world), _blocks(model_factory))
             if cfg.resume:
                 check_resume(cfg)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
             return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
-        cfg = validate(cfg)
+        cfg = validate(cfg, _blocks(model_factory))
         assert cfg.workers is not None
         if cfg.resume:
             check_resume(cfg)
@@ -110,6 +110,11 @@ def _start(
                 return _run_workers(cfg, out_dir, plan, job, model_factory)
             except Interrupted as e:
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
+
+
+def _blocks(model_factory: ModelFactory | None) -> int | None:
+    """The block count of the factory's model (what validation checks the workers against)."""
+    return len(model_factory()) if model_factory is not None else None
 
 
 def _run_workers(

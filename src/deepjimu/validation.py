@@ -24,8 +24,14 @@ from deepjimu.strategies import get_strategy
 __all__ = ["validate"]
 
 
-def validate(cfg: RunConfig) -> RunConfig:
+def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
     """Check every field and fill the strategy's defaults; the result is what workers run.
+
+    Args:
+        cfg: the options.
+        blocks: the block count of the model, when a Python factory builds it (``cfg.model``
+            is then its ``factory:`` spec, which says nothing of its shape); without it such
+            a run is refused (the factory is not at hand: a CLI resume of a ``fit`` run).
 
     Returns:
         a new RunConfig with ``workers``, ``epochs`` and ``lr`` set.
@@ -39,7 +45,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
     n_blocks = 0
     try:
-        n_blocks = count_blocks(cfg.model)
+        if parse_spec(cfg.model).kind != "factory":
+            n_blocks = count_blocks(cfg.model)
+        elif blocks is not None:
+            n_blocks = blocks
+        else:
+            problems.append(_needs_its_factory(cfg))
     except JimuError as e:
         problems.append(str(e))
     try:
@@ -95,3 +106,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
     epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
     return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr)
+
+
+def _needs_its_factory(cfg: RunConfig) -> str:
+    """The refusal of a run whose model only a Python factory builds, without the factory."""
+    if cfg.resume:
+        return (
+            f"--resume {cfg.resume}: its model comes from a Python factory ({cfg.model}); "
+            f"resume it with deepjimu.fit(..., resume={str(cfg.resume)!r})"
+        )
+    return f"model {cfg.model} comes from a Python factory: train it with deepjimu.fit(...)"
