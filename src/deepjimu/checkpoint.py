@@ -159,8 +159,8 @@ class Checkpointer:
     def load(self, run_dir: Path | None = None) -> Checkpoint | None:
         """Collective: the latest complete checkpoint of ``run_dir`` (default: this run), or None.
 
-        Every rank must find the same checkpoint and the files it reads (``meta.json``,
-        ``model.pt`` and its own ``rank<r>.pt``); where one cannot, every rank refuses.
+        Every rank must find the same ``latest`` checkpoint and the files it reads
+        (``model.pt`` and its own ``rank<r>.pt``); where one cannot, every rank refuses.
 
         Raises:
             JimuError: a rank cannot find the checkpoint or one of its files (the path is
