@@ -8,7 +8,6 @@ from __future__ import annotations
 import enum
 
 __all__ = [
-    "AdmmInit",
     "Choice",
     "Device",
     "GraphFeatures",
@@ -101,12 +100,3 @@ class KfacMethod(Choice):
 
     EIGEN = "eigen"
     INVERSE = "inverse"
-
-
-class AdmmInit(Choice):
-    """``--admm-init``: where pdADMM starts (see the option's help)."""
-
-    AUTO = "auto"
-    FORWARD = "forward"
-    SCALED = "scaled"
-    UNIT = "unit"

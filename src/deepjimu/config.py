@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.choices import (
-    AdmmInit,
     Choice,
     Device,
     GraphFeatures,
@@ -45,13 +44,19 @@ __all__ = [
 DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
 
 
-def _opt(default: Any, help: str, commas: bool = False, **kw: Any) -> Any:
-    # commas: a value of this option may itself contain commas (not a list of values);
-    # a Choice default makes the option take one of its enum's spellings
+def _opt(
+    default: Any,
+    help: str,
+    choices: tuple[str, ...] | None = None,
+    commas: bool = False,
+    **kw: Any,
+) -> Any:
+    # choices: the values of a plain str option; a Choice default brings its enum's instead.
+    # commas: a value of this option may itself contain commas (not a list of values)
     kind = type(default) if isinstance(default, Choice) else None
     meta = {
         "help": help,
-        "choices": kind.spellings() if kind else None,
+        "choices": kind.spellings() if kind else choices,
         "enum": kind,
         "commas": commas,
     }
@@ -152,12 +157,13 @@ class RunConfig:
     admm_momentum: float = _opt(
         0.5, "admm: extrapolate every variable by this fraction of its last change (0: off)"
     )
-    admm_init: AdmmInit = _opt(
-        AdmmInit.AUTO,
+    admm_init: str = _opt(
+        "auto",
         "admm: start from a forward pass of the model's weights (forward), or first scale each "
         "layer to the first layer's pre-activation RMS on the data (scaled), or each hidden "
         "layer to unit-RMS activations, same network function (unit); auto: unit for CNNs, "
         "forward for MLPs",
+        choices=("auto", "forward", "scaled", "unit"),
     )
     admm_memory: float = _opt(
         0.0,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deepjimu.choices import AdmmInit, Precision
+from deepjimu.choices import Precision
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
@@ -170,10 +170,10 @@ class AdmmStrategy(Strategy):
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # CNNs start with unit scales by default (they stall near 0.87 on digits without)
         init = cfg.admm_init
-        if init == AdmmInit.AUTO:
-            init = AdmmInit.UNIT if any(isinstance(op, ConvOp) for op in ops) else AdmmInit.FORWARD
-        self._scale = init in (AdmmInit.SCALED, AdmmInit.UNIT) and run.resumed is None
-        self._unit = init == AdmmInit.UNIT
+        if init == "auto":
+            init = "unit" if any(isinstance(op, ConvOp) for op in ops) else "forward"
+        self._scale = init in ("scaled", "unit") and run.resumed is None
+        self._unit = init == "unit"
         if run.resumed is not None:
             self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
             self.history = list(run.resumed.rank_state.get("history", []))
