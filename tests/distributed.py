@@ -1,21 +1,25 @@
-"""Test helper: run a function on ``world`` real gloo ranks on 127.0.0.1 and collect the results."""
+"""Test helpers: run a function on ``world`` real gloo ranks on 127.0.0.1, or a test body on several worlds."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import io
 import os
 import queue
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from deepjimu.worker import free_port
 
-__all__ = ["free_port", "run_world"]
+__all__ = ["distributed_test", "free_port", "run_world"]
 
 
 def _entry(
@@ -46,16 +50,23 @@ def _entry(
             dist.destroy_process_group()
 
 
-def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 120.0) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined by a gloo group.
+def run_world(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    timeout: float = 120.0,
+    start_method: str = "spawn",
+) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` in ``world`` new processes joined by a gloo group.
 
-    ``fn`` must be importable (a module-level function). A rank that raises, dies or hangs
-    past ``timeout`` seconds fails the test with that rank's traceback.
+    With ``start_method`` spawn (fresh interpreters) ``fn`` must be importable (a
+    module-level function); fork copies this process, torch already loaded. A rank that
+    raises, dies or hangs past ``timeout`` seconds fails the test with that rank's traceback.
 
     Returns:
         the ranks' return values, in rank order.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(start_method)
     out = ctx.Queue()
     port = free_port()
     procs = [
@@ -88,3 +99,41 @@ def run_world(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world)]
+
+
+def distributed_test(
+    world_size: Sequence[int] = (1, 2), timeout: float = 60.0, preload: Sequence[str] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Decorator: run the test body on real gloo ranks, once per world size (a parametrized test).
+
+    The body is ``body(rank, world)``, or ``body(rank, world, tmp)`` with ``tmp`` a folder
+    that every rank shares (the test's ``tmp_path``); it asserts on each rank, and a rank
+    that fails fails the test with its traceback (:func:`run_world`). The ranks are forked
+    from the test process: a spawned rank imports torch afresh, several seconds each on a
+    loaded CI machine against a fraction of one for a fork (each rank runs one thread, as
+    DataLoader's forked workers do, so OpenMP's pool is not touched after the fork).
+    ``preload`` names modules to import before the fork, once, that every rank would
+    otherwise import anew (DDP's constructor imports ``torch._dynamo``: seconds each).
+
+    Example:
+        >>> @distributed_test(world_size=[1, 2, 3])
+        ... def test_all_reduce_sums(rank: int, world: int) -> None:
+        ...     t = torch.ones(1)
+        ...     dist.all_reduce(t)
+        ...     assert t.item() == world
+    """
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., None]:
+        wants_tmp = len(inspect.signature(body).parameters) == 3
+
+        def test(world_size: int, tmp_path: Path) -> None:
+            for name in preload:
+                importlib.import_module(name)
+            extra = [str(tmp_path)] if wants_tmp else []
+            run_world(body, world_size, *extra, timeout=timeout, start_method="fork")
+
+        test.__name__ = test.__qualname__ = body.__name__
+        test.__module__, test.__doc__ = body.__module__, body.__doc__
+        return pytest.mark.parametrize("world_size", list(world_size))(test)
+
+    return decorate

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from deepjimu.config import ConfigErrors, RunConfig, coerce, load_config, read_toml, validate
+from deepjimu.config import ConfigErrors, RunConfig, coerce, load_config, read_toml
 from deepjimu.errors import JimuError
+from deepjimu.validation import validate
 
 
 def test_validate_fills_strategy_defaults() -> None:

@@ -86,7 +86,8 @@ def test_diverging_run_stops_with_a_clear_message(tmp_path: Path) -> None:
 def test_log_merges_metrics_and_counts_bytes(tmp_path: Path) -> None:
     run = Run(RunConfig(quiet=True), tmp_path)
     run.comm.count(sent=100, recv=40)
-    run._train_s, run._eval_s = 0.5, 0.25  # as if timed by run.training() / run.evaluation()
+    # as if timed by run.training() and run.evaluation()
+    run.counters.train_s, run.counters.eval_s = 0.5, 0.25
     event = run.log(3, 1, samples=50, loss=1.5, test_acc=0.25)
     assert (event["bytes_sent"], event["bytes_recv"], event["loss"], event["test_acc"]) == (
         100,
@@ -123,7 +124,7 @@ def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
     run = Run(cfg, tmp_path)
     for step in (1, 2):
         run.comm.count(sent=100, recv=100)
-        run._train_s = 0.5
+        run.counters.train_s = 0.5
         run.log(step, step, samples=10)
     run.comm.count(sent=7, recv=7)  # traffic after the last event, before the checkpoint
     run.begin_fit()

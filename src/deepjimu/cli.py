@@ -9,10 +9,11 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from deepjimu.choices import OmpWait
 from deepjimu.config import RunConfig, add_options, flag_values, load_config, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.rundir import saved_config
-from deepjimu.threads import OMP_WAITS, ThreadPlan, plan_threads, set_env, under_torchrun
+from deepjimu.threads import ThreadPlan, plan_threads, set_env, under_torchrun
 
 __all__ = ["main"]
 
@@ -156,7 +157,7 @@ def _torchrun_thread_plan(cfg: RunConfig) -> ThreadPlan | None:
     OpenMP reads OMP_WAIT_POLICY once, when torch loads it; torchrun starts this process
     with the user's environment, so the plan must be applied here, before any torch import.
     """
-    if not under_torchrun() or cfg.threads < 0 or cfg.omp_wait not in OMP_WAITS:
+    if not under_torchrun() or cfg.threads < 0 or cfg.omp_wait not in OmpWait.spellings():
         return None  # not torchrun, or a bad value that validation will name
     local = os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
     plan = plan_threads(int(local) if local.isdigit() else 1, cfg.threads, cfg.omp_wait)

@@ -10,6 +10,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from deepjimu.choices import (
+    Choice,
+    Device,
+    GraphFeatures,
+    KfacMethod,
+    OmpWait,
+    Optimizer,
+    Precision,
+    Schedule,
+    Split,
+)
 from deepjimu.compress.spec import compress_problems
 from deepjimu.errors import JimuError
 
@@ -20,7 +31,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DEFAULT_LR",
-    "PRECISIONS",
     "ConfigErrors",
     "RunConfig",
     "add_options",
@@ -30,8 +40,8 @@ __all__ = [
     "option_fields",
 ]
 
-PRECISIONS = ("fp32", "tf32", "bf16")  # see deepjimu.precision
-DEFAULT_LR = {"adam": 1e-3, "sgd": 0.05, "kfac": 0.05}  # per --optimizer, when --lr is not given
+# per --optimizer, when --lr is not given
+DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
 
 
 def _opt(
@@ -41,8 +51,15 @@ def _opt(
     commas: bool = False,
     **kw: Any,
 ) -> Any:
+    # choices: the values of a plain str option; a Choice default brings its enum's instead.
     # commas: a value of this option may itself contain commas (not a list of values)
-    meta = {"help": help, "choices": choices, "commas": commas}
+    kind = type(default) if isinstance(default, Choice) else None
+    meta = {
+        "help": help,
+        "choices": kind.spellings() if kind else choices,
+        "enum": kind,
+        "commas": commas,
+    }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -53,7 +70,9 @@ class RunConfig:
     """All options of one training run. Field names are the flags (``--batch-size``) and TOML keys.
 
     ``None`` means "the strategy's default" for ``workers``, ``epochs`` and ``lr``;
-    :func:`deepjimu.strategies.resolve` fills them in.
+    :func:`deepjimu.validation.validate` fills them in. An option with a closed set of values
+    holds its :mod:`~deepjimu.choices` member; a spelling outside the set stays a string,
+    for validation to name.
     """
 
     # what and where
@@ -66,22 +85,19 @@ class RunConfig:
     )
     runs_dir: str = _opt("runs", "folder that holds run folders")
     seed: int = _opt(0, "one seed for data split, init, shuffling")
-    device: str = _opt("auto", "auto, cpu or cuda", choices=("auto", "cpu", "cuda"))
+    device: Device = _opt(Device.AUTO, "auto, cpu or cuda")
     quiet: bool = _opt(False, "no progress bar")
     threads: int = _opt(
         0,
         "CPU threads per worker (0: OMP_NUM_THREADS if set, else cores / workers on this machine)",
     )
-    omp_wait: str = _opt(
-        "auto",
+    omp_wait: OmpWait = _opt(
+        OmpWait.AUTO,
         "OpenMP idle threads: auto (passive when workers x threads exceed the cores, else "
         "OpenMP's default; OMP_WAIT_POLICY wins if set), default, active or passive",
-        choices=("auto", "default", "active", "passive"),
     )
-    precision: str = _opt(
-        "fp32",
-        "matmul precision: fp32, tf32 (CUDA tensor cores) or bf16 (autocast)",
-        choices=PRECISIONS,
+    precision: Precision = _opt(
+        Precision.FP32, "matmul precision: fp32, tf32 (CUDA tensor cores) or bf16 (autocast)"
     )
     # data
     data_dir: str = _opt("data", "folder with dataset files")
@@ -95,16 +111,14 @@ class RunConfig:
     synthetic_features: int = _opt(196, "synthetic: number of input features")
     synthetic_classes: int = _opt(10, "synthetic: number of classes")
     # graphs (issue 10): Planetoid split, graph features, stochastic block model
-    split: str = _opt(
-        "public",
+    split: Split = _opt(
+        Split.PUBLIC,
         "planetoid: public split (20 per class / 500 / 1,000) or random (same sizes, by --seed)",
-        choices=("public", "random"),
     )
     graph_hops: int = _opt(2, "graphs: propagation steps K (features A_hat^k X, k <= K)")
-    graph_features: str = _opt(
-        "last",
+    graph_features: GraphFeatures = _opt(
+        GraphFeatures.LAST,
         "graphs: last (A_hat^K X, as SGC) or concat ([X, A_hat X, ..., A_hat^K X], as pdADMM-G)",
-        choices=("last", "concat"),
     )
     graph_row_norm: bool = _opt(True, "graphs: scale each node's features to sum 1 first")
     sbm_degree: float = _opt(10.0, "sbm: average node degree (nodes: --synthetic-n)")
@@ -112,9 +126,7 @@ class RunConfig:
     # optimisation (gradient strategies)
     epochs: int | None = _opt(None, "passes over the training data (admm: iterations)")
     batch_size: int = _opt(64, "global mini-batch size (split over data-parallel workers)")
-    optimizer: str = _opt(
-        "adam", "optimizer of gradient strategies", choices=("adam", "sgd", "kfac")
-    )
+    optimizer: Optimizer = _opt(Optimizer.ADAM, "optimizer of gradient strategies")
     lr: float | None = _opt(None, "learning rate (default: 1e-3 adam, 0.05 sgd and kfac)")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(0.0, "L2 weight decay")
@@ -129,7 +141,7 @@ class RunConfig:
         "(under torchrun: give torchrun's own --max-restarts)",
     )
     # pipeline
-    schedule: str = _opt("gpipe", "pipeline schedule", choices=("gpipe", "1f1b", "interleaved"))
+    schedule: Schedule = _opt(Schedule.GPIPE, "pipeline schedule")
     microbatches: int = _opt(4, "pipeline micro-batches per mini-batch")
     balance: str = _opt("time", "stage split: time, size or N,N,...", commas=True)
     # admm
@@ -184,8 +196,8 @@ class RunConfig:
         1.0,
         "kfac: fraction F of workers preconditioning each layer, 1/workers (MEM-OPT) to 1 (COMM-OPT)",
     )
-    kfac_method: str = _opt(
-        "eigen", "kfac: eigen decompositions or damped inverses", choices=("eigen", "inverse")
+    kfac_method: KfacMethod = _opt(
+        KfacMethod.EIGEN, "kfac: eigen decompositions or damped inverses"
     )
     # ddp: gradient compression and local SGD (deepjimu.compress)
     compress: str = _opt(
@@ -209,8 +221,15 @@ class RunConfig:
         None, "ddp local SGD: plain all-reduce steps first (default: a tenth of the run's steps)"
     )
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            kind = f.metadata.get("enum")
+            value = getattr(self, f.name)
+            if kind is not None and value in kind.spellings():
+                setattr(self, f.name, kind(value))
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain values, suitable for JSON and TOML."""
+        """Plain values, suitable for JSON and TOML (a choice's member is a str)."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -495,7 +514,7 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"local-sgd-warmup must be >= 0 (local-sgd-warmup: {cfg.local_sgd_warmup})",
     )
     need(
-        cfg.optimizer != "kfac" or (cfg.compress == "none" and not cfg.local_sgd),
+        cfg.optimizer != Optimizer.KFAC or (cfg.compress == "none" and not cfg.local_sgd),
         "optimizer kfac runs with plain gradient all-reduce: drop --compress and --local-sgd "
         f"(compress: {cfg.compress}, local-sgd: {cfg.local_sgd})",
     )
@@ -556,80 +575,3 @@ def kfac_worker_problems(fraction: float, workers: int) -> list[str]:
             f"(kfac-grad-workers: {fraction}, workers: {workers}, product: {count:.4g})"
         ]
     return []
-
-
-def validate(cfg: RunConfig) -> RunConfig:
-    """Check every field and fill the strategy's defaults; the result is what workers run.
-
-    Returns:
-        a new RunConfig with ``workers``, ``epochs`` and ``lr`` set.
-
-    Raises:
-        ConfigErrors: one line per bad field (unknown strategy or dataset, workers < 1,
-            more workers than blocks for a strategy that splits the model, ...).
-    """
-    from deepjimu.data import GRAPH_DATASETS, dataset_names
-    from deepjimu.models import count_blocks, parse_spec
-    from deepjimu.strategies import get_strategy
-
-    problems = basic_problems(cfg)
-    if cfg.dataset not in dataset_names():
-        problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
-    n_blocks = 0
-    try:
-        n_blocks = count_blocks(cfg.model)
-    except JimuError as e:
-        problems.append(str(e))
-    try:
-        strategy = get_strategy(cfg.strategy)
-    except JimuError as e:
-        problems.append(str(e))
-        raise ConfigErrors(problems) from None
-    workers = cfg.workers if cfg.workers is not None else strategy.default_workers
-    if strategy.max_workers is not None and workers > strategy.max_workers:
-        problems.append(
-            f"strategy {cfg.strategy} runs on at most {strategy.max_workers} worker(s) (workers: {workers})"
-        )
-    if strategy.splits_model and n_blocks and workers > n_blocks:
-        problems.append(
-            f"strategy {cfg.strategy} needs at least one block per worker "
-            f"(workers: {workers}, blocks in {cfg.model}: {n_blocks})"
-        )
-    if cfg.precision not in strategy.precisions and cfg.precision in PRECISIONS:
-        problems.append(
-            f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
-            f"(supported: {', '.join(strategy.precisions)})"
-        )
-    if (cfg.compress != "none" or cfg.local_sgd) and not strategy.reduces_gradients:
-        problems.append(
-            f"strategy {cfg.strategy} has no gradient all-reduce to compress or replace; "
-            f"--compress and --local-sgd need ddp (compress: {cfg.compress}, local-sgd: {cfg.local_sgd})"
-        )
-    if cfg.precision == "tf32" and cfg.device == "cpu":
-        problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
-    # kfac (issue 12)
-    if cfg.optimizer == "kfac" and not strategy.supports_kfac:
-        problems.append(
-            f"optimizer kfac runs with strategy local or ddp (strategy: {cfg.strategy})"
-        )
-    if cfg.optimizer == "kfac" and workers >= 1:
-        problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
-    # graphs (issue 10): a graph model takes the whole graph, in one process
-    if n_blocks and parse_spec(cfg.model).needs_graph:
-        if not strategy.graph_models:
-            problems.append(
-                f"model {cfg.model} trains on the whole graph: only --strategy local runs it "
-                f"(strategy: {cfg.strategy})"
-            )
-        if cfg.dataset not in GRAPH_DATASETS:
-            problems.append(
-                f"model {cfg.model} needs a graph data set ({', '.join(sorted(GRAPH_DATASETS))}; "
-                f"dataset: {cfg.dataset})"
-            )
-    if not problems:
-        problems.extend(strategy.problems(cfg, n_blocks))
-    if problems:
-        raise ConfigErrors(problems)
-    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
-    epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
-    return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr)

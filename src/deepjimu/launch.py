@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.atomic import atomic_write_text
-from deepjimu.config import RunConfig, validate
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.precision import check_precision
 from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
+from deepjimu.validation import validate
 from deepjimu.worker import ModelFactory, error_dir, pick_device, run_dir_of, worker_main
 
 __all__ = ["probe", "train"]
@@ -85,13 +86,13 @@ def _start(
                     f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
                     f"instead (max-restarts: {cfg.max_restarts})"
                 )
-            cfg = validate(dataclasses.replace(cfg, workers=world))
+            cfg = validate(dataclasses.replace(cfg, workers=world), _blocks(model_factory))
             if cfg.resume:
                 check_resume(cfg)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
             return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
-        cfg = validate(cfg)
+        cfg = validate(cfg, _blocks(model_factory))
         assert cfg.workers is not None
         if cfg.resume:
             check_resume(cfg)
@@ -109,6 +110,11 @@ def _start(
                 return _run_workers(cfg, out_dir, plan, job, model_factory)
             except Interrupted as e:
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
+
+
+def _blocks(model_factory: ModelFactory | None) -> int | None:
+    """The block count of the factory's model (what validation checks the workers against)."""
+    return len(model_factory()) if model_factory is not None else None
 
 
 def _run_workers(

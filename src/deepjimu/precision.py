@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from deepjimu.config import PRECISIONS
+from deepjimu.choices import Precision
 from deepjimu.errors import JimuError
 
-__all__ = ["PRECISIONS", "autocast", "check_precision", "matmul_precision"]
+__all__ = ["autocast", "check_precision", "matmul_precision"]
 
 
 def _switches() -> list[Any]:
@@ -36,9 +36,11 @@ def check_precision(precision: str, device: torch.device) -> None:
     Raises:
         JimuError: ``tf32`` on a device that is not CUDA, or an unknown precision.
     """
-    if precision not in PRECISIONS:
-        raise JimuError(f"precision must be one of {', '.join(PRECISIONS)} (got {precision!r})")
-    if precision == "tf32" and device.type != "cuda":
+    if precision not in Precision.spellings():
+        raise JimuError(
+            f"precision must be one of {', '.join(Precision.spellings())} (got {precision!r})"
+        )
+    if precision == Precision.TF32 and device.type != "cuda":
         raise JimuError(
             f"--precision tf32 needs a CUDA device (TF32 is a GPU tensor-core mode; this worker "
             f"runs on {device.type}); use fp32 or bf16"
@@ -59,7 +61,7 @@ def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
     saved = [s.fp32_precision for s in _switches()]
     try:
         for s in _switches():
-            s.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+            s.fp32_precision = "tf32" if precision == Precision.TF32 else "ieee"
         yield
     finally:
         for s, value in zip(_switches(), saved, strict=True):
@@ -68,6 +70,6 @@ def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The context for a strategy's training compute: bfloat16 autocast for ``bf16``, else none."""
-    if precision == "bf16":
+    if precision == Precision.BF16:
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

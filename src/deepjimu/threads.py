@@ -30,8 +30,9 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from deepjimu.choices import OmpWait
+
 __all__ = [
-    "OMP_WAITS",
     "SPEED_ENV",
     "ThreadPlan",
     "available_cores",
@@ -42,8 +43,6 @@ __all__ = [
     "speed_env",
     "under_torchrun",
 ]
-
-OMP_WAITS = ("auto", "default", "active", "passive")
 
 # environment variables that change how fast a worker computes or communicates
 SPEED_ENV = (
@@ -182,7 +181,7 @@ class ThreadPlan:
 def plan_threads(
     processes: int,
     threads: int = 0,
-    wait: str = "auto",
+    wait: str = OmpWait.AUTO,
     cores: int | None = None,
     environ: Mapping[str, str] | None = None,
     busy: int | None = None,
@@ -214,7 +213,7 @@ def plan_threads(
         >>> plan_threads(1, cores=2, busy=1).wait
         'passive'
     """
-    if processes < 1 or threads < 0 or wait not in OMP_WAITS:
+    if processes < 1 or threads < 0 or wait not in OmpWait.spellings():
         raise ValueError(
             f"bad thread plan request (processes: {processes}, threads: {threads}, wait: {wait!r})"
         )
@@ -229,7 +228,7 @@ def plan_threads(
     else:
         threads = max(1, cores // processes)
         sources.append("threads: cores / workers")
-    if wait != "auto":
+    if wait != OmpWait.AUTO:
         sources.append("wait: --omp-wait")
     elif env.get("OMP_WAIT_POLICY", "").lower() in ("active", "passive"):
         wait = env["OMP_WAIT_POLICY"].lower()

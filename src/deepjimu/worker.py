@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from deepjimu.atomic import atomic_write_text
+from deepjimu.choices import Device
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
@@ -83,11 +84,11 @@ def pick_device(cfg: RunConfig, local_rank: int, local_world: int) -> torch.devi
         JimuError: ``--device cuda`` without enough GPUs.
     """
     n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg.device == "cuda" and n_gpu < local_world:
+    if cfg.device == Device.CUDA and n_gpu < local_world:
         raise JimuError(
             f"--device cuda needs one GPU per worker (GPUs: {n_gpu}, workers on this machine: {local_world})"
         )
-    if cfg.device == "cpu" or n_gpu < local_world:
+    if cfg.device == Device.CPU or n_gpu < local_world:
         return torch.device("cpu")
     return torch.device("cuda", local_rank)
 
@@ -102,8 +103,8 @@ def worker_main(
 ) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
 
-    ``model_factory`` (picklable, called once per worker) builds the model in place of
-    ``cfg.model``'s spec: the Python API's :func:`deepjimu.fit` passes the user's own.
+    ``model_factory`` (picklable, called once per worker) builds the model that
+    ``cfg.model`` then only names (``factory:...``): :func:`deepjimu.fit` passes the user's own.
 
     ``plan`` is the launcher's thread plan (default: made here from the config and the
     local worker count). ``job`` is ``train``, or ``probe`` for ``jimu probe`` (rank 0
@@ -284,7 +285,7 @@ def _train(
         "strategy": cfg.strategy,
         "workers": world,
         "dataset": cfg.dataset,
-        "model": cfg.model if model_factory is None else _factory_name(model_factory),
+        "model": cfg.model,
         "epochs": result.epochs,
         "steps": result.steps,
         "seed": cfg.seed,
@@ -333,13 +334,6 @@ def _probe(
     write_probe(probe, out_dir / "probe.json", predictions, choice)
     text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
     return {"probe": probe.to_dict(), "choice": choice, "text": text}
-
-
-def _factory_name(factory: ModelFactory) -> str:
-    """``factory:<module>.<name>`` for the summary (a partial or an instance: its type's name)."""
-    f = getattr(factory, "func", factory)  # functools.partial
-    name = getattr(f, "__qualname__", type(f).__qualname__)
-    return f"factory:{getattr(f, '__module__', '?')}.{name}"
 
 
 def _mean_throughput(events: list[dict[str, Any]]) -> float:

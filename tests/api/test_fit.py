@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from deepjimu import fit
+from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions
 from deepjimu.data.digits import load_digits_raw
@@ -72,3 +74,28 @@ def test_fit_checks_its_arguments_up_front() -> None:
         fit("local", factory, x, y[:5])
     with pytest.raises(JimuError, match="lr must be a positive number"):
         fit("local", factory, x, y, lr=-1.0)
+
+
+def test_a_fit_run_is_resumed_through_fit_and_refused_by_the_cli(tmp_path: Path, capsys) -> None:
+    x, y, xt, yt = _digits()
+    factory = functools.partial(build_model, "mlp:16x1", tuple(x.shape[1:]), 10)
+    common = {"test": (xt, yt), "workers": 1, "optimizer": "sgd"}
+    full = fit("local", factory, x, y, epochs=3, run_dir=tmp_path / "full", **common)
+    fit("local", factory, x, y, epochs=1, run_dir=tmp_path / "part", **common)
+    saved = json.loads((tmp_path / "part" / "config.json").read_text())
+    assert saved["model"] == "factory:deepjimu.models.spec.build_model"  # what built it, truthfully
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "part"), "--epochs", "3"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --resume {tmp_path / 'part'}: its model comes from a Python factory "
+        f"(factory:deepjimu.models.spec.build_model); resume it with "
+        f"deepjimu.fit(..., resume={str(tmp_path / 'part')!r})"
+    ]
+    with pytest.raises(ValueError, match="train_y differs from the tensors the run in"):
+        fit("local", factory, x, 9 - y, resume=tmp_path / "part", epochs=3, **common)
+    with pytest.raises(ValueError, match="give run_dir or resume, not both"):
+        fit("local", factory, x, y, run_dir=tmp_path / "x", resume=tmp_path / "part")
+    resumed = fit("local", factory, x, y, resume=tmp_path / "part", epochs=3, **common)
+    assert resumed.run_dir == tmp_path / "part" and resumed.summary["epochs"] == 3
+    for a, b in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # as if never interrupted

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from deepjimu.errors import JimuError
-from deepjimu.models import build_model, count_blocks, parse_spec
+from deepjimu.models import build_model, count_blocks, factory_spec, parse_spec
 from deepjimu.models.spec import ModelSpec
 
 
@@ -137,3 +139,26 @@ def test_build_model_leaves_global_rng_alone() -> None:
     torch.manual_seed(123)
     build_model("mlp:16x2", (4,), 2, seed=9)
     assert torch.equal(torch.rand(3), before)
+
+
+def _factory(width: int) -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(4, width))
+
+
+class _Maker:
+    def __call__(self) -> torch.nn.Sequential:
+        return _factory(2)
+
+
+def test_a_factory_spec_names_the_factory_and_builds_nothing() -> None:
+    assert factory_spec(_factory) == f"factory:{__name__}._factory"
+    assert factory_spec(functools.partial(_factory, 3)) == f"factory:{__name__}._factory"
+    assert factory_spec(_Maker()) == f"factory:{__name__}._Maker"
+    spec = factory_spec(_factory)
+    assert parse_spec(spec).kind == "factory" and not parse_spec(spec).needs_graph
+    with pytest.raises(JimuError, match="counted on the model"):
+        count_blocks(spec)
+    with pytest.raises(
+        JimuError, match=r"built by a Python function that only deepjimu\.fit can call"
+    ):
+        build_model(spec, (4,), 2)

@@ -7,16 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from deepjimu.comm import nbytes
 from deepjimu.compress import probe
 from deepjimu.compress.cost import CANDIDATES, PROBED
-from deepjimu.config import RunConfig, validate
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies.base import count_correct
 from deepjimu.strategies.ddp import DDPStrategy
-from distributed import run_world
+from deepjimu.validation import validate
+from distributed import distributed_test, run_world
 
 
 def _fit(
@@ -137,3 +140,24 @@ def test_auto_probes_predicts_and_logs_predicted_and_measured_steps(short_runs) 
     chosen = extra["compress_predictions"][extra["compress"]]
     for e in _events(tmp / "auto"):
         assert e["predicted_step_s"] == chosen and e["step_s"] > 0
+
+
+@distributed_test(world_size=[1, 2, 3], preload=["torch._dynamo"])
+def test_replicas_stay_equal_and_every_gradient_byte_is_counted(
+    rank: int, world: int, tmp: str
+) -> None:
+    cfg = validate(RunConfig(strategy="ddp", workers=world, dataset="synthetic", synthetic_n=600,
+                             synthetic_features=20, model="mlp:16x1", epochs=1, batch_size=60,
+                             optimizer="sgd", quiet=True, runs_dir=tmp, name="w"))  # fmt: skip
+    run = Run(cfg, Path(tmp) / "w", rank, world)
+    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world)
+    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    result = DDPStrategy(cfg).fit(model, data, run)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert all(torch.equal(other, flat) for other in run.gather_objects(flat))
+    # one all-reduce of every gradient per step, counted as sent and received on each rank
+    grads = sum(nbytes(p) for p in model.parameters())
+    assert run.stats.bytes_sent == run.stats.bytes_recv == result.steps * grads
+    if rank == 0:
+        (event,) = _events(Path(tmp) / "w")
+        assert event["bytes_sent_per_rank"] == [result.steps * grads] * world

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deepjimu.cli import main
-from deepjimu.config import RunConfig, validate
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.launch import train
 from deepjimu.models import build_model
@@ -19,6 +19,7 @@ from deepjimu.run import Run
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import count_correct
 from deepjimu.strategies.local import LocalStrategy
+from deepjimu.validation import validate
 from distributed import run_world
 
 # 171 training rows in batches of 29 and 28 (so pipelines pad micro-batches), 4 blocks of width 16

@@ -14,16 +14,17 @@ import torch
 from torch import Tensor, nn
 
 from deepjimu.config import RunConfig
-from deepjimu.data.tensors import save_tensors
+from deepjimu.data.tensors import save_tensors, tensors_file
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.rundir import check_new, latest_checkpoint
+from deepjimu.models import factory_spec
+from deepjimu.rundir import check_new, latest_checkpoint, saved_config
 from deepjimu.worker import ModelFactory
 
 __all__ = ["Fitted", "fit"]
 
 # what fit sets itself: the data travel as the run's `tensors` file, the model as the factory
-_SET_BY_FIT = ("strategy", "workers", "dataset", "data_dir", "runs_dir", "name", "model")
+_SET_BY_FIT = ("strategy", "workers", "dataset", "data_dir", "runs_dir", "name", "model", "resume")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ def fit(
     test: tuple[Tensor, Tensor] | None = None,
     workers: int | None = None,
     run_dir: str | Path | None = None,
+    resume: str | Path | None = None,
     **options: Any,
 ) -> Fitted:
     """Train ``model_factory()`` on ``(x, y)`` with ``strategy``, as ``jimu train`` does.
@@ -55,7 +57,9 @@ def fit(
     tensors are written once into the run folder (``data/tensors/tensors.pt``, the
     ``tensors`` data set) and every worker reads them from there, so nothing needs to be
     registered in the workers; the factory is pickled to each worker, which calls it
-    under ``torch.manual_seed(seed)``, so every rank starts from the same weights.
+    under ``torch.manual_seed(seed)``, so every rank starts from the same weights. The run's
+    ``config.json`` names the model ``factory:<module>.<name>``: such a run is resumed
+    through ``fit(..., resume=...)`` with its factory, not by ``jimu train --resume``.
 
     Args:
         strategy: ``local``, ``ddp``, ``model-parallel``, ``pipeline`` or ``admm``.
@@ -67,6 +71,9 @@ def fit(
         workers: processes (default: the strategy's).
         run_dir: where the run folder goes (kept); default: a temporary folder, removed on
             return.
+        resume: a run folder that ``fit`` wrote (with ``run_dir``): go on from its latest
+            checkpoint with its options, those given here aside (``epochs``, ``lr``, ...,
+            as ``jimu train --resume`` allows), on the same tensors.
         options: any other ``jimu train`` option by its field name, e.g. ``epochs=5``,
             ``lr=0.01``, ``batch_size=64``, ``seed=1``.
 
@@ -75,8 +82,10 @@ def fit(
 
     Raises:
         ValueError: a factory that is not picklable or does not build an ``nn.Sequential``,
-            an unknown option or one that fit sets itself, tensors that do not pair up.
-        JimuError: a bad option value (one line per problem), a worker failed.
+            an unknown option or one that fit sets itself, tensors that do not pair up, both
+            ``run_dir`` and ``resume``, or tensors that are not the resumed run's.
+        JimuError: a bad option value (one line per problem), a resume that its checkpoint
+            contradicts (another strategy or factory, say), a worker failed.
 
     Example:
         >>> fitted = fit("ddp", make_model, x, y, workers=2, epochs=3)  # doctest: +SKIP
@@ -98,26 +107,64 @@ def fit(
             raise ValueError(f"{name} is set by fit itself (option: {name})")
         if name not in known:
             raise ValueError(f"unknown option {name!r} (the jimu train options, e.g. epochs, lr)")
+    if run_dir is not None and resume is not None:
+        raise ValueError(f"give run_dir or resume, not both (run_dir: {run_dir}, resume: {resume})")
     with contextlib.ExitStack() as stack:
-        if run_dir is None:
+        if resume is not None:
+            folder = Path(resume)
+            _check_same_tensors(folder / "data", x, y, test)
+            base = saved_config(folder)  # its options; the checkpoint refuses a contradiction
+            base.update(resume=str(folder), **({"workers": workers} if workers else {}))
+        elif run_dir is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="deepjimu-fit-"))
             folder = Path(tmp) / "run"
         else:
             folder = Path(run_dir)
             check_new(folder)  # before the tensors go in
-        save_tensors(folder / "data", x, y, test)
-        cfg = RunConfig(
-            strategy=strategy,
-            workers=workers,
-            dataset="tensors",
-            data_dir=str(folder / "data"),
-            runs_dir=str(folder.parent),
-            name=folder.name,
-            **{"quiet": True, **options},
+        if resume is None:
+            save_tensors(folder / "data", x, y, test)
+            base = {"workers": workers, "quiet": True}
+        cfg = RunConfig.from_dict(
+            {
+                **base,
+                **options,
+                "strategy": strategy,
+                "model": factory_spec(model_factory),
+                "dataset": "tensors",
+                "data_dir": str(folder / "data"),
+                "runs_dir": str(folder.parent),
+                "name": folder.name,
+            }
         )
         summary = train(cfg, model_factory=model_factory)
         found = latest_checkpoint(folder)
         if summary is None or found is None:
             raise JimuError(f"fit: the run in {folder} left no summary or final checkpoint")
         model.load_state_dict(torch.load(found[0] / "model.pt", weights_only=True))
-        return Fitted(summary, model, folder if run_dir is not None else None)
+        return Fitted(summary, model, folder if run_dir is not None or resume else None)
+
+
+def _check_same_tensors(
+    data_dir: Path, x: Tensor, y: Tensor, test: tuple[Tensor, Tensor] | None
+) -> None:
+    """Refuse to resume a run on tensors other than those it was trained on.
+
+    Raises:
+        ValueError: a tensor differs from the run's saved one (or the run has none).
+    """
+    path = tensors_file(data_dir)
+    if not path.exists():
+        raise ValueError(f"resume: {path} is missing; resume a run folder that fit wrote")
+    saved = torch.load(path, weights_only=True)
+    test_x, test_y = test if test is not None else (x[:0], y[:0])
+    given = {
+        "train_x": x.float(),
+        "train_y": y.long(),
+        "test_x": test_x.float(),
+        "test_y": test_y.long(),
+    }
+    for name, t in given.items():
+        if not torch.equal(t.detach().cpu(), saved[name]):
+            raise ValueError(
+                f"resume: {name} differs from the tensors the run in {data_dir.parent} trained on"
+            )

@@ -20,7 +20,6 @@ from deepjimu.config import (
     flag_values,
     load_config,
     option_fields,
-    validate,
 )
 from deepjimu.errors import JimuError
 
@@ -221,6 +220,8 @@ def _skip_reason(cfg: RunConfig, plain: RunConfig) -> str | None:
     ``--optimizer kfac``. Any other problem is a failure of the run, which the run itself
     will report.
     """
+    from deepjimu.validation import validate  # it loads the registries, and with them torch
+
     try:
         validate(cfg)
         return None

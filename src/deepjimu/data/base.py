@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from deepjimu.choices import GraphFeatures, Split
 from deepjimu.errors import JimuError
 
 if TYPE_CHECKING:
@@ -43,9 +44,9 @@ class DataOptions:
     synthetic_features: int = 196
     synthetic_classes: int = 10
     # graphs: Planetoid split, graph features, SBM, node-level data for graph models
-    split: str = "public"
+    split: Split = Split.PUBLIC
     graph_hops: int = 2
-    graph_features: str = "last"
+    graph_features: GraphFeatures = GraphFeatures.LAST
     graph_row_norm: bool = True
     sbm_degree: float = 10.0
     sbm_homophily: float = 0.8

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from deepjimu.choices import GraphFeatures
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.memory import peak_memory_mb
 
@@ -131,7 +132,7 @@ def normalized_adjacency(edges: Tensor, n: int) -> Tensor:
 
 
 def hop_features(
-    adj: Tensor, x: Tensor, hops: int, mode: str, nodes: Sequence[Tensor]
+    adj: Tensor, x: Tensor, hops: int, mode: GraphFeatures, nodes: Sequence[Tensor]
 ) -> list[Tensor]:
     """The rows of ``nodes`` of the features propagated ``hops`` times by ``adj``.
 
@@ -148,17 +149,17 @@ def hop_features(
         the rows plus two ``[N, F]`` blocks, not the whole ``[N, (K+1) F]`` matrix.
 
     Example:
-        >>> train, test = hop_features(adj, x, 2, "concat", [train_idx, test_idx])  # doctest: +SKIP
+        >>> train, test = hop_features(adj, x, 2, GraphFeatures.CONCAT, [train_idx, test_idx])  # doctest: +SKIP
     """
     f = x.shape[1]
-    width = f if mode == "last" else (hops + 1) * f
+    width = f if mode == GraphFeatures.LAST else (hops + 1) * f
     out = [x.new_empty(len(idx), width) for idx in nodes]
     h = x
     for k in range(hops + 1):
         if k:
             h = torch.sparse.mm(adj, h)
-        if mode == "concat" or k == hops:
-            col = 0 if mode == "last" else k * f
+        if mode == GraphFeatures.CONCAT or k == hops:
+            col = 0 if mode == GraphFeatures.LAST else k * f
             for rows, idx in zip(out, nodes, strict=True):
                 rows[:, col : col + f] = h.index_select(0, idx)
     return out

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from deepjimu.choices import Split
 from deepjimu.data.base import DataOptions
 from deepjimu.data.download import fetch
 from deepjimu.data.graph import Graph, register_graph_dataset, undirected_edges
@@ -259,7 +260,7 @@ def load_planetoid(name: str, opts: DataOptions) -> Graph:
     labels[:n_all], labels[test_index] = ally, ty
     label_t = torch.from_numpy(labels)
     split = public_split(label_t, len(y), n_all, test_index)
-    if opts.split == "random":
+    if opts.split == Split.RANDOM:
         split = random_split(label_t, num_classes, split, opts.seed, name)
     edges = undirected_edges(torch.from_numpy(src), torch.from_numpy(dst), n)
     return Graph(torch.from_numpy(features), edges, label_t, num_classes, *split)

@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from deepjimu.choices import KfacMethod
 from deepjimu.kfac.factors import triu_pack, triu_unpack
 
 __all__ = ["METHODS", "Decomposition", "Eigen", "Inverse", "decompose", "kl_clip_scale"]
@@ -66,7 +67,7 @@ class Eigen(Decomposition):
     da: Tensor
     qg: Tensor
     dg: Tensor
-    method: ClassVar[str] = "eigen"
+    method: ClassVar[KfacMethod] = KfacMethod.EIGEN
     # the damped inverses of the last damping used (see the module docstring)
     _damped: tuple[float, Tensor, Tensor] | None = field(default=None, repr=False, compare=False)
 
@@ -109,7 +110,7 @@ class Inverse(Decomposition):
 
     a_inv: Tensor
     g_inv: Tensor
-    method: ClassVar[str] = "inverse"
+    method: ClassVar[KfacMethod] = KfacMethod.INVERSE
 
     @classmethod
     def of(cls, a: Tensor, g: Tensor, damping: float) -> Inverse:
@@ -137,19 +138,22 @@ def _damped_inverse(m: Tensor, damping: float) -> Tensor:
     return torch.cholesky_inverse(torch.linalg.cholesky(m + damping * eye))
 
 
-METHODS: dict[str, type[Decomposition]] = {"eigen": Eigen, "inverse": Inverse}
+METHODS: dict[KfacMethod, type[Decomposition]] = {
+    KfacMethod.EIGEN: Eigen,
+    KfacMethod.INVERSE: Inverse,
+}
 
 
-def decompose(method: str, a: Tensor, g: Tensor, damping: float) -> Decomposition:
+def decompose(method: KfacMethod, a: Tensor, g: Tensor, damping: float) -> Decomposition:
     """The decomposition ``method`` (``eigen`` or ``inverse``) of the factors A and G.
 
     Example:
-        >>> d = decompose("eigen", torch.eye(3), torch.eye(2), 1.0)
+        >>> d = decompose(KfacMethod.EIGEN, torch.eye(3), torch.eye(2), 1.0)
         >>> d.precondition(torch.ones(2, 3), 1.0)
         tensor([[0.2500, 0.2500, 0.2500],
                 [0.2500, 0.2500, 0.2500]])
     """
-    if method == "eigen":
+    if method == KfacMethod.EIGEN:
         return Eigen.of(a, g)
     return Inverse.of(a, g, damping)
 

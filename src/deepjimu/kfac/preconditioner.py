@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from deepjimu.choices import KfacMethod
 from deepjimu.comm import Comm
 from deepjimu.config import RunConfig
 from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost
@@ -48,7 +49,7 @@ class KFACSettings:
     factor_every: int = 1
     inv_every: int = 10
     grad_workers: float = 1.0
-    method: str = "eigen"
+    method: KfacMethod = KfacMethod.EIGEN
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> KFACSettings:
@@ -236,7 +237,7 @@ class KFACPreconditioner:
             "layers": None if self.layers is None else [layer.name for layer in layers],
             "A": [layer.A for layer in layers],
             "G": [layer.G for layer in layers],
-            "method": self.settings.method,
+            "method": str(self.settings.method),  # a plain str: torch.load(weights_only=True)
             "decompositions": {
                 layer.name: layer.decomposition.pack()
                 for layer in layers
@@ -257,7 +258,7 @@ class KFACPreconditioner:
             if unknown:
                 raise ValueError(f"K-FAC state names layers this model lacks: {unknown}")
             self._keep_active(state["layers"])
-            kind = METHODS[state["method"]]
+            kind = METHODS[KfacMethod(state["method"])]
             assert self.layers is not None
             for layer, a, g in zip(self.layers, state["A"], state["G"], strict=True):
                 device = layer.module.weight.device  # type: ignore[union-attr]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -10,12 +11,14 @@ from torch import nn
 
 from deepjimu.errors import JimuError
 
-__all__ = ["ModelSpec", "build_model", "count_blocks", "parse_spec"]
+__all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_spec"]
 
 _SPEC_HELP = (
     "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., cnn:C1-C2-... (e.g. cnn:16-32), cnn:CxDEPTH, "
     "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN"
 )
+# the spec of a model that a Python factory builds (deepjimu.fit): it names, not describes
+_FACTORY = "factory:"
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,22 @@ class ModelSpec:
         return self.kind == "gcn"
 
 
+def factory_spec(factory: Callable[[], nn.Module]) -> str:
+    """``factory:<module>.<name>``, the spec a run records for a model its factory builds.
+
+    A ``functools.partial`` is named by its function, a callable instance by its type.
+
+    Example:
+        >>> factory_spec(functools.partial(build_model, "mlp:8x1", (4,), 2))  # doctest: +SKIP
+        'factory:deepjimu.models.spec.build_model'
+    """
+    f = getattr(factory, "func", factory)
+    name = getattr(f, "__qualname__", type(f).__qualname__)
+    return f"{_FACTORY}{getattr(f, '__module__', '?')}.{name}"
+
+
 def parse_spec(spec: str) -> ModelSpec:
-    """Parse a model spec string.
+    """Parse a model spec string (``factory:...`` gives kind ``factory``: no shape to read).
 
     Example:
         >>> parse_spec("mlp:256x3")
@@ -49,6 +66,8 @@ def parse_spec(spec: str) -> ModelSpec:
         kind, widths = m[1], tuple(int(w) for w in m[2].split("-"))
     elif s == "lenet":
         return ModelSpec("lenet")
+    elif s.startswith(_FACTORY):
+        return ModelSpec("factory")
     elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
         hidden = int(m[1]) if m[1] else 16  # Kipf & Welling's width
         if hidden < 1:
@@ -68,8 +87,14 @@ def parse_spec(spec: str) -> ModelSpec:
 
 
 def count_blocks(spec: str) -> int:
-    """Number of blocks (cut points + 1) the spec builds, without building it."""
+    """Number of blocks (cut points + 1) the spec builds, without building it.
+
+    Raises:
+        JimuError: a bad spec, or a factory's (only its model knows).
+    """
     ms = parse_spec(spec)
+    if ms.kind == "factory":
+        raise JimuError(f"model {spec}: the blocks of a factory's model are counted on the model")
     if ms.kind in ("mlp", "cnn"):
         return len(ms.widths) + 1
     if ms.kind == "lenet":
@@ -99,6 +124,10 @@ def build_model(
     from deepjimu.models.mlp import mlp
 
     ms = parse_spec(spec)
+    if ms.kind == "factory":
+        raise JimuError(
+            f"model {spec} is built by a Python function that only deepjimu.fit can call"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if ms.kind == "mlp":

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deepjimu.choices import Optimizer, Precision
 from deepjimu.comm import Comm
 from deepjimu.config import DEFAULT_LR, RunConfig
 from deepjimu.data import DataSplits, GraphData
@@ -67,7 +68,7 @@ class Strategy(ABC):
     shards_data: ClassVar[bool] = False
     needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
-    precisions: ClassVar[tuple[str, ...]] = ("fp32", "tf32")
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.TF32)
     supports_kfac: ClassVar[bool] = False
     reduces_gradients: ClassVar[bool] = False
     graph_models: ClassVar[bool] = False
@@ -126,13 +127,13 @@ def make_optimizer(
     messages are collective over the ranks that hold replicas of ``model``).
     """
     assert cfg.lr is not None, "config not resolved"
-    if cfg.optimizer == "kfac":
+    if cfg.optimizer == Optimizer.KFAC:
         from deepjimu.kfac import KFAC, KFACSettings
 
         assert model is not None, "kfac needs the model"
         settings = KFACSettings.from_config(cfg)
         return KFAC(params, model, cfg.lr, cfg.momentum, cfg.weight_decay, settings, comm)
-    if cfg.optimizer == "adam":
+    if cfg.optimizer == Optimizer.ADAM:
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 

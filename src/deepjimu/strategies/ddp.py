@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from deepjimu.choices import Precision
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.spec import CompressSpec, parse_compress
-from deepjimu.config import PRECISIONS, RunConfig
+from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
 from deepjimu.strategies.base import (
@@ -45,7 +46,7 @@ class DDPStrategy(GradientStrategy):
     default_workers = 2
     shards_data = True
     needs_group = True
-    precisions = PRECISIONS
+    precisions = tuple(Precision)
     supports_kfac = True
     reduces_gradients = True
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.config import PRECISIONS
+from deepjimu.choices import Precision
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy
@@ -24,7 +24,7 @@ class LocalStrategy(GradientStrategy):
 
     name = "local"
     max_workers = 1
-    precisions = PRECISIONS
+    precisions = tuple(Precision)
     supports_kfac = True
     graph_models = True
 

@@ -32,6 +32,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining import schedules as pp_schedules
 
+from deepjimu.choices import Schedule
 from deepjimu.comm import Comm, Pending, nbytes
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
@@ -41,7 +42,11 @@ from deepjimu.strategies.model_parallel import ModelParallelStrategy, bubble_fra
 __all__ = ["PipelineStrategy", "counted_p2p"]
 
 _IGNORE = -100  # cross_entropy's ignore_index: the label of a padding row
-_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+_SCHEDULES = {
+    Schedule.GPIPE: ScheduleGPipe,
+    Schedule.ONE_F_ONE_B: Schedule1F1B,
+    Schedule.INTERLEAVED: ScheduleInterleaved1F1B,
+}
 
 
 @contextlib.contextmanager
@@ -87,7 +92,7 @@ class PipelineStrategy(ModelParallelStrategy):
 
     @classmethod
     def chunks(cls, cfg: RunConfig) -> int:
-        return 2 if cfg.schedule == "interleaved" else 1
+        return 2 if cfg.schedule == Schedule.INTERLEAVED else 1
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
@@ -105,12 +110,12 @@ class PipelineStrategy(ModelParallelStrategy):
             problems.append(
                 f"batch-size must be >= microbatches (batch-size: {cfg.batch_size}, microbatches: {m})"
             )
-        if cfg.schedule in ("1f1b", "interleaved") and m < w:
+        if cfg.schedule != Schedule.GPIPE and m < w:
             problems.append(
                 f"schedule {cfg.schedule} needs at least one micro-batch per stage "
                 f"(microbatches: {m}, stages: {w})"
             )
-        if cfg.schedule == "interleaved":
+        if cfg.schedule == Schedule.INTERLEAVED:
             if n_blocks < 2 * w:
                 problems.append(
                     f"schedule interleaved needs at least 2 blocks per worker "

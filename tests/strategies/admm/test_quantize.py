@@ -85,13 +85,30 @@ def test_constant_tensor_has_zero_scale_and_no_nan(bits: int) -> None:
     assert torch.equal(project(t, bits), t)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_tensor_that_is_not_finite_projects_to_nan(bad: float) -> None:
+    codes, scale, offset = quantize(torch.tensor([0.0, bad, 2.0]), 8)
+    assert scale.isnan() and dequantize(codes, scale, offset).isnan().all()
+
+
+def test_the_grid_is_found_without_reading_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each host read of a CUDA tensor waits for the device: none per layer per iteration
+    def read(*args: object) -> None:
+        raise AssertionError("a tensor was read back to the host")
+
+    for name in ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, read)
+    t = torch.linspace(-3, 5, 100)
+    for bits in (8, 16):
+        codes, scale, offset = quantize(t, bits)
+        project(dequantize(codes, scale, offset), bits)
+    monkeypatch.undo()
+    assert torch.equal(project(project(t, 16), 16), project(t, 16))
+
+
 def test_bad_inputs_are_rejected() -> None:
     with pytest.raises(ValueError, match=r"bits must be 8 or 16 \(bits: 4\)"):
         quantize(torch.ones(3), 4)
-    with pytest.raises(ValueError, match="NaN or inf"):
-        quantize(torch.tensor([0.0, float("nan")]), 8)
-    with pytest.raises(ValueError, match="NaN or inf"):
-        quantize(torch.tensor([0.0, float("inf")]), 8)
     with pytest.raises(ValueError, match="empty"):
         quantize(torch.ones(0), 8)
     with pytest.raises(ValueError, match="codes must be uint8 or int16"):

@@ -142,7 +142,8 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
     ],
 )  # fmt: skip
 def test_what_admm_refuses_is_one_line(kw: dict, line: str) -> None:
-    from deepjimu.config import ConfigErrors, validate
+    from deepjimu.config import ConfigErrors
+    from deepjimu.validation import validate
 
     with pytest.raises(ConfigErrors) as e:
         validate(RunConfig(**kw))

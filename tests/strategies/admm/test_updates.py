@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from deepjimu.strategies.admm.updates import (
     LayerVars,
-    WStep,
     augmented_lagrangian,
     centred_gram,
     combine_stats,
@@ -20,11 +19,9 @@ from deepjimu.strategies.admm.updates import (
     layer_lagrangian,
     primal_residual,
     ridge_weight,
-    update_b,
     update_p,
     update_q,
     update_u,
-    update_W,
     update_Wb,
     update_Wb_stats,
     update_z_hidden,
@@ -91,85 +88,33 @@ def test_update_p_is_the_minimiser() -> None:
     assert _grad(phi, p)[0].abs().max() < 1e-10
 
 
-def _w_problem(
-    seed: int, n_out: int, nu: float, mu: float, tau: float
-) -> tuple[
-    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]
-]:
-    """A W-subproblem with 5 inputs: p, b, z, W_old and its objective (fit + ridge + prox)."""
-    g = torch.Generator().manual_seed(seed)
-    n_in = 5
-    p, b, z = (
-        _randn(N, n_in, generator=g),
-        _randn(n_out, generator=g),
-        _randn(N, n_out, generator=g),
-    )
-    W_old = _randn(n_out, n_in, generator=g)
-
-    def objective(W: torch.Tensor) -> torch.Tensor:
-        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
-
-    return p, b, z, W_old, objective
+def _paper_W_then_b(
+    p: torch.Tensor,
+    b: torch.Tensor,
+    z: torch.Tensor,
+    W_old: torch.Tensor,
+    nu: float,
+    mu: float,
+    tau: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's two steps: W minimising the fit at the old b, then b at that W (dense solves)."""
+    n_in = p.shape[1]
+    gram = nu * p.T @ p + (mu + tau) * torch.eye(n_in, dtype=p.dtype)
+    W = torch.linalg.solve(gram, (nu * (z - b).T @ p + tau * W_old).T).T
+    return W, (z - p @ W.T).mean(dim=0)
 
 
-@pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5), (0.2, 0.4)])
-def test_update_W_exact_is_the_minimiser(mu: float, tau: float) -> None:
-    nu = 0.8
-    p, b, z, W_old, objective = _w_problem(1, 3, nu, mu, tau)
-    W = update_W(p, b, z, W_old, nu, mu=mu, tau=tau)
-    (expected,) = _argmin(objective, W_old)
-    torch.testing.assert_close(W, expected, rtol=1e-8, atol=1e-8)
-    assert _grad(objective, W)[0].abs().max() < 1e-10
-    torch.testing.assert_close(update_W(p, b, z, W_old, nu, mu=mu, tau=tau, ptp=p.T @ p), W)
-
-
-def test_update_W_exact_with_singular_gram_is_the_minimum_norm_minimiser() -> None:
+def test_update_Wb_with_singular_gram_is_the_minimum_norm_minimiser() -> None:
     g = torch.Generator().manual_seed(2)
     n_in, n_out, nu = 4, 3, 1.0
     p = _randn(N, n_in, generator=g)
-    p[:, 2] = 0  # a dead input feature makes p^T p singular
-    b, z, W_old = (
-        _randn(n_out, generator=g),
-        _randn(N, n_out, generator=g),
-        _randn(n_out, n_in, generator=g),
-    )
-    W = update_W(p, b, z, W_old, nu)
-    assert torch.isfinite(W).all()
-    assert _grad(lambda w: _fit(p, w, b, z, nu), W)[0].abs().max() < 1e-10
+    p[:, 2] = 1.5  # a constant input feature: the centred p^T p is singular
+    z, W_old = _randn(N, n_out, generator=g), _randn(n_out, n_in, generator=g)
+    W, b = update_Wb(p, z, W_old, nu)
+    assert torch.isfinite(W).all() and torch.isfinite(b).all()
+    grads = _grad(lambda w, b_: _fit(p, w, b_, z, nu), W, b)
+    assert max(gr.abs().max() for gr in grads) < 1e-10
     assert W[:, 2].abs().max() < 1e-12
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_update_W_linearized_never_increases_the_objective(seed: int) -> None:
-    nu = 2.0
-    mu, tau = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.3), (0.1, 0.1), (1.0, 2.0)][seed]
-    p, b, z, W_old, objective = _w_problem(seed, 4, nu, mu, tau)
-    W = update_W(p, b, z, W_old, nu, mu=mu, tau=tau, method=WStep.LINEARIZED)
-    assert objective(W) < objective(W_old)
-    W_exact = update_W(p, b, z, W_old, nu, mu=mu, tau=tau)
-    assert objective(W_exact) <= objective(W) + 1e-12
-    reused = update_W(
-        p, b, z, W_old, nu, mu=mu, tau=tau, method="linearized", ptp=p.T @ p, a=p @ W_old.T + b
-    )
-    torch.testing.assert_close(reused, W)
-
-
-def test_update_W_linearized_step_is_not_too_short() -> None:
-    # On a 1-sample problem the fit is a rank-one quadratic: theta = its exact curvature, so
-    # one linearised step lands on the minimiser. A looser theta would not.
-    g = torch.Generator().manual_seed(3)
-    p, b, z = _randn(1, 3, generator=g), _randn(2, generator=g), _randn(1, 2, generator=g)
-    W_old = _randn(2, 3, generator=g)
-    W = update_W(p, b, z, W_old, 1.5, method=WStep.LINEARIZED)
-    torch.testing.assert_close(p @ W.T + b, z)
-
-
-def test_update_b_is_the_minimiser() -> None:
-    g = torch.Generator().manual_seed(4)
-    p, W, z = _randn(N, 4, generator=g), _randn(3, 4, generator=g), _randn(N, 3, generator=g)
-    b = update_b(z, p @ W.T)
-    (expected,) = _argmin(lambda b_: _fit(p, W, b_, z, 0.9), torch.zeros(3, dtype=DT))
-    torch.testing.assert_close(b, expected, rtol=1e-8, atol=1e-8)
 
 
 @pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5)])
@@ -190,8 +135,7 @@ def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float) -> None:
     W_expected, b_expected = _argmin(objective, W_old, b_old)
     torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
     torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
-    W_seq = update_W(p, b_old, z, W_old, nu, mu=mu, tau=tau)
-    b_seq = update_b(z, p @ W_seq.T)
+    W_seq, b_seq = _paper_W_then_b(p, b_old, z, W_old, nu, mu, tau)
     assert objective(W, b) <= objective(W_seq, b_seq) + 1e-12
     W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, gram=centred_gram(p))
     torch.testing.assert_close((W2, b2), (W, b))
@@ -468,19 +412,9 @@ def _p_step(layers: list[LayerVars], rho: float, nu: float) -> None:
         layer.p = p
 
 
-def _w_step(layers: list[LayerVars], nu: float, method: WStep) -> None:
-    for layer in layers:
-        layer.W = update_W(layer.p, layer.b, layer.z, layer.W, nu, method=method)
-
-
 def _wb_step(layers: list[LayerVars], nu: float) -> None:
     for layer in layers:
         layer.W, layer.b = update_Wb(layer.p, layer.z, layer.W, nu)
-
-
-def _b_step(layers: list[LayerVars]) -> None:
-    for layer in layers:
-        layer.b = update_b(layer.z, layer.p @ layer.W.T)
 
 
 def _z_step(layers: list[LayerVars], y: torch.Tensor, nu: float) -> None:
@@ -495,15 +429,12 @@ def _q_step(layers: list[LayerVars], rho: float, nu: float) -> None:
         layer.q = update_q(right.p, layer.u, layer.z, rho, nu)
 
 
-@pytest.mark.parametrize("step", ["p", "W exact", "W linearized", "Wb", "b", "z", "q"])
+@pytest.mark.parametrize("step", ["p", "Wb", "z", "q"])
 def test_augmented_lagrangian_does_not_increase(step: str) -> None:
     layers, y, rho, nu = _three_layer_problem(14)
     steps = {
         "p": lambda ls: _p_step(ls, rho, nu),
-        "W exact": lambda ls: _w_step(ls, nu, WStep.EXACT),
-        "W linearized": lambda ls: _w_step(ls, nu, WStep.LINEARIZED),
         "Wb": lambda ls: _wb_step(ls, nu),
-        "b": _b_step,
         "z": lambda ls: _z_step(ls, y, nu),
         "q": lambda ls: _q_step(ls, rho, nu),
     }
@@ -530,8 +461,6 @@ def test_shape_and_parameter_errors_name_the_bad_values() -> None:
     with pytest.raises(ValueError, match=r"rho must be > 0 \(rho: 0.0\)"):
         update_p(W, b, z, torch.zeros(N, 4), torch.zeros(N, 4), 0.0, 1.0)
     with pytest.raises(ValueError, match=r"tau must be >= 0 \(tau: -1.0\)"):
-        update_W(torch.zeros(N, 4), b, z, W, 1.0, tau=-1.0)
-    with pytest.raises(ValueError, match="'bad' is not a valid WStep"):
-        update_W(torch.zeros(N, 4), b, z, W, 1.0, method="bad")  # type: ignore[arg-type]
+        update_Wb(torch.zeros(N, 4), z, W, 1.0, tau=-1.0)
     with pytest.raises(ValueError, match=r"y must have shape \[7\]"):
         update_z_last(z, torch.zeros(6, dtype=torch.long), z, 1.0)

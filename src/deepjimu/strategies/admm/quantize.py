@@ -10,13 +10,13 @@ projected tensor then has exactly the same min and top grid value, so quantizing
 again gives the same scale, offset and codes, and sending codes is lossless for grid
 values. Dequantization multiplies and adds in two separate float32 operations (no fused
 multiply-add) so every device computes the same grid.
+
+Everything stays on t's device: scale and offset are tensors, and nothing is read back to
+the host (each read would wait for the device once per layer per iteration).
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,29 +33,29 @@ def _levels(bits: int) -> int:
     return 2**bits - 1
 
 
-def _top(lo: np.float32, scale: np.float32, levels: int) -> np.float32:
-    return np.float32(np.float32(levels) * scale) + lo
+# +inf's bit pattern: positive float32 values are ordered like their bits, from 0 (+0.0)
+_INF_BITS = 0x7F800000
+# the scale search tries _WAYS - 1 patterns at once per round: each round divides the range
+# of candidate patterns (below 2^31) by _WAYS = 2^8, so 4 rounds leave a single one
+_WAYS, _ROUNDS = 256, 4
 
 
-def _grid_scale(lo: np.float32, hi: np.float32, levels: int) -> np.float32:
-    """The smallest float32 scale s >= 0 with fl(lo + fl(levels * s)) >= hi."""
-    if hi <= lo:
-        return np.float32(0)
-    high = max(
-        np.float32((float(hi) - float(lo)) / levels),
-        np.float32(np.finfo(np.float32).smallest_subnormal),
-    )
-    while _top(lo, high, levels) < hi:
-        high = np.float32(high * np.float32(2))
-    # Positive float32 values are ordered like their bit patterns: bisect on the bits.
-    low_bits, high_bits = 0, int(high.view(np.int32))
-    while high_bits - low_bits > 1:
-        mid = (low_bits + high_bits) // 2
-        if _top(lo, np.int32(mid).view(np.float32), levels) >= hi:
-            high_bits = mid
-        else:
-            low_bits = mid
-    return np.int32(high_bits).view(np.float32)
+def _grid_scale(lo: Tensor, hi: Tensor, levels: int) -> Tensor:
+    """The smallest float32 scale s >= 0 with fl(lo + fl(levels * s)) >= hi (0 if hi <= lo).
+
+    The top grid value grows with s, so a search over s's bit patterns in [+0, +inf] finds
+    it: a fixed number of rounds of tensor operations, none of which waits for the host.
+    Invariant: ``high`` reaches hi, ``low`` does not (or is +0).
+    """
+    ways = torch.arange(1, _WAYS, device=lo.device)
+    low = torch.zeros((), dtype=torch.int64, device=lo.device)
+    high = torch.full((), _INF_BITS, dtype=torch.int64, device=lo.device)
+    for _ in range(_ROUNDS):
+        tries = low + (high - low) * ways // _WAYS
+        reaches = torch.mul(tries.to(torch.int32).view(torch.float32), levels).add_(lo) >= hi
+        high = torch.where(reaches, tries, high).amin()
+        low = torch.where(reaches, low, tries).amax()
+    return torch.where(hi > lo, high.to(torch.int32).view(torch.float32), 0.0)
 
 
 def quantize(t: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -67,10 +67,13 @@ def quantize(t: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:
 
     Returns:
         (codes, scale, offset): codes with t's shape; scale and offset are 0-dim float32
-        tensors on t's device. A constant tensor gets scale 0 and codes 0.
+        tensors on t's device. A constant tensor gets scale 0 and codes 0. A tensor with a
+        NaN or an infinity gets a NaN scale, so all its grid values are NaN: refusing it
+        here would read the range back to the host; the strategy stops on the NaN
+        objective that follows.
 
     Raises:
-        ValueError: if bits is not 8 or 16, t is empty, or t has a NaN or infinity.
+        ValueError: if bits is not 8 or 16, or t is empty.
 
     Example:
         >>> codes, scale, offset = quantize(p, bits=8)
@@ -80,14 +83,11 @@ def quantize(t: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:
     if t.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor (shape: {list(t.shape)})")
     x = t.detach().to(torch.float32)
-    lo_t, hi_t = torch.aminmax(x)
-    lo, hi = np.float32(lo_t.item()), np.float32(hi_t.item())
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError(f"cannot quantize a tensor with NaN or inf (min: {lo}, max: {hi})")
-    s = _grid_scale(lo, hi, levels)
-    scale = torch.tensor(float(s), dtype=torch.float32, device=t.device)
-    offset = torch.tensor(float(lo), dtype=torch.float32, device=t.device)
-    k = torch.zeros_like(x) if s == 0 else torch.round((x - offset) / scale).clamp_(0, levels)
+    offset, hi = torch.aminmax(x)
+    finite = torch.isfinite(offset) & torch.isfinite(hi)
+    scale = torch.where(finite, _grid_scale(offset, hi, levels), torch.nan)
+    # a constant tensor (scale 0) gets codes 0, not 0/0
+    k = torch.where(scale > 0, (x - offset) / scale, 0.0).round_().clamp_(0, levels)
     codes = (k - _CODE_SHIFT[bits]).to(_CODE_DTYPES[bits])
     return codes, scale, offset
 

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deepjimu.config import PRECISIONS, RunConfig
+from deepjimu.choices import Precision
+from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
@@ -87,7 +88,7 @@ class AdmmStrategy(Strategy):
     splits_model = True
     # under bf16 only the products drop to bfloat16 (updates.py adds them to float32 terms),
     # so every exchanged p and q is still float32
-    precisions = PRECISIONS
+    precisions = tuple(Precision)
 
     @classmethod
     def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:

@@ -15,14 +15,13 @@ reference code. The augmented Lagrangian is
         + sum_{l<L} [ (nu/2)||q_l - relu(z_l)||^2 + <u_l, p_{l+1} - q_l>
                       + (rho/2)||p_{l+1} - q_l||^2 ].
 
-One iteration per layer: ``update_p`` -> ``update_Wb`` (or the paper's ``update_W`` then
-``update_b``) -> ``a = p @ W.T + b`` computed once and reused by the z-step and the
+One iteration per layer: ``update_p`` -> ``update_Wb`` -> ``a = p @ W.T + b``, computed
+once and reused by the z-step and the
 objective -> ``update_z_hidden`` / ``update_z_last`` -> ``update_q`` -> ``update_u``.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 from collections.abc import Sequence
@@ -36,7 +35,6 @@ from torch import Tensor
 __all__ = [
     "LastLayerSolve",
     "LayerVars",
-    "WStep",
     "WbStats",
     "augmented_lagrangian",
     "centred_gram",
@@ -46,25 +44,14 @@ __all__ = [
     "layer_lagrangian",
     "primal_residual",
     "ridge_weight",
-    "update_W",
     "update_Wb",
     "update_Wb_stats",
-    "update_b",
     "update_p",
     "update_q",
     "update_u",
     "update_z_hidden",
     "update_z_last",
 ]
-
-
-class WStep(str, enum.Enum):
-    """How ``update_W`` treats the W-subproblem."""
-
-    EXACT = "exact"
-    """Solve the n_{l-1} x n_{l-1} normal equations (Cholesky)."""
-    LINEARIZED = "linearized"
-    """One gradient step W - grad/theta, theta = nu * lambda_max(p^T p) + mu + tau."""
 
 
 class LastLayerSolve(NamedTuple):
@@ -210,92 +197,6 @@ def update_p(
     return (rhs @ H_inv).to(v.dtype)
 
 
-def update_W(
-    p: Tensor,
-    b: Tensor,
-    z: Tensor,
-    W: Tensor,
-    nu: float,
-    *,
-    mu: float = 0.0,
-    tau: float = 0.0,
-    method: WStep = WStep.EXACT,
-    ptp: Tensor | None = None,
-    a: Tensor | None = None,
-) -> Tensor:
-    """W-subproblem: argmin_W (nu/2)||z - p W^T - b||^2 + (mu/2)||W||^2 + (tau/2)||W - W_old||^2.
-
-    ``WStep.EXACT`` solves W (nu p^T p + (mu + tau) I) = nu (z - b)^T p + tau W_old by
-    Cholesky; when that matrix is singular (mu = tau = 0 and a constant-zero input
-    feature) it returns the minimum-norm minimiser instead. ``WStep.LINEARIZED`` takes one
-    step W - grad/theta with the exact Lipschitz constant theta = nu lambda_max(p^T p) + mu
-    + tau, which never increases the objective. Both cost about 2 N n_l n_{l-1} + N n_{l-1}^2
-    plus an n_{l-1}^3 factorisation (Cholesky; eigvalsh for LINEARIZED, several times
-    slower). Prefer ``update_Wb``: same cost, and it minimises over W and b jointly, while
-    one linearised step on non-centred activations barely moves W (lambda_max(p^T p) is
-    dominated by the mean of p).
-
-    Args:
-        p: input of layer l, [N, n_{l-1}].
-        b: bias, [n_l].
-        z: pre-activation, [N, n_l].
-        W: current weight W_old, [n_l, n_{l-1}].
-        nu: weight of the fit term, > 0.
-        mu: ridge weight, >= 0.
-        tau: proximal weight towards W_old, >= 0.
-        method: ``WStep.EXACT`` or ``WStep.LINEARIZED``.
-        ptp: p^T p if the caller has it (it is constant for the input layer), [n_{l-1}]^2.
-        a: p W_old^T + b if the caller has it (LINEARIZED only), [N, n_l].
-
-    Returns:
-        The new W, [n_l, n_{l-1}].
-
-    Raises:
-        ValueError: on mismatched shapes or nu <= 0, mu < 0, tau < 0.
-
-    Example:
-        >>> W = update_W(p, layer.bias, z, layer.weight, nu=1.0, tau=1e-3)
-        >>> b = update_b(z, p @ W.T)
-    """
-    _check_positive(nu=nu)
-    _check_nonnegative(mu=mu, tau=tau)
-    N, n_in = p.shape
-    n_out = W.shape[0]
-    _check_shape("W", W, (n_out, n_in))
-    _check_shape("b", b, (n_out,))
-    _check_shape("z", z, (N, n_out))
-    G = _gram(p, ptp)
-    if WStep(method) is WStep.EXACT:
-        eye = torch.eye(n_in, dtype=p.dtype, device=p.device)
-        rhs = nu * ((z - b).T @ p) + tau * W
-        return _solve_right_psd(nu * G + (mu + tau) * eye, rhs)
-    if a is None:
-        a = p @ W.T + b
-    _check_shape("a", a, (N, n_out))
-    grad = nu * ((a - z).T @ p) + mu * W
-    theta = nu * torch.linalg.eigvalsh(G)[-1].clamp(min=0) + mu + tau
-    if theta == 0:
-        return W.clone()
-    return W - grad / theta
-
-
-def update_b(z: Tensor, pWt: Tensor) -> Tensor:
-    """b-subproblem: argmin_b (nu/2)||z - p W^T - b||^2, i.e. the sample mean of z - p W^T.
-
-    Args:
-        z: pre-activation, [N, n_l].
-        pWt: p W^T with the current W, [N, n_l]; reuse it for ``a = pWt + b``.
-
-    Returns:
-        The new b, [n_l].
-
-    Raises:
-        ValueError: on mismatched shapes.
-    """
-    _check_shape("pWt", pWt, tuple(z.shape))
-    return (z - pWt).mean(dim=0)
-
-
 def update_Wb(
     p: Tensor,
     z: Tensor,
@@ -310,8 +211,8 @@ def update_Wb(
     """(W, b)-subproblem: argmin (nu/2)||z - pW^T - b||^2 + (mu/2)||W||^2 + (tau/2)||W - W_old||^2.
 
     Eliminating b (= mean of z - p W^T) leaves the same problem on centred p and z, so
-    the joint minimiser costs the same as ``update_W`` exact. b is not regularised, as in
-    ``update_b``. p is centred before the products, not the products afterwards (p^T p -
+    the joint minimiser costs the same as the W-subproblem alone. b is not regularised.
+    p is centred before the products, not the products afterwards (p^T p -
     N m m^T): ReLU outputs have a large mean, and subtracting it from a rounded p^T p
     cancels most of the significant bits: under bf16 autocast that cancellation made the
     iteration diverge on digits (test accuracy 0.35 after 30 iterations against 0.98).

@@ -1,0 +1,264 @@
+"""Checkpoints: atomic step folders, the ``latest`` pointer, and a resumed run's one history."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from deepjimu.atomic import atomic_path, atomic_write_text
+from deepjimu.bookkeeping import Bookkeeping
+from deepjimu.config import RunConfig
+from deepjimu.counters import Counters
+from deepjimu.errors import JimuError
+from deepjimu.events import EventLog
+from deepjimu.rundir import latest_checkpoint
+
+__all__ = ["Checkpoint", "Checkpointer"]
+
+# every rank reads and writes the one run folder: across machines it must be shared
+_SHARED = (
+    "every worker reads and writes the one run folder, so across machines it must be on a "
+    "file system they all share (see Multi-node launch in the README)"
+)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: progress counters, the full model state and this rank's own state.
+
+    ``time_s`` and ``fit_s`` are the run's clocks when it was written, and ``counters`` this
+    rank's byte and time counters (see :meth:`Checkpointer.continue_history`).
+    """
+
+    step: int
+    epoch: int
+    model_state: dict[str, Any]
+    rank_state: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+    time_s: float = 0.0
+    fit_s: float = 0.0
+    counters: dict[str, Any] | None = None
+
+
+class Checkpointer:
+    """Writes and reads ``<run folder>/checkpoint``; :meth:`save` and :meth:`load` are collective.
+
+    A checkpoint is a folder ``step-<step>`` holding ``model.pt`` (rank 0's full model),
+    ``rank<r>.pt`` (each rank's own state: optimizer, ADMM variables, ...) and
+    ``meta.json`` (progress, the clocks, every rank's counters, the config); ``latest``
+    names the complete one. Every rank writes its state into the same folder, so a run on
+    several machines needs the run folder on a shared file system: both methods check that
+    every rank's file is where rank 0 looks, and refuse in one line naming the missing file.
+
+    Args:
+        cfg: the run's config (saved in ``meta.json``).
+        out_dir: the run folder.
+        rank, world: this process in the default process group.
+        counters: this rank's counters and clocks (saved, and restored on resume).
+        events: the event log (a resumed run drops the events after its checkpoint).
+        bookkeeping: the collectives between ranks.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        out_dir: Path,
+        rank: int,
+        world: int,
+        counters: Counters,
+        events: EventLog,
+        bookkeeping: Bookkeeping,
+    ) -> None:
+        self.cfg, self.out_dir = cfg, out_dir
+        self.rank, self.world, self.is_main = rank, world, rank == 0
+        self.counters, self.events, self.bookkeeping = counters, events, bookkeeping
+        self.resumed: Checkpoint | None = None
+
+    @property
+    def dir(self) -> Path:
+        """``<run folder>/checkpoint``."""
+        return self.out_dir / "checkpoint"
+
+    def last_text(self) -> str:
+        """Where the latest checkpoint is, or "none" (for error messages)."""
+        latest = self.dir / "latest"
+        return str(self.dir / latest.read_text().strip()) if latest.exists() else "none"
+
+    def save(
+        self,
+        step: int,
+        epoch: int,
+        model: nn.Module | None,
+        rank_state: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> Path:
+        """Collective: write a checkpoint atomically; the previous one stays until this is whole.
+
+        Rank 0 passes the full model (the others may pass None); every rank passes its own
+        ``rank_state``. Files go into a temporary folder that is renamed into place once
+        every rank has written, then ``latest`` is switched. A run resumed at the step of
+        its checkpoint keeps that checkpoint: it holds this very state.
+
+        Returns:
+            the checkpoint's folder.
+
+        Raises:
+            JimuError: a rank's state file is not in rank 0's folder (no shared file system).
+        """
+        final = self.dir / f"step-{step:08d}"
+        tmp = self.dir / f".tmp-step-{step:08d}"
+        if self.resumed is not None and self.resumed.step == step:
+            return final
+        counters = self.bookkeeping.gather_objects(self.counters.state())
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.bookkeeping.barrier()
+        _torch_save_atomic(rank_state, tmp / f"rank{self.rank}.pt")
+        if self.is_main and model is not None:
+            _torch_save_atomic(_cpu_state(model), tmp / "model.pt")
+        self.bookkeeping.barrier()
+        lost = None  # (rank, path) of a state file missing where rank 0 looks
+        if self.is_main:
+            files = [(r, tmp / f"rank{r}.pt") for r in range(self.world)]
+            lost = next(((r, str(f)) for r, f in files if not f.exists()), None)
+        lost = self.bookkeeping.broadcast_object(lost)
+        if lost is not None:
+            raise JimuError(
+                f"checkpoint: {lost[1]} is missing after worker {lost[0]} wrote it; {_SHARED}"
+            )
+        if self.is_main:
+            meta = {
+                "step": step,
+                "epoch": epoch,
+                "world": self.world,
+                "extra": extra or {},
+                "time_s": self.counters.elapsed(),
+                "fit_s": self.counters.fit_s(),
+                "counters": counters,
+                "config": self.cfg.to_dict(),
+            }
+            atomic_write_text(tmp / "meta.json", json.dumps(meta))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            atomic_write_text(self.dir / "latest", final.name)
+            for old in self.dir.glob("step-*"):
+                if old.name != final.name:
+                    shutil.rmtree(old, ignore_errors=True)
+        self.bookkeeping.barrier()
+        return final
+
+    def load(self, run_dir: Path | None = None) -> Checkpoint | None:
+        """Collective: the latest complete checkpoint of ``run_dir`` (default: this run), or None.
+
+        Every rank must find the same ``latest`` checkpoint and the files it reads
+        (``model.pt`` and its own ``rank<r>.pt``); where one cannot, every rank refuses.
+
+        Raises:
+            JimuError: a rank cannot find the checkpoint or one of its files (the path is
+                named), the checkpoint is damaged, or it was written with another worker
+                count.
+        """
+        root = Path(run_dir or self.out_dir) / "checkpoint"
+        latest = root / "latest"
+        # each rank's view, with its own paths: the message names the file where it is missing
+        seen = self.bookkeeping.gather_objects(
+            (latest.read_text().strip() if latest.exists() else None, str(root))
+        )
+        names = [name for name, _ in seen]
+        if all(name is None for name in names):
+            return None
+        if None in names:
+            r = names.index(None)
+            raise JimuError(f"checkpoint: worker {r} cannot find {seen[r][1]}/latest; {_SHARED}")
+        if len(set(names)) > 1:
+            r = next(r for r, name in enumerate(names) if name != names[0])
+            raise JimuError(
+                f"checkpoint: worker {r} finds {seen[r][1]}/{names[r]}, worker 0 "
+                f"{seen[0][1]}/{names[0]}; {_SHARED}"
+            )
+        found = latest_checkpoint(root.parent)
+        assert found is not None  # every rank read `latest` above
+        folder, meta = found
+        if meta["world"] != self.world:
+            raise JimuError(
+                f"checkpoint {folder} was written by {meta['world']} workers; "
+                f"resume with --workers {meta['world']} (workers: {self.world})"
+            )
+        needs = (folder / "model.pt", folder / f"rank{self.rank}.pt")
+        missing = self.bookkeeping.gather_objects(
+            next((str(p) for p in needs if not p.exists()), None)
+        )
+        for r, path in enumerate(missing):
+            if path is not None:
+                raise JimuError(f"checkpoint: worker {r} cannot find {path}; {_SHARED}")
+        try:
+            model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+            rank_state = torch.load(
+                folder / f"rank{self.rank}.pt", map_location="cpu", weights_only=True
+            )
+        except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise JimuError(f"checkpoint {folder} is damaged: {e}") from None
+        counters = meta.get("counters")
+        return Checkpoint(
+            meta["step"],
+            meta["epoch"],
+            model_state,
+            rank_state,
+            meta.get("extra", {}),
+            meta.get("time_s", 0.0),
+            meta.get("fit_s", 0.0),
+            counters[self.rank] if counters else None,
+        )
+
+    def continue_history(self, ckpt: Checkpoint | None, how: str) -> None:
+        """Go on with this run folder's history from ``ckpt`` (None: from the start).
+
+        One history per run: rank 0 drops the events logged after the checkpoint's step
+        (the work they record is done again) and rewrites ``events.jsonl`` atomically; the
+        clocks (``time_s``, the fit time) and this rank's byte and time counters go on from
+        the checkpoint's, so events and summary read as one uninterrupted run. The next
+        event carries ``resumed``: the step it went on from, how (``--resume`` or the
+        elastic restart), and the events dropped.
+        """
+        self.resumed = ckpt
+        step = ckpt.step if ckpt is not None else 0
+        if ckpt is not None:
+            self.counters.go_on(ckpt.counters, ckpt.time_s, ckpt.fit_s)
+        if not self.is_main:
+            return
+        dropped, torn = self.events.drop_after(step)
+        self.events.note_resumed(
+            {
+                "step": step,
+                "epoch": ckpt.epoch if ckpt is not None else 0,
+                "by": how,
+                "events_dropped": dropped,
+            }
+        )
+        where = (
+            f"its checkpoint at step {step}" if ckpt is not None else "the start (no checkpoint)"
+        )
+        cut = " and a last line cut short" if torn else ""
+        print(
+            f"{how}: {self.out_dir} goes on from {where}; "
+            f"{dropped} later event(s){cut} dropped from events.jsonl",
+            flush=True,
+        )
+
+
+def _torch_save_atomic(obj: Any, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def _cpu_state(model: nn.Module) -> dict[str, Any]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}

@@ -1,0 +1,133 @@
+"""A rank's counters and clocks: bytes and waits (Comm), training and evaluation time, run and fit time."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from deepjimu.comm import Comm, CommStats
+
+__all__ = ["Counters", "Interval"]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """What one rank did between two events.
+
+    ``delta`` holds the bytes sent, bytes received, compute and wait seconds (the order of
+    :meth:`CommStats.as_list`), ``kinds`` the bytes sent per labelled kind, ``train_s`` and
+    ``eval_s`` the time in :meth:`Counters.training` and :meth:`Counters.evaluation` blocks.
+    """
+
+    delta: list[float]
+    kinds: dict[str, int]
+    train_s: float
+    eval_s: float
+
+
+class Counters:
+    """The byte counter, timers and clocks of one rank; events read them by interval.
+
+    ``comm`` counts every message a strategy sends (``stats`` holds the totals);
+    :meth:`training` and :meth:`evaluation` time blocks of work; :meth:`interval` hands
+    what happened since the last call to the event log; :meth:`state` and :meth:`go_on`
+    carry all of it across a checkpoint, so a resumed run counts on from where it stopped.
+
+    Args:
+        device: where this rank computes (timers wait for its queued work).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stats = CommStats()
+        self.comm = Comm(self.stats)
+        self.train_s = 0.0  # since the last interval
+        self.eval_s = 0.0
+        self._t0 = time.perf_counter()
+        self._fit_t0: float | None = None
+        self._before_s = self._before_fit_s = 0.0  # the clocks of the history this run continues
+        self._last = [0.0, 0.0, 0.0, 0.0]
+        self._last_kinds: dict[str, int] = {}
+
+    def elapsed(self) -> float:
+        """Seconds since the run started on this rank (a resumed run goes on from its checkpoint's)."""
+        return self._before_s + time.perf_counter() - self._t0
+
+    def begin_fit(self) -> None:
+        """Start the fit clock (:meth:`fit_s`): called just before ``Strategy.fit``."""
+        self._fit_t0 = time.perf_counter()
+
+    def fit_s(self) -> float:
+        """Seconds spent in ``Strategy.fit`` over the whole run, resumed segments included."""
+        now = time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0
+        return self._before_fit_s + now
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that host timers measure it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def training(self) -> Iterator[None]:
+        """Time a block as training: its wall time is training time (``train_s``), of which
+        the time blocked on messages counted by Comm is wait and the rest compute."""
+        wait0 = self.stats.wait_s
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            wall = time.perf_counter() - t0
+            self.train_s += wall
+            self.stats.compute_s += wall - (self.stats.wait_s - wait0)
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Time a block as evaluation (``eval_s``), kept apart from training time.
+
+        Time-to-accuracy counts training time only, so a strategy that evaluates more
+        often is not penalised.
+        """
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self.eval_s += time.perf_counter() - t0
+
+    def interval(self) -> Interval:
+        """What happened since the last call (or the start), and start the next interval."""
+        current = self.stats.as_list()
+        delta = [c - p for c, p in zip(current, self._last, strict=True)]
+        kinds = dict(self.stats.sent_by_kind)
+        kinds_delta = {k: n - self._last_kinds.get(k, 0) for k, n in kinds.items()}
+        out = Interval(delta, kinds_delta, self.train_s, self.eval_s)
+        self._last, self._last_kinds = current, kinds
+        self.train_s = self.eval_s = 0.0
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """The counters as plain values, for a checkpoint (the clocks travel apart: rank 0's)."""
+        return {
+            "stats": asdict(self.stats),
+            "last": self._last,
+            "last_kinds": self._last_kinds,
+            "train_s": self.train_s,
+            "eval_s": self.eval_s,
+        }
+
+    def go_on(self, state: dict[str, Any] | None, time_s: float, fit_s: float) -> None:
+        """Continue from a checkpoint: its clocks, and this rank's counters if it has them."""
+        self._before_s, self._before_fit_s = time_s, fit_s
+        if state is None:
+            return
+        for k, v in state["stats"].items():
+            setattr(self.stats, k, v)
+        self._last = list(state["last"])
+        self._last_kinds = dict(state.get("last_kinds", {}))
+        self.train_s, self.eval_s = state["train_s"], state["eval_s"]

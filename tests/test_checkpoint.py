@@ -1,0 +1,101 @@
+"""Checkpoints: each rank's state back, the latest one only, and one line when a rank's file is elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepjimu.bookkeeping import Bookkeeping
+from deepjimu.checkpoint import Checkpointer
+from deepjimu.cli import main
+from deepjimu.config import RunConfig
+from deepjimu.counters import Counters
+from deepjimu.errors import JimuError
+from deepjimu.events import EventLog
+from distributed import distributed_test
+
+
+def _checkpointer(folder: Path, rank: int, world: int) -> Checkpointer:
+    counters, book = Counters(torch.device("cpu")), Bookkeeping(world)
+    events = EventLog(folder, rank == 0, True, counters, book)
+    return Checkpointer(RunConfig(quiet=True), folder, rank, world, counters, events, book)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2)
+
+
+@distributed_test(world_size=[1, 2, 3])
+def test_each_rank_gets_its_own_state_back(rank: int, world: int, tmp: str) -> None:
+    ckpt = _checkpointer(Path(tmp), rank, world)
+    ckpt.counters.comm.count(sent=10 + rank)
+    for step in (2, 4):
+        ckpt.save(step, step // 2, _model() if rank == 0 else None, {"rank": rank, "step": step})
+    assert sorted(p.name for p in ckpt.dir.iterdir()) == ["latest", "step-00000004"]
+    loaded = ckpt.load()
+    assert loaded is not None and (loaded.step, loaded.epoch) == (4, 2)
+    assert loaded.rank_state == {"rank": rank, "step": 4}
+    assert torch.equal(loaded.model_state["weight"], _model().weight.detach())
+    assert loaded.counters is not None and loaded.counters["stats"]["bytes_sent"] == 10 + rank
+    meta = json.loads((ckpt.dir / "step-00000004" / "meta.json").read_text())
+    assert meta["world"] == world and meta["config"]["quiet"] is True
+
+
+@distributed_test(world_size=[2, 3])
+def test_a_rank_that_cannot_find_its_file_stops_every_rank(rank: int, world: int, tmp: str) -> None:
+    ckpt = _checkpointer(Path(tmp), rank, world)
+    folder = ckpt.save(1, 1, _model() if rank == 0 else None, {"rank": rank})
+    Bookkeeping(world).barrier()
+    if rank == 0:
+        (folder / f"rank{world - 1}.pt").unlink()  # as on a machine without a shared folder
+    Bookkeeping(world).barrier()
+    with pytest.raises(JimuError) as e:
+        ckpt.load()
+    lost = folder / f"rank{world - 1}.pt"
+    assert str(e.value).startswith(f"checkpoint: worker {world - 1} cannot find {lost}; ")
+    assert "file system they all share" in str(e.value) and "\n" not in str(e.value)
+
+
+@distributed_test(world_size=[2, 3])
+def test_a_run_folder_that_is_not_shared_is_refused(rank: int, world: int, tmp: str) -> None:
+    # the last rank runs on "another machine": its run folder is a copy of its own
+    elsewhere = Path(tmp) / "node-b"
+    ckpt = _checkpointer(elsewhere if rank == world - 1 else Path(tmp) / "node-a", rank, world)
+    lost = Path(tmp) / "node-a" / "checkpoint" / ".tmp-step-00000001" / f"rank{world - 1}.pt"
+    with pytest.raises(JimuError) as e:
+        ckpt.save(1, 1, _model() if rank == 0 else None, {"rank": rank})
+    assert str(e.value).startswith(f"checkpoint: {lost} is missing after worker {world - 1} wrote")
+    if rank == 0:  # as if node-a had finished the checkpoint alone
+        (ckpt.dir / "latest").write_text("step-00000001")
+    Bookkeeping(world).barrier()
+    with pytest.raises(JimuError) as e:
+        ckpt.load()
+    latest = elsewhere / "checkpoint" / "latest"
+    assert str(e.value).startswith(f"checkpoint: worker {world - 1} cannot find {latest}; every")
+
+
+def test_a_checkpoint_of_another_worker_count_is_refused(tmp_path: Path) -> None:
+    ckpt = _checkpointer(tmp_path, 0, 1)
+    ckpt.save(1, 1, _model(), {})
+    meta = ckpt.dir / "step-00000001" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "world": 2}))
+    with pytest.raises(
+        JimuError, match=r"written by 2 workers; resume with --workers 2 \(workers: 1\)"
+    ):
+        ckpt.load()
+
+
+def test_resume_without_the_rank_state_file_is_one_line(tmp_path: Path, capsys) -> None:
+    argv = ["train", "--strategy", "local", "--model", "mlp:16x1", "--epochs", "1", "--quiet"]
+    assert main([*argv, "--runs-dir", str(tmp_path), "--name", "r"]) == 0
+    latest = tmp_path / "r" / "checkpoint" / "latest"
+    lost = latest.parent / latest.read_text() / "rank0.pt"
+    lost.unlink()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "r"), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: checkpoint: worker 0 cannot find {lost}; ") and "\n" not in err

@@ -1,0 +1,64 @@
+"""The event log: metrics and counters merged over ranks, rank 0's file, a resumed history."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from deepjimu.bookkeeping import Bookkeeping
+from deepjimu.counters import Counters
+from deepjimu.events import EventLog, merge_event
+from distributed import distributed_test
+
+
+def _report(rank: int, **kw: object) -> dict:
+    base = {"metrics": {}, "delta": [0.0] * 4, "kinds": {}, "mem": 1.0, "samples": 0}
+    return {**base, "train": 0.0, "eval": 0.0, **kw}
+
+
+def test_merge_takes_each_metric_from_the_lowest_rank_that_has_it() -> None:
+    gathered = [
+        _report(0, metrics={"loss": None, "test_acc": 0.5}, delta=[10, 1, 0.2, 0.1], samples=40, train=0.4),
+        _report(1, metrics={"loss": torch.tensor(1.25), "x": float("nan")}, delta=[5, 2, 0.3, 0.05],
+                kinds={"a": 5}, train=0.5, eval=0.1),
+    ]  # fmt: skip
+    event = merge_event(3, 1, 12.3456789, gathered)
+    assert (event["step"], event["epoch"], event["time_s"]) == (3, 1, 12.345679)
+    assert (event["loss"], event["test_acc"], event["x"]) == (1.25, 0.5, "nan")
+    assert (event["bytes_sent"], event["bytes_recv"]) == (15, 3)
+    assert event["bytes_sent_per_rank"] == [10, 5] and event["bytes_sent_by_kind"] == {"a": 5}
+    assert (event["compute_s"], event["wait_s"]) == (0.3, 0.1), "the critical path: the largest"
+    assert (event["train_s"], event["eval_s"]) == (0.5, 0.1), "the slowest rank's"
+    assert event["samples_per_s"] == 80.0  # rank 0's samples over the slowest training time
+    assert event["val_acc"] is None and not math.isnan(event["peak_mem_mb_per_rank"][0])
+
+
+def test_rank_0_writes_and_a_resume_drops_the_later_events(tmp_path: Path) -> None:
+    log = EventLog(tmp_path, True, True, Counters(torch.device("cpu")), Bookkeeping(1))
+    for step in (1, 2, 3):
+        log.log(step, step, loss=0.5)
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write('{"step": 4, "ep')  # a line cut short by a crash
+    assert log.drop_after(2) == (1, True)  # step 3, and the torn line apart
+    log.note_resumed({"step": 2})
+    assert log.log(3, 3)["resumed"] == {"step": 2}
+    assert "resumed" not in log.log(4, 4), "only the first event after the resume"
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events] == [1, 2, 3, 4]
+
+
+@distributed_test(world_size=[2, 3])
+def test_every_rank_reports_and_rank_0_alone_writes(rank: int, world: int, tmp: str) -> None:
+    counters = Counters(torch.device("cpu"))
+    log = EventLog(Path(tmp), rank == 0, True, counters, Bookkeeping(world))
+    counters.comm.count(sent=10 * (rank + 1), recv=rank)
+    event = log.log(1, 1, samples=8, loss=0.25 if rank == world - 1 else None, rank=rank)
+    assert event["bytes_sent_per_rank"] == [10 * (r + 1) for r in range(world)]
+    assert event["bytes_recv"] == sum(range(world)) and event["loss"] == 0.25
+    assert event["rank"] == 0, "a metric every rank gives is rank 0's"
+    Bookkeeping(world).barrier()
+    lines = (Path(tmp) / "events.jsonl").read_text().splitlines()
+    assert [json.loads(x)["bytes_sent"] for x in lines] == [event["bytes_sent"]]

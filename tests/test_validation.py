@@ -1,0 +1,34 @@
+"""validate against the registries, for a model a factory builds (its blocks counted on the model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.validation import validate
+
+FACTORY = "factory:my_script.make_model"
+
+
+def test_a_factory_model_is_checked_on_its_own_block_count() -> None:
+    cfg = RunConfig(strategy="pipeline", workers=4, model=FACTORY, schedule="interleaved",
+                    microbatches=8)  # fmt: skip
+    assert validate(cfg, blocks=8).workers == 4
+    with pytest.raises(
+        ConfigErrors,
+        match=r"at least 2 blocks per worker \(workers: 4, blocks in factory:my_script.make_model: 6\)",
+    ):
+        validate(cfg, blocks=6)
+
+
+def test_a_factory_model_without_its_factory_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(model=FACTORY, resume="runs/f"))
+    assert e.value.problems == [
+        f"--resume runs/f: its model comes from a Python factory ({FACTORY}); "
+        "resume it with deepjimu.fit(..., resume='runs/f')"
+    ]
+    with pytest.raises(
+        ConfigErrors, match=r"comes from a Python factory: train it with deepjimu\.fit"
+    ):
+        validate(RunConfig(model=FACTORY))
