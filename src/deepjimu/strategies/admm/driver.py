@@ -86,7 +86,7 @@ def distributed_iteration(
     layer uses the previous iterate of its neighbours exactly as :func:`serial_iteration`
     does, so the iterates equal the serial ones.
     """
-    left, right = rank - 1 if rank > 0 else None, rank + 1 if rank < world - 1 else None
+    left, right = _neighbours(rank, world)
     sends: list[Pending] = []
     block.step_p()
     if left is not None:
@@ -96,13 +96,24 @@ def distributed_iteration(
     if incoming_p is not None:
         block.p_right = incoming_p.wait()
     block.step_qu()
+    _pass_q_right(block, ex, left, right, sends)
+
+
+def _neighbours(rank: int, world: int) -> tuple[int | None, int | None]:
+    return rank - 1 if rank > 0 else None, rank + 1 if rank < world - 1 else None
+
+
+def _pass_q_right(
+    block: LayerBlock, ex: Exchange, left: int | None, right: int | None, sends: list[Pending]
+) -> None:
+    """Send q_{hi-1} right, receive q_{lo-1} from the left and keep u_{lo-1} in step; finish ``sends``."""
     if right is not None:
         sends += ex.isend(block.last_q(), right)
     if left is not None:
         block.q_left = ex.irecv(tuple(block.first_p().shape), left).wait()
         block.step_left_dual()
-    for s in sends:
-        s.wait()
+    for pending in sends:
+        pending.wait()
 
 
 def backward_sweep(
@@ -120,20 +131,12 @@ def backward_sweep(
         block.sweep_backward(y)
         return
     assert ex is not None
-    left, right = rank - 1 if rank > 0 else None, rank + 1 if rank < world - 1 else None
+    left, right = _neighbours(rank, world)
     if right is not None:
         block.p_right = ex.irecv(tuple(block.last_q().shape), right).wait()
     block.sweep_backward(y)
-    sends: list[Pending] = []
-    if left is not None:
-        sends += ex.isend(block.first_p(), left)
-    if right is not None:
-        sends += ex.isend(block.last_q(), right)
-    if left is not None:
-        block.q_left = ex.irecv(tuple(block.first_p().shape), left).wait()
-        block.step_left_dual()
-    for pending in sends:
-        pending.wait()
+    sends = ex.isend(block.first_p(), left) if left is not None else []
+    _pass_q_right(block, ex, left, right, sends)
 
 
 def init_blocks_forward(
