@@ -117,51 +117,40 @@ def test_update_Wb_with_singular_gram_is_the_minimum_norm_minimiser() -> None:
     assert W[:, 2].abs().max() < 1e-12
 
 
-@pytest.mark.parametrize(("mu", "tau"), [(0.0, 0.0), (0.3, 0.0), (0.0, 0.5)])
-def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float) -> None:
+@pytest.mark.parametrize(
+    ("mu", "tau", "ridge"),
+    [(0.0, 0.0, 0.0), (0.3, 0.0, 0.0), (0.0, 0.5, 0.0), (0.0, 0.0, 0.01), (0.2, 0.5, 0.3)],
+)
+def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float, ridge: float) -> None:
+    """The relative ridge's weight is ridge * nu * (mean input variance) * N, written out here."""
     g = torch.Generator().manual_seed(5)
     n_in, n_out, nu = 4, 3, 1.1
-    p = _randn(N, n_in, generator=g) + 2.0  # non-centred input: W and b are coupled
-    z, W_old, b_old = (
-        _randn(N, n_out, generator=g),
-        _randn(n_out, n_in, generator=g),
-        _randn(n_out, generator=g),
-    )
-
-    def objective(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
-
-    W, b = update_Wb(p, z, W_old, nu, mu=mu, tau=tau)
-    W_expected, b_expected = _argmin(objective, W_old, b_old)
-    torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
-    torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
-    W_seq, b_seq = _paper_W_then_b(p, b_old, z, W_old, nu, mu, tau)
-    assert objective(W, b) <= objective(W_seq, b_seq) + 1e-12
-    W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, gram=centred_gram(p))
-    torch.testing.assert_close((W2, b2), (W, b))
-
-
-@pytest.mark.parametrize(("ridge", "tau"), [(0.01, 0.0), (0.3, 0.5)])
-def test_update_Wb_with_a_relative_ridge_is_the_minimiser(ridge: float, tau: float) -> None:
-    """The ridge weight is ridge * nu * (mean input variance) * N, written out independently."""
-    g = torch.Generator().manual_seed(15)
-    n_in, n_out, nu = 4, 3, 1.3
+    # non-centred input (W and b are coupled), features of very different variance
     p = _randn(N, n_in, generator=g) * torch.tensor([3.0, 1.0, 0.1, 0.01], dtype=DT) + 2.0
     z, W_old, b_old = (
         _randn(N, n_out, generator=g),
         _randn(n_out, n_in, generator=g),
         _randn(n_out, generator=g),
     )
-    mu = ridge * nu * ((p - p.mean(dim=0)) ** 2).sum() / n_in
+    mu_ridge = ridge * nu * ((p - p.mean(dim=0)) ** 2).sum() / n_in
+    mu_all = mu + mu_ridge
 
     def objective(W: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return _fit(p, W, b, z, nu) + (mu / 2) * (W**2).sum() + (tau / 2) * ((W - W_old) ** 2).sum()
+        return (
+            _fit(p, W, b, z, nu)
+            + (mu_all / 2) * (W**2).sum()
+            + (tau / 2) * ((W - W_old) ** 2).sum()
+        )
 
-    W, b = update_Wb(p, z, W_old, nu, tau=tau, ridge=ridge)
+    W, b = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ridge=ridge)
     W_expected, b_expected = _argmin(objective, W_old, b_old)
     torch.testing.assert_close(W, W_expected, rtol=1e-7, atol=1e-7)
     torch.testing.assert_close(b, b_expected, rtol=1e-7, atol=1e-7)
-    torch.testing.assert_close(ridge_weight(centred_gram(p), nu, ridge), mu)
+    W_seq, b_seq = _paper_W_then_b(p, b_old, z, W_old, nu, float(mu_all), tau)
+    assert objective(W, b) <= objective(W_seq, b_seq) + 1e-12
+    W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ridge=ridge, gram=centred_gram(p))
+    torch.testing.assert_close((W2, b2), (W, b))
+    torch.testing.assert_close(ridge_weight(centred_gram(p), nu, ridge), mu_ridge)
 
 
 def test_relative_ridge_is_scale_free() -> None:
