@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
 from deepjimu.cli import main
 from deepjimu.compress import probe as probe_module
 from deepjimu.compress.cost import PROBED, CostModel
 from deepjimu.compress.probe import read_probe
+from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
+from deepjimu.models import build_model
+from deepjimu.run import Run
+from deepjimu.validation import validate
+from distributed import distributed_test
 
 
 def test_jimu_probe_prints_the_table_and_writes_probe_json(
@@ -50,3 +58,22 @@ def test_a_missing_or_damaged_probe_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(JimuError, match="is damaged") as e:
         read_probe(tmp_path / "probe.json")
     assert "\n" not in str(e.value)
+
+
+@distributed_test(world_size=[2], preload=["torch._dynamo"])
+def test_a_probed_step_counts_at_its_slowest_rank_on_every_rank(
+    rank: int, world: int, tmp: str
+) -> None:
+    cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x1", quiet=True,
+                             runs_dir=tmp, name="w"))  # fmt: skip
+    run = Run(cfg, Path(tmp) / "w", rank, world)
+    model = build_model(cfg.model, (64,), 10, seed=0)
+    if rank == 1:  # only rank 1 is slow: 20 ms more per step
+        model.register_forward_pre_hook(lambda *_: time.sleep(0.02))
+    x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
+    solo, _ = dist.new_subgroups(group_size=1)
+    steps, _, _ = probe_module._time_options(["none", "fp16"], model, x, y, cfg, run, solo,
+                                             warm=1, rounds=3)  # fmt: skip
+    dist.destroy_process_group(solo)
+    assert min(steps.values()) >= 0.02  # rank 0 too reports rank 1's time
+    assert run.gather_objects(steps) == [steps] * world
