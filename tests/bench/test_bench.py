@@ -57,6 +57,23 @@ def test_comma_lists_of_one_value_options_become_matrix_dimensions() -> None:
     assert [c.skip is not None for c in cells] == [False, False, False, True]  # admm + kfac
 
 
+def test_compress_options_are_one_more_dimension_and_impossible_without_gradients() -> None:
+    _, options = split_variants({"compress": "none,bf16,powersgd:4"})
+    assert options == [
+        (("compress", "none"),),
+        (("compress", "bf16"),),
+        (("compress", "powersgd:4"),),
+    ]
+    cells = plan(RunConfig(), ["ddp", "admm"], [2], ["mlp:16x1"], options)
+    assert [c.name for c in cells[:3]] == [
+        "ddp-w2-mlp-16x1-compressnone",
+        "ddp-w2-mlp-16x1-compressbf16",
+        "ddp-w2-mlp-16x1-compresspowersgd-4",
+    ]
+    assert [c.skip is None for c in cells] == [True, True, True, True, False, False]
+    assert cells[4].skip is not None and "compress" in cells[4].skip  # admm sends no gradients
+
+
 def test_tuning_keeps_the_best_validation_accuracy_and_the_default_on_ties() -> None:
     cells = [Cell("local", 1, "mlp:16x1"), Cell("local", 2, "mlp:16x1", skip="at most 1 worker")]
     scores = {"0.001": 0.5, "0.0001": 0.9, "0.01": 0.9}
