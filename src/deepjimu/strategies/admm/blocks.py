@@ -58,8 +58,8 @@ CNN_DEFAULTS = {"ridge": 0.0, "momentum": 0.5, "sweeps": 0, "memory": 0.0}
 MLPs breaks deep CNNs: cnn:16-16-16-16-32-32-32-32 0.900 without, 0.767 at 0.001, 0.531 at
 0.003; on cnn:16-32 it is noise (0.978 / 0.981) except with 8-bit exchange, where 0.003 gives
 0.978 against 0.961 (after the float32-sum fix; use ``--admm-ridge 0.003 --quantize 8`` on
-shallow CNNs). A start-up
-sweep gave cnn:16-32 0.964-0.967. The statistics of ``memory`` are those of dense layers."""
+shallow CNNs). A start-up sweep gave cnn:16-32 0.964-0.967. The statistics of ``memory`` are
+those of dense layers."""
 
 
 def auto_defaults(ops: Sequence[LayerOp]) -> dict[str, float]:
