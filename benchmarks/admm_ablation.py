@@ -34,6 +34,7 @@ OFF = {
     "rho-growth": "1",
     "admm-ridge": "0",
     "admm-sweeps": "0",
+    "admm-readout": "iterate",
 }
 
 
@@ -51,6 +52,7 @@ FULL_BATCH = {
     "sweep 1": _flags(admm_sweeps="1"),
     "scaled start": _flags(admm_init="scaled"),
     "rho growth 2": _flags(rho_growth="2"),
+    "readout auto": _flags(admm_readout="auto"),
     "defaults": "",
 }
 MINI_BATCH = {

@@ -184,6 +184,14 @@ class RunConfig:
         "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
         "by this decay per batch (0: the current batch only; default 0.8 for MLPs, 0 for CNNs)",
     )
+    admm_readout: str = _opt(
+        "auto",
+        "admm: the network evaluated and saved: the iterate's own weights (iterate), the "
+        "classifier (last) or every layer (all) refitted by least squares on the inputs the "
+        "network's forward pass produces to the iterate's targets z; auto: of the three, the "
+        "one with the lowest training loss (full batch; mini-batch runs use the iterate)",
+        choices=("auto", "iterate", "last", "all"),
+    )
     # admm on CNNs (issue 13)
     admm_cg_iters: int = _opt(50, "admm: cap on the conjugate-gradient iterations of a conv p-step")
     # kfac (issue 12): --optimizer kfac, K-FAC-preconditioned SGD with momentum (KAISA)
@@ -473,6 +481,11 @@ def basic_problems(cfg: RunConfig) -> list[str]:
     need(
         cfg.admm_sweeps is None or cfg.admm_sweeps >= 0,
         f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})",
+    )
+    need(
+        not (cfg.admm_batch and cfg.admm_readout in ("last", "all")),
+        f"admm-readout {cfg.admm_readout} needs the full batch's targets; mini-batch runs "
+        "(admm-batch > 0) use the iterate's weights",
     )
     need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
     # kfac (issue 12)

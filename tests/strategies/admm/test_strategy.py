@@ -138,6 +138,7 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
         ({"admm_ridge": -0.1}, "admm-ridge must be a number >= 0 (admm-ridge: -0.1)"),
         ({"admm_sweeps": -1}, "admm-sweeps must be >= 0 (admm-sweeps: -1)"),
         ({"model": "cnn:4-8", "admm_batch": 64, "admm_memory": 0.9}, "admm-memory works on MLPs only, not on conv layers yet (admm-memory: 0.9, model: cnn:4-8)"),
+        ({"admm_batch": 64, "admm_readout": "all"}, "admm-readout all needs the full batch's targets; mini-batch runs (admm-batch > 0) use the iterate's weights"),
         ({"model": "cnn:4-8", "precision": "bf16"}, "admm trains CNNs in fp32 or tf32 only (precision: bf16, model: cnn:4-8)"),
     ],
 )  # fmt: skip

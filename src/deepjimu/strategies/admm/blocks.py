@@ -35,6 +35,13 @@ from 62.9% to 80.0%, while on mlp:500x6 (7 layers) it was 0.8 points worse than 
 start in exploratory runs with the other defaults."""
 
 
+# the smallest relative ridge of the readout's refits: without the iteration's proximal term
+# a least squares on ReLU features (dead units, constant pixels) can be singular, and then
+# ill-conditioned enough that the pseudo-inverse fails (mlp:500x10 at ridge 0 on the MNIST
+# subset); input noise of 1e-5 of the mean variance changes no fit that is well posed
+READOUT_RIDGE = 1e-5
+
+
 def _has_conv(ops: Sequence[LayerOp]) -> bool:
     return any(isinstance(op, ConvOp) for op in ops)
 
@@ -148,6 +155,10 @@ class LayerBlock:
         self._data_gram: Tensor | None = None
         self.stats: dict[int, U.WbStats | None] = {l: None for l in self.layers}
         self._prev: dict[str, Any] | None = None  # the previous iterate, for momentum
+        # the readout's refitted weights and the last layer's plain input (readout_forward)
+        self.refit_Wb: dict[int, tuple[Tensor, Tensor]] = {}
+        self.last_Wb: tuple[Tensor, Tensor] | None = None
+        self.readout_features: Tensor | None = None
 
     @property
     def layers(self) -> range:
@@ -371,6 +382,92 @@ class LayerBlock:
         """
         assert self.q_left is not None and self.u_left is not None
         self.u_left = U.update_u(self.u_left, self.p[self.lo], self.q_left, self.params.rho)
+
+    # ---- the readout: the network that evaluation and checkpoints see ------------------------
+    @torch.no_grad()
+    def readout_forward(
+        self, plain: Tensor | None, refit: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Carry the readout's forward passes through the owned layers (``driver.readout_chain``).
+
+        pdADMM's auxiliary variables fit the labels better than the network's own forward
+        pass does: each W was fitted to inputs p that the layers below only approximately
+        produce. ``plain`` goes through the iterate's own (W, b). On ``refit``, each layer's
+        (W, b) is first re-solved, then applied: the exact least squares (the operator's
+        (W, b) step with tau = 0 and the run's ridge, at least ``READOUT_RIDGE``) from the input that the refitted
+        layers below actually produce to this layer's target z_l. So the refitted network
+        reproduces the iterate's z as closely as a forward pass can, one layer at a time.
+        Hidden outputs go on the quantization grid, as the iterate's q do, so they cross a
+        boundary exactly. Either input may be None (that pass is skipped).
+
+        Keeps the refitted weights in ``refit_Wb`` and the plain input of the last layer in
+        ``readout_features``. The iterate itself is not touched.
+
+        Returns:
+            the two outputs of the block (the logits where the block ends the network).
+        """
+        nu, ridge = self.params.nu, max(self.params.ridge, READOUT_RIDGE)
+        self.refit_Wb = {}
+        for l in self.layers:
+            op = self.ops[l]
+            if l == self.L - 1:
+                self.readout_features = plain
+            if refit is not None:
+                gram = None
+                if l == 0:  # the data: its Gram is the iteration's
+                    if self._data_gram is None:
+                        self._data_gram = op.gram(refit)
+                    gram = self._data_gram
+                W, b = op.solve_Wb(refit, self.z[l], self.W[l], nu, ridge=ridge, gram=gram)
+                self.refit_Wb[l] = (W, b)
+                refit = op.forward(refit, W, b)
+            if plain is not None:
+                plain = op.forward(plain, self.W[l], self.b[l])
+            if l < self.L - 1:
+                plain = None if plain is None else self._grid(torch.relu(plain))
+                refit = None if refit is None else self._grid(torch.relu(refit))
+        return plain, refit
+
+    @torch.no_grad()
+    def readout_choice(
+        self, plain: Tensor | None, refit: Tensor | None, y: Tensor, mode: str
+    ) -> str:
+        """On the block that ends the network: the readout to use, after :meth:`readout_forward`.
+
+        ``iterate``: the iterate's (W, b). ``last``: the classifier alone refitted, by the
+        same least squares, on the features the iterate's own layers produce. ``all``: every
+        layer refitted (:meth:`readout_forward`). ``auto``: of the three, the one whose
+        forward pass has the lowest training loss (ties: the earlier one), so the readout
+        never fits the training set worse than the iterate.
+        """
+        assert self.hi == self.L
+        last, op = self.L - 1, self.ops[self.L - 1]
+        logits: dict[str, Tensor] = {}
+        if plain is not None:
+            features = self.readout_features
+            assert features is not None
+            ridge = max(self.params.ridge, READOUT_RIDGE)
+            self.last_Wb = op.solve_Wb(
+                features, self.z[last], self.W[last], self.params.nu, ridge=ridge
+            )
+            logits |= {"iterate": plain, "last": op.forward(features, *self.last_Wb)}
+        if refit is not None:
+            logits["all"] = refit
+        self.readout_features = None
+        if mode != "auto":
+            return mode
+        losses = {k: self.loss(v, y) for k, v in logits.items()}
+        return min(losses, key=lambda k: losses[k])
+
+    def readout_weights(self, choice: str) -> dict[int, tuple[Tensor, Tensor]]:
+        """The owned layers' (W, b) of the readout ``choice`` (see :meth:`readout_choice`)."""
+        if choice == "all":
+            return dict(self.refit_Wb)
+        out = {l: (self.W[l], self.b[l]) for l in self.layers}
+        if choice == "last" and self.hi == self.L:
+            assert self.last_Wb is not None
+            out[self.L - 1] = self.last_Wb
+        return out
 
     # ---- what crosses a boundary ------------------------------------------------------------
     def first_p(self) -> Tensor:

@@ -14,6 +14,7 @@ __all__ = [
     "backward_sweep",
     "distributed_iteration",
     "init_blocks_forward",
+    "readout_chain",
     "serial_iteration",
 ]
 
@@ -177,3 +178,41 @@ def init_blocks_forward(
             sends += plain.isend(torch.tensor(s, device=ex.device), rank + 1)
         for pending in sends:
             pending.wait()
+
+
+def readout_chain(
+    block: LayerBlock,
+    x: Tensor | None,
+    n_samples: int,
+    ex: Exchange,
+    rank: int,
+    world: int,
+    *,
+    plain: bool,
+    refit: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """The readout's forward passes (:meth:`LayerBlock.readout_forward`) across workers.
+
+    Like the forward start, a sequential chain: rank r waits for rank r-1's two outputs (the
+    ``plain`` pass through the iterate's weights and the ``refit`` pass, each only if asked),
+    which travel through ``ex``, as integer codes when the run quantizes (they are on the
+    grid). The result equals the serial readout's.
+
+    Returns:
+        the logits of the two passes on the last rank, (None, None) elsewhere.
+    """
+    wanted = (plain, refit)
+    if rank == 0:
+        assert x is not None
+        ins = tuple(x if w else None for w in wanted)
+    else:
+        shape = (n_samples, *block.ops[block.lo].in_shape)
+        incoming = [ex.irecv(shape, rank - 1) if w else None for w in wanted]
+        ins = tuple(i.wait() if i is not None else None for i in incoming)
+    outs = block.readout_forward(*ins)
+    if rank == world - 1:
+        return outs
+    sends = [s for t in outs if t is not None for s in ex.isend(t, rank + 1)]
+    for pending in sends:
+        pending.wait()
+    return None, None

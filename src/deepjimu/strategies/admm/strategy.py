@@ -21,6 +21,7 @@ from deepjimu.strategies.admm.driver import (
     backward_sweep,
     distributed_iteration,
     init_blocks_forward,
+    readout_chain,
     serial_iteration,
 )
 from deepjimu.strategies.admm.health import HINT, Learning, chance_accuracy, solve_failed
@@ -80,6 +81,13 @@ class AdmmStrategy(Strategy):
     a grid (pdADMM-G-Q) and crosses the wire as integer codes. ``--admm-batch B`` trains on
     mini-batches (see :meth:`_fit_minibatch`); the default is the paper's full batch, where
     one epoch is one iteration over all N samples.
+
+    The model that is evaluated and saved is a readout of the iterate (``--admm-readout``,
+    :meth:`LayerBlock.readout_choice`): by default, of the iterate's own weights, its
+    classifier refitted and every layer refitted by exact least squares on the inputs the
+    network's forward pass produces, the one with the lowest training loss. It costs one
+    forward chain across the workers per evaluation, timed and counted as training; the
+    iterate itself, and so the iterations, do not change.
     """
 
     name = "admm"
@@ -182,7 +190,12 @@ class AdmmStrategy(Strategy):
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
         init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
-        self.settings = {"init": init, **chosen}
+        # the readout needs the full batch's targets z; mini-batch runs evaluate the iterate
+        self._readout_mode = "iterate" if cfg.admm_batch else cfg.admm_readout
+        self._readout_choice = "iterate"
+        self._readout_stale = True
+        self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
+        self.settings = {"init": init, "readout": self._readout_mode, **chosen}
         if run.is_main and not cfg.quiet:
             print(
                 "admm settings: "
@@ -231,6 +244,7 @@ class AdmmStrategy(Strategy):
             extra={
                 "admm_blocks": sizes,
                 "admm_settings": self.settings,
+                "admm_readout": self._readout_choice,
                 "zlast_cap_hits": self.block.zlast_hits,
             }
             | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
@@ -248,6 +262,7 @@ class AdmmStrategy(Strategy):
             backward_sweep(self.block, y, self.exchange, run.rank, run.world)
 
     def _iterate(self, y: Tensor | None) -> None:
+        self._readout_stale = True
         if self.run.world == 1:
             assert y is not None
             serial_iteration(self.block, y)
@@ -285,14 +300,49 @@ class AdmmStrategy(Strategy):
         return len(batches)
 
     # ---- logging, divergence, rho schedule ----------------------------------------------------------
+    def _readout(self, y: Tensor | None) -> None:
+        """Collective: choose the readout of the current iterate (``--admm-readout``), once.
+
+        Its forward chain and solves are training work: timed and counted as such.
+        """
+        if not self._readout_stale:
+            return
+        self._readout_stale = False
+        mode, run = self._readout_mode, self.run
+        if mode == "iterate":
+            self._readout_choice = "iterate"
+            return
+        with run.training(), run.autocast():
+            try:
+                plain, refit = readout_chain(
+                    self.block, self._x, self._n, self.exchange, run.rank, run.world,
+                    plain=mode in ("auto", "last"), refit=mode in ("auto", "all"),
+                )  # fmt: skip
+                choice = None
+                if self.block.hi == self.block.L:
+                    assert y is not None
+                    choice = self.block.readout_choice(plain, refit, y, mode)
+            except torch.linalg.LinAlgError as e:
+                detail = " ".join(str(e).split())[:160]
+                raise JimuError(
+                    f"admm: a least squares of the readout failed: {detail}; "
+                    "use --admm-readout iterate"
+                ) from None
+        self._readout_choice = run.broadcast_object(choice, src=run.world - 1)
+
     def _write_back(self) -> None:
+        """The readout's weights into the model, for evaluation and checkpoints."""
+        self._readout(self._y)
+        weights = self.block.readout_weights(self._readout_choice)
         with torch.no_grad():
             for l in self.block.layers:
-                self.maps[l].weight.copy_(self.block.W[l])
-                _bias(self.maps[l]).copy_(self.block.b[l])
+                W, b = weights[l]
+                self.maps[l].weight.copy_(W)
+                _bias(self.maps[l]).copy_(b)
 
     def _log(self, step: int, done: int, data: DataSplits, samples: int) -> None:
         cfg, run = self.cfg, self.run
+        self._readout(self._y)  # training work, timed as such (before the evaluation)
         with run.evaluation():
             self._write_back()
             metrics: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
@@ -307,6 +357,7 @@ class AdmmStrategy(Strategy):
                 per_solve, hits = self._cg_counts()
                 metrics |= {"admm_cg_iters": per_solve, "admm_cg_cap_hits": hits}
         metrics |= {"rho": self.block.params.rho, "nu": self.block.params.nu}
+        metrics["admm_readout"] = self._readout_choice
         event = run.log(step, done, samples=samples, **metrics)
         bad = [
             k
