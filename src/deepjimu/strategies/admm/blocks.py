@@ -57,15 +57,16 @@ MLP_DEFAULTS = {"ridge": 0.01, "momentum": 0.7, "sweeps": 1, "memory": 0.8}
 """admm's defaults for MLPs. On the MNIST subset (BENCHMARKS.md section 5) the ridge alone
 lifts mlp:256x3 from 92.0% to 93.3% and momentum 0.7 alone to 91.4% at 10 iterations (86.0%
 base); together with the sweep, mlp:256x3 averages 93.16% over 5 seeds (Adam 94.20%) and
-mlp:500x10 reaches 90.6% (62.9% base). In mini-batch mode (batch 500, 10 epochs) these with
+mlp:500x10 reaches 90.6% (62.9% base); with the readout (``--admm-readout auto``) 94.14%
+and 92.4%. In mini-batch mode (batch 500, 10 epochs) these with
 memory 0.8 give 93.5%, against 89.8% with every option off."""
 
 CNN_DEFAULTS = {"ridge": 0.0, "momentum": 0.5, "sweeps": 0, "memory": 0.0}
 """admm's defaults for CNNs (BENCHMARKS.md section 12, digits, 2 workers). The ridge that helps
 MLPs breaks deep CNNs: cnn:16-16-16-16-32-32-32-32 0.900 without, 0.767 at 0.001, 0.531 at
 0.003; on cnn:16-32 it is noise (0.978 / 0.981) except with 8-bit exchange, where 0.003 gives
-0.978 against 0.961 (after the float32-sum fix; use ``--admm-ridge 0.003 --quantize 8`` on
-shallow CNNs). A start-up sweep gave cnn:16-32 0.964-0.967. The statistics of ``memory`` are
+0.978 against 0.961 (after the float32-sum fix; with the readout, 8 bits reach 0.983 at
+ridge 0). A start-up sweep gave cnn:16-32 0.964-0.967. The statistics of ``memory`` are
 those of dense layers."""
 
 
