@@ -8,7 +8,8 @@
 
 It prints one JSON line (the iterations, the objective and residual of the last one, the
 train and test accuracy), which equals what ``jimu train --strategy admm --dataset digits
---model mlp:32x2 --rho 1 --nu 1 --epochs 20 --workers W`` reports.
+--model mlp:32x2 --rho 1 --nu 1 --epochs 20 --workers W --admm-readout iterate`` reports
+(PdADMM leaves the iterate's own weights in the model; it has no readout yet).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ SETTINGS = {
     "epochs": 12,
     "seed": 3,
     "admm_momentum": 0.0,
+    # PdADMM hands the iterate's own weights to the model; jimu train's default readout
+    # (--admm-readout auto) refits them, which the API does not offer yet
+    "admm_readout": "iterate",
 }
 
 
