@@ -263,14 +263,16 @@ class LayerBlock:
             self.cg_hits += int(not sol.converged)
         self.p[l] = self._grid(sol.p)
 
+    def _gram_of_data(self) -> Tensor:
+        """The centred Gram of layer 0's input p_0, the data: the same every iteration, so cached."""
+        if self._data_gram is None:
+            self._data_gram = self.ops[0].gram(self.p[0])
+        return self._data_gram
+
     def _wbz_layer(self, l: int, y: Tensor | None) -> None:
         """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and reused."""
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
-        gram = None
-        if l == 0:  # p_0 is the data: its centred Gram matrix is the same every iteration
-            if self._data_gram is None:
-                self._data_gram = self.ops[0].gram(self.p[0])
-            gram = self._data_gram
+        gram = self._gram_of_data() if l == 0 else None
         if self.params.memory:  # dense layers on flat inputs only (the strategy checks)
             stats = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
@@ -385,6 +387,11 @@ class LayerBlock:
         self.u_left = U.update_u(self.u_left, self.p[self.lo], self.q_left, self.params.rho)
 
     # ---- the readout: the network that evaluation and checkpoints see ------------------------
+    @property
+    def readout_ridge(self) -> float:
+        """The relative ridge of every readout refit: the run's, at least ``READOUT_RIDGE``."""
+        return max(self.params.ridge, READOUT_RIDGE)
+
     @torch.no_grad()
     def readout_forward(
         self, plain: Tensor | None, refit: Tensor | None
@@ -395,7 +402,7 @@ class LayerBlock:
         pass does: each W was fitted to inputs p that the layers below only approximately
         produce. ``plain`` goes through the iterate's own (W, b). On ``refit``, each layer's
         (W, b) is first re-solved, then applied: the exact least squares (the operator's
-        (W, b) step with tau = 0 and the run's ridge, at least ``READOUT_RIDGE``) from the input that the refitted
+        (W, b) step with tau = 0 and :attr:`readout_ridge`) from the input that the refitted
         layers below actually produce to this layer's target z_l. So the refitted network
         reproduces the iterate's z as closely as a forward pass can, one layer at a time.
         Hidden outputs go on the quantization grid, as the iterate's q do, so they cross a
@@ -407,18 +414,14 @@ class LayerBlock:
         Returns:
             the two outputs of the block (the logits where the block ends the network).
         """
-        nu, ridge = self.params.nu, max(self.params.ridge, READOUT_RIDGE)
+        nu, ridge = self.params.nu, self.readout_ridge
         self.refit_Wb = {}
         for l in self.layers:
             op = self.ops[l]
             if l == self.L - 1:
                 self.readout_features = plain
             if refit is not None:
-                gram = None
-                if l == 0:  # the data: its Gram is the iteration's
-                    if self._data_gram is None:
-                        self._data_gram = op.gram(refit)
-                    gram = self._data_gram
+                gram = self._gram_of_data() if l == 0 else None  # refit is p_0, the data
                 W, b = op.solve_Wb(refit, self.z[l], self.W[l], nu, ridge=ridge, gram=gram)
                 self.refit_Wb[l] = (W, b)
                 refit = op.forward(refit, W, b)
@@ -447,9 +450,8 @@ class LayerBlock:
         if plain is not None:
             features = self.readout_features
             assert features is not None
-            ridge = max(self.params.ridge, READOUT_RIDGE)
             self.last_Wb = op.solve_Wb(
-                features, self.z[last], self.W[last], self.params.nu, ridge=ridge
+                features, self.z[last], self.W[last], self.params.nu, ridge=self.readout_ridge
             )
             logits |= {"iterate": plain, "last": op.forward(features, *self.last_Wb)}
         if refit is not None:
