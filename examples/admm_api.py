@@ -8,8 +8,8 @@
 
 It prints one JSON line (the iterations, the objective and residual of the last one, the
 train and test accuracy), which equals what ``jimu train --strategy admm --dataset digits
---model mlp:32x2 --rho 1 --nu 1 --epochs 20 --workers W --admm-readout iterate`` reports
-(PdADMM leaves the iterate's own weights in the model; it has no readout yet).
+--model mlp:32x2 --rho 1 --nu 1 --epochs 20 --workers W`` reports (the model holds the
+readout of the iterate, ``--admm-readout auto``, as jimu train evaluates it).
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def main() -> None:
         test_acc = (model(data.test_x).argmax(1) == data.test_y).float().mean().item()
     if group is None or dist.get_rank() == 0:
         out = {"iterations": result.iteration, "objective": result.objective}
-        out |= {"residual": result.residual, "train_acc": train_acc, "test_acc": test_acc}
+        out |= {"residual": result.residual, "readout": result.readout}
+        out |= {"train_acc": train_acc, "test_acc": test_acc}
         print(json.dumps(out))
     if group is not None:
         dist.destroy_process_group()

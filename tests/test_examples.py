@@ -24,9 +24,6 @@ SETTINGS = {
     "epochs": 12,
     "seed": 3,
     "admm_momentum": 0.0,
-    # PdADMM hands the iterate's own weights to the model; jimu train's default readout
-    # (--admm-readout auto) refits them, which the API does not offer yet
-    "admm_readout": "iterate",
 }
 
 
@@ -46,7 +43,12 @@ def jimu_train(tmp_path_factory: pytest.TempPathFactory) -> dict:
     summary = train(RunConfig(**{**cfg.to_dict(), **SETTINGS}))
     assert summary is not None
     last = json.loads((root / "ref" / "events.jsonl").read_text().splitlines()[-1])
-    return {**summary, "objective": last["admm_objective"], "residual": last["admm_residual"]}
+    return {
+        **summary,
+        "objective": last["admm_objective"],
+        "residual": last["admm_residual"],
+        "readout": last["admm_readout"],
+    }
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -71,5 +73,6 @@ def test_example_equals_jimu_train(jimu_train: dict, workers: int) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["iterations"] == SETTINGS["epochs"]
+    assert out["readout"] == jimu_train["readout"]
     for key in ("objective", "residual", "train_acc", "test_acc"):
         assert out[key] == pytest.approx(jimu_train[key], rel=1e-6), key

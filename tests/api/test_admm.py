@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from deepjimu.api.admm import PdADMM, admm_linears
@@ -69,6 +70,7 @@ def test_accepts_flatten_first_and_nested_blocks() -> None:
         ({"init": "zeros"}, "init must be auto, forward or scaled"),
         ({"ridge": -1.0}, r"ridge must be a number >= 0 \(ridge: -1.0\)"),
         ({"sweeps": -1}, r"sweeps must be >= 0 \(sweeps: -1\)"),
+        ({"readout": "best"}, r"readout must be auto, iterate, last or all \(readout: 'best'\)"),
     ],
 )
 def test_refuses_bad_values(kw: dict, message: str) -> None:
@@ -92,7 +94,7 @@ def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
     ref.init_forward(x)
     backward_sweep(ref, y)  # one sweep after the start, as jimu train
     # momentum, ridge and sweeps by default as jimu train for MLPs (blocks.MLP_DEFAULTS)
-    admm = PdADMM(model, rho=0.5, nu=2.0)
+    admm = PdADMM(model, rho=0.5, nu=2.0, readout="iterate")
     for i in range(4):
         serial_iteration(ref, y)
         ref.extrapolate()
@@ -104,6 +106,29 @@ def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
     for l, m in enumerate(linears):
         assert torch.equal(m.weight, ref.W[l]) and torch.equal(m.bias, ref.b[l])
     assert result.objective < PdADMM(_mlp(), rho=0.5, nu=2.0).step(x, y).objective
+
+
+@pytest.mark.parametrize("mode", ["auto", "last", "all"])
+def test_the_model_holds_the_readout_of_the_iterate(mode: str) -> None:
+    """The weights written back are the block's readout (its least squares are checked
+    against lstsq in tests/strategies/admm/test_readout.py); the iterate is untouched."""
+    x, y = _data()
+    plain = PdADMM(_mlp(), rho=0.5, nu=2.0, readout="iterate")
+    admm = PdADMM(_mlp(), rho=0.5, nu=2.0, readout=mode)
+    for _ in range(3):
+        expected = plain.step(x, y)
+        result = admm.step(x, y)
+    assert (result.objective, result.residual) == (expected.objective, expected.residual)
+    assert expected.readout == "iterate"
+    assert result.readout in (("iterate", "last", "all") if mode == "auto" else (mode,))
+    block = admm.block
+    assert block is not None
+    choice = block.readout_choice(*block.readout_forward(x, x), y, mode)
+    assert choice == result.readout
+    for l, (W, b) in block.readout_weights(choice).items():
+        assert torch.equal(admm.linears[l].weight, W) and torch.equal(admm.linears[l].bias, b)
+    if mode == "auto":  # never a worse fit of the training set than the iterate's
+        assert F.cross_entropy(admm.model(x), y) <= F.cross_entropy(plain.model(x), y)
 
 
 def test_step_refuses_other_samples_and_missing_labels() -> None:

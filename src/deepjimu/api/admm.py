@@ -22,11 +22,12 @@ from deepjimu.strategies.admm.blocks import MLP_DEFAULTS, AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import (
     Exchange,
     backward_sweep,
+    choose_readout,
     distributed_iteration,
     init_blocks_forward,
     serial_iteration,
 )
-from deepjimu.strategies.admm.health import solve_failed
+from deepjimu.strategies.admm.health import readout_failed, solve_failed
 from deepjimu.strategies.admm.layers import DenseOp
 from deepjimu.strategies.partition import parse_balance, partition
 
@@ -88,12 +89,14 @@ class AdmmStep:
 
     ``objective`` is the augmented Lagrangian (the loss term of the last layer plus every
     layer's equation and coupling terms); ``residual`` is the primal residual
-    sqrt(sum_l ||p_{l+1} - q_l||^2), which must fall to 0 as the layers agree.
+    sqrt(sum_l ||p_{l+1} - q_l||^2), which must fall to 0 as the layers agree; ``readout``
+    is the readout whose weights the model now holds (``iterate``, ``last`` or ``all``).
     """
 
     iteration: int
     objective: float
     residual: float
+    readout: str = "iterate"
 
 
 class PdADMM:
@@ -102,7 +105,8 @@ class PdADMM:
     Full batch, as the paper: :meth:`init` starts every variable from a forward pass of
     ``model``'s weights on the samples ``x``, then each :meth:`step` runs one iteration
     (p -> (W, b) -> z -> q -> u for every layer) and writes the new weights back into
-    ``model``. Serial when ``group`` is None. Inside a torchrun (or any launcher) script,
+    ``model``: those of the ``readout`` of the new iterate, as ``jimu train`` evaluates and
+    saves them. Serial when ``group`` is None. Inside a torchrun (or any launcher) script,
     pass ``group`` (e.g. ``dist.group.WORLD``): each rank of the group owns a contiguous
     block of layers (``balance``: layers per rank; default: balanced by the estimated cost
     of each layer, as ``jimu train --strategy admm``), sends p to the left and q to the
@@ -125,6 +129,12 @@ class PdADMM:
         init: ``forward`` (the model's weights), ``scaled`` (first rescale each layer to
             the first layer's pre-activation RMS on ``x``) or ``auto`` (scaled from
             ``blocks.SCALED_FROM_DEPTH`` layers, as ``jimu train``).
+        readout: the weights each step writes into ``model`` (``--admm-readout``):
+            ``iterate`` (the iterate's own), ``last`` (the classifier refitted by exact least
+            squares on the features the iterate's layers produce), ``all`` (every layer
+            refitted, first to last, on the input the refitted layers below produce) or
+            ``auto`` (of the three, the lowest training loss; default, as ``jimu train``).
+            It never changes the iterate; it costs one more forward chain per step.
         group: None (serial) or the process group whose ranks share the layers.
         balance: layers per rank of ``group``, e.g. ``[2, 1]``.
 
@@ -151,6 +161,7 @@ class PdADMM:
         sweeps: int = int(MLP_DEFAULTS["sweeps"]),
         momentum: float = float(MLP_DEFAULTS["momentum"]),
         init: Literal["auto", "forward", "scaled"] = "auto",
+        readout: Literal["auto", "iterate", "last", "all"] = "auto",
         group: dist.ProcessGroup | None = None,
         balance: list[int] | None = None,
     ) -> None:
@@ -170,6 +181,9 @@ class PdADMM:
             raise ValueError(f"momentum must be in [0, 1) (momentum: {momentum})")
         if init not in ("auto", "forward", "scaled"):
             raise ValueError(f"init must be auto, forward or scaled (init: {init!r})")
+        if readout not in ("auto", "iterate", "last", "all"):
+            raise ValueError(f"readout must be auto, iterate, last or all (readout: {readout!r})")
+        self.readout = readout
         self.model, self.group, self.init_mode = model, group, init
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world = dist.get_world_size(group) if group is not None else 1
@@ -192,6 +206,7 @@ class PdADMM:
         self.block: LayerBlock | None = None
         self.iteration = 0
         self._x: Tensor | None = None
+        self._n = 0
 
     # ---- the user's calls ----------------------------------------------------------------------
     def init(self, x: Tensor | None) -> None:
@@ -232,7 +247,7 @@ class PdADMM:
         self.block = self._new_block(lo, hi)
         init_blocks_forward(self.block, x, n_samples, self.exchange, self.rank, self.world, scale)
         self._sweeps_due = self.sweeps
-        self._x = x
+        self._x, self._n = x, n_samples
         self._write_back()
 
     def step(self, x: Tensor | None, y: Tensor | None) -> AdmmStep:
@@ -287,14 +302,15 @@ class PdADMM:
         if self.params.momentum:
             block.extrapolate()
         self.iteration += 1
-        self._write_back()
+        choice = self._readout(block, y)
+        self._write_back(choice)
         objective, residual = block.objective_and_residual(y)
         if self.group is not None:
             # bookkeeping, as the strategy's gathered shares: not counted in stats
             shares = torch.tensor([objective, residual], dtype=torch.float64)
             dist.all_reduce(shares, group=self.group)
             objective, residual = shares.tolist()
-        return AdmmStep(self.iteration, objective, math.sqrt(residual))
+        return AdmmStep(self.iteration, objective, math.sqrt(residual), choice)
 
     def gather(self) -> nn.Sequential:
         """Collective: every layer's weights from its owner into the model of every rank.
@@ -334,7 +350,9 @@ class PdADMM:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (of this rank), writing its weights into the model.
+        """Restore :meth:`state_dict` (of this rank), writing the iterate's weights into the model.
+
+        The readout needs the labels, so the next :meth:`step` writes its weights again.
 
         Raises:
             ValueError: the state is of other layers than this rank's.
@@ -346,6 +364,7 @@ class PdADMM:
         self.block.load_state_dict(state["block"], self.device)
         self.iteration = int(state["iteration"])
         self._x = self.block.p[0] if lo == 0 else None
+        self._n = len(self.block.z[lo])
         self._write_back()
 
     # ---- internals -----------------------------------------------------------------------------
@@ -355,9 +374,26 @@ class PdADMM:
         b = [self.linears[l].bias.detach().clone() for l in range(lo, hi)]
         return LayerBlock(lo, hi, self.L, W, b, self.params)
 
-    def _write_back(self) -> None:
+    def _readout(self, block: LayerBlock, y: Tensor | None) -> str:
+        """Collective: the readout of the new iterate (the strategy's, ``driver.choose_readout``)."""
+        try:
+            choice = choose_readout(
+                block, self._x, y, self._n, self.exchange, self.rank, self.world, self.readout
+            )
+        except torch.linalg.LinAlgError as e:
+            raise JimuError(readout_failed(e, "readout='iterate'")) from None
+        if self.group is not None and self.readout != "iterate":
+            box = [choice]
+            dist.broadcast_object_list(box, group=self.group, group_src=self.world - 1)
+            choice = box[0]
+        assert choice is not None
+        return choice
+
+    def _write_back(self, choice: str = "iterate") -> None:
         assert self.block is not None
+        weights = self.block.readout_weights(choice)
         with torch.no_grad():
             for l in self.block.layers:
-                self.linears[l].weight.copy_(self.block.W[l])
-                self.linears[l].bias.copy_(self.block.b[l])
+                W, b = weights[l]
+                self.linears[l].weight.copy_(W)
+                self.linears[l].bias.copy_(b)

@@ -12,6 +12,7 @@ from deepjimu.strategies.admm.quantize import dequantize, quantize
 __all__ = [
     "Exchange",
     "backward_sweep",
+    "choose_readout",
     "distributed_iteration",
     "init_blocks_forward",
     "readout_chain",
@@ -216,3 +217,38 @@ def readout_chain(
     for pending in sends:
         pending.wait()
     return None, None
+
+
+def choose_readout(
+    block: LayerBlock,
+    x: Tensor | None,
+    y: Tensor | None,
+    n_samples: int,
+    ex: Exchange,
+    rank: int,
+    world: int,
+    mode: str,
+) -> str | None:
+    """Collective over the chain: the readout ``mode`` of the current iterate (``--admm-readout``).
+
+    Runs the forward passes that ``mode`` needs (:func:`readout_chain`; none for
+    ``iterate``) and, on the last rank, :meth:`LayerBlock.readout_choice`; every rank then
+    holds its layers' readout weights (:meth:`LayerBlock.readout_weights`) once it knows the
+    choice, which the caller broadcasts from the last rank.
+
+    Returns:
+        the choice on the last rank (``mode`` itself unless it is ``auto``), None elsewhere.
+
+    Raises:
+        torch.linalg.LinAlgError: a refit's least squares failed.
+    """
+    if mode == "iterate":
+        return mode
+    plain, refit = readout_chain(
+        block, x, n_samples, ex, rank, world,
+        plain=mode in ("auto", "last"), refit=mode in ("auto", "all"),
+    )  # fmt: skip
+    if block.hi != block.L:
+        return None
+    assert y is not None
+    return block.readout_choice(plain, refit, y, mode)

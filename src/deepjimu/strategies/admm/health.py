@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["HINT", "STALL", "Learning", "chance_accuracy", "solve_failed"]
+__all__ = ["HINT", "STALL", "Learning", "chance_accuracy", "readout_failed", "solve_failed"]
 
 # relative fall of the training loss over half the patience below which a run is stuck.
 # Measured on digits (mlp:32x2, rho and nu from 1e-4 to 1e4, and extremes): runs stuck at
@@ -83,3 +83,9 @@ def solve_failed(error: Exception, iteration: int, rho: float, nu: float) -> str
         f"nu/rho: {nu / rho:.0e}): {detail}; lower nu/rho (up to 1e8 factorised on digits), "
         "e.g. --rho 1 --nu 1"
     )
+
+
+def readout_failed(error: Exception, remedy: str) -> str:
+    """The one line for a readout whose least squares failed; ``remedy`` names the way out."""
+    detail = " ".join(str(error).split())[:160]
+    return f"admm: a least squares of the readout failed: {detail}; use {remedy}"

@@ -19,12 +19,18 @@ from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
     backward_sweep,
+    choose_readout,
     distributed_iteration,
     init_blocks_forward,
-    readout_chain,
     serial_iteration,
 )
-from deepjimu.strategies.admm.health import HINT, Learning, chance_accuracy, solve_failed
+from deepjimu.strategies.admm.health import (
+    HINT,
+    Learning,
+    chance_accuracy,
+    readout_failed,
+    solve_failed,
+)
 from deepjimu.strategies.admm.layers import ConvOp, layer_ops
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
@@ -314,20 +320,11 @@ class AdmmStrategy(Strategy):
             return
         with run.training(), run.autocast():
             try:
-                plain, refit = readout_chain(
-                    self.block, self._x, self._n, self.exchange, run.rank, run.world,
-                    plain=mode in ("auto", "last"), refit=mode in ("auto", "all"),
-                )  # fmt: skip
-                choice = None
-                if self.block.hi == self.block.L:
-                    assert y is not None
-                    choice = self.block.readout_choice(plain, refit, y, mode)
+                choice = choose_readout(
+                    self.block, self._x, y, self._n, self.exchange, run.rank, run.world, mode
+                )
             except torch.linalg.LinAlgError as e:
-                detail = " ".join(str(e).split())[:160]
-                raise JimuError(
-                    f"admm: a least squares of the readout failed: {detail}; "
-                    "use --admm-readout iterate"
-                ) from None
+                raise JimuError(readout_failed(e, "--admm-readout iterate")) from None
         self._readout_choice = run.broadcast_object(choice, src=run.world - 1)
 
     def _write_back(self) -> None:
