@@ -208,8 +208,8 @@ def _time_options(
     cfg: RunConfig,
     run: Run,
     group: Any,
-    warm: int = 3,
-    rounds: int = 7,
+    warm: int = 10,
+    rounds: int = 9,
 ) -> tuple[dict[str, float], dict[str, float], list[list[list[int]]]]:
     """Collective: step time of each option on a DDP over ``group`` (this rank alone).
 
@@ -217,7 +217,11 @@ def _time_options(
     slows them alike. Every timed step starts at a barrier of the run's group, so ranks
     that share a machine's cores compete for them as they do in training; a step's time
     is the slowest rank's. The first ``warm`` steps (DDP's bucket rebuild, the compressors'
-    warm-up of 2 steps and their first allocations) are not timed.
+    warm-up of 2 steps of plain all-reduce, and their own first steps) are not timed. With
+    3, QSGD's first timed steps took 106-150 ms against 58-83 ms later (two nodes in network
+    namespaces: its large per-step allocations settle over several steps), which put its
+    prediction 82-110% above the measured step in 2 probes of 3; with 10 (and 9 timed
+    rounds), 3 probes of 3 were within 23% (BENCHMARKS.md section 6).
 
     Returns:
         the median step per option (the same on every rank), this rank's median decode
