@@ -72,21 +72,24 @@ VARIANTS = {
 
 
 def test_every_compressor_and_local_sgd_end_within_a_point_of_plain_ddp(tmp_path: Path) -> None:
-    # SGD: top-k with error feedback lags under Adam (see deepjimu.compress.cost); 30 epochs
-    # of 11 steps, so that after a tenth of warm-up 300 steps are compressed
+    # SGD: top-k with error feedback lags under Adam (see deepjimu.compress.cost). 60 epochs of
+    # 11 steps: after 30, top-k 1% was 0.3 to 2.8 points behind plain ddp (seeds 0-3, so the
+    # test passed or failed with the CPU's rounding); after 60, 0 to 0.6 points
     base = {
         "model": "mlp:64x2",
         "optimizer": "sgd",
         "lr": 0.1,
         "batch_size": 128,
-        "epochs": 30,
-        "eval_every": 30,
+        "epochs": 60,
+        "eval_every": 60,
     }
     r = run_world(_fit, 2, VARIANTS, base, str(tmp_path), timeout=300)[0]
     plain = r["none"]["test_acc"]
     assert plain >= 0.95
+    # the claim is the accuracy cost of each option: at most 1 point below plain ddp (an option
+    # may end above it: local SGD at 60 epochs ended 1.1 points above, on seed 0)
     for name in VARIANTS:
-        assert abs(r[name]["test_acc"] - plain) <= 0.01 + 1e-9, (name, r[name]["test_acc"], plain)
+        assert r[name]["test_acc"] >= plain - 0.01 - 1e-9, (name, r[name]["test_acc"], plain)
         assert r[name]["extra"]["compress"] == VARIANTS[name].get("compress", "none")
     sent = {n: sum(e["bytes_sent"] for e in _events(tmp_path / n)) for n in VARIANTS}
     assert sent["fp16"] * 2 == sent["none"] == sent["bf16"] * 2
