@@ -266,7 +266,7 @@ def _time_options(
     dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
     medians = {o: statistics.median(row) for o, row in zip(times, per_step.tolist(), strict=True)}
     # the median, not the mean: a memory-bound decode that shares the cores with the other
-    # rank's backward pass has rare slow steps (QSGD's: 46 to 273 ms), which a mean over 7
+    # rank's backward pass has rare slow steps (QSGD's: 46 to 273 ms), which a mean over the
     # rounds let into the prediction (+44% to +78%, BENCHMARKS.md section 6)
     decode = {o: statistics.median(d[warm:]) for o, d in decodes.items()}
     return medians, decode, layout

@@ -77,15 +77,18 @@ def solve_failed(error: Exception, iteration: int, rho: float, nu: float) -> str
     factorisation fail. Measured on digits: every nu / rho up to 1e8 factorised, 1e12 and
     1e24 failed within 3 iterations.
     """
-    detail = " ".join(str(error).split())[:160]
     return (
         f"admm: a factorisation failed in iteration {iteration} (rho: {rho:g}, nu: {nu:g}, "
-        f"nu/rho: {nu / rho:.0e}): {detail}; lower nu/rho (up to 1e8 factorised on digits), "
-        "e.g. --rho 1 --nu 1"
+        f"nu/rho: {nu / rho:.0e}): {_detail(error)}; lower nu/rho (up to 1e8 factorised on "
+        "digits), e.g. --rho 1 --nu 1"
     )
 
 
 def readout_failed(error: Exception, remedy: str) -> str:
     """The one line for a readout whose least squares failed; ``remedy`` names the way out."""
-    detail = " ".join(str(error).split())[:160]
-    return f"admm: a least squares of the readout failed: {detail}; use {remedy}"
+    return f"admm: a least squares of the readout failed: {_detail(error)}; use {remedy}"
+
+
+def _detail(error: Exception) -> str:
+    """A linear-algebra error's message on one line, at most 160 characters."""
+    return " ".join(str(error).split())[:160]
