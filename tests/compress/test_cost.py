@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deepjimu.compress.cost import CANDIDATES, PROBED, TIE, CostModel, format_predictions
-from deepjimu.compress.probe import SIZES, LinkFit, Probe, fit_alpha_beta
+from deepjimu.compress.probe import COLLECTIVES, SIZES, LinkFit, Probe, fit_alpha_beta
 from deepjimu.errors import JimuError
 
 # DDP's layout of mlp:1024x4 on 64 features, 10 classes (1 MB first bucket, then the rest)
@@ -19,7 +19,9 @@ MLP_1024x4 = [
 N_PARAMS = 10 + 10 * 1024 + 4 * 1024 + 3 * 1024 * 1024 + 1024 * 64
 
 
-def _probe(alpha: float, gbit: float, codec: dict[str, float], world: int = 2) -> Probe:
+def _probe(
+    alpha: float, gbit: float, codec: dict[str, float], world: int = 2, **links: LinkFit
+) -> Probe:
     link = LinkFit(alpha, 8e-9 / gbit)
     return Probe(
         world=world,
@@ -28,7 +30,7 @@ def _probe(alpha: float, gbit: float, codec: dict[str, float], world: int = 2) -
         batch_per_rank=32,
         compute_s=0.040,
         codec_s={"none": 0.0, **codec},
-        links={"all_reduce": link, "all_gather": link},
+        links={**dict.fromkeys(COLLECTIVES, link), **links},
         buckets=MLP_1024x4,
     )
 
@@ -48,6 +50,32 @@ def test_prediction_of_plain_all_reduce_is_compute_plus_alpha_beta_per_bucket() 
     assert p.bytes_per_step == 4 * N_PARAMS
     assert p.step_s == pytest.approx(0.040 + sum(1e-3 + beta * n for n in sizes))
     assert model.predict("fp16").bytes_per_step == 2 * N_PARAMS
+
+
+def test_16_bit_floats_are_reduced_at_their_own_probed_speed() -> None:
+    # gloo sums float16 at half the speed per byte of bfloat16 and float32 (as on the 2-core
+    # VM over loopback: 8.5 against 6.2 ms for 6 MB): bf16 wins although fp16 comes first
+    beta = 8e-9 / 5.0  # 5 Gbit/s
+    codec = {**CODEC, "powersgd:4": 0.030}
+    model = CostModel(_probe(5e-5, 5.0, codec, all_reduce_fp16=LinkFit(5e-5, 2 * beta)))
+    assert [c for c, _ in model.messages("fp16")] == ["all_reduce_fp16"] * 2
+    assert [c for c, _ in model.messages("bf16")] == ["all_reduce_bf16"] * 2
+    fp16, bf16 = model.predict("fp16"), model.predict("bf16")
+    assert fp16.comm_s == pytest.approx(2 * bf16.comm_s, rel=0.01)
+    assert fp16.step_s > (1 + TIE) * bf16.step_s and model.choose()[0] == "bf16"
+    # reduced at the same speed per byte, the two tie and the less lossy fp16 is chosen
+    assert CostModel(_probe(5e-5, 5.0, codec)).choose()[0] == "fp16"
+
+
+def test_a_probe_without_a_collectives_fit_is_one_line() -> None:
+    old = _probe(1e-3, 1.0, CODEC)
+    del old.links["all_reduce_bf16"]  # a probe.json from before the 16-bit reductions were timed
+    with pytest.raises(
+        JimuError, match=r"the probe has no fit for all_reduce_bf16 .*run jimu probe again"
+    ) as e:
+        CostModel(old).predict("bf16")
+    assert "\n" not in str(e.value)
+    assert CostModel(old).predict("fp16").comm_s > 0
 
 
 def test_powersgd_messages_follow_torchs_split() -> None:

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 from deepjimu.comm import Comm, CommStats
 from deepjimu.compress.cost import CostModel
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
-from deepjimu.compress.probe import LinkFit, Probe
+from deepjimu.compress.probe import COLLECTIVES, LinkFit, Probe
 from deepjimu.compress.spec import parse_compress
 from distributed import run_world
 
@@ -124,7 +124,7 @@ def test_each_option_delivers_the_mean_gradient_and_counts_what_the_cost_model_p
             batch_per_rank=16,
             compute_s=0.0,
             codec_s={option: 0.0},
-            links={c: LinkFit(0.0, 1.0) for c in ("all_reduce", "all_gather")},
+            links=dict.fromkeys(COLLECTIVES, LinkFit(0.0, 1.0)),
             buckets=r0[option]["layout"],
         )
         assert r0[option]["bytes"] == CostModel(probe).predict(option).bytes_per_step, option

@@ -42,7 +42,9 @@ def test_jimu_probe_prints_the_table_and_writes_probe_json(
     assert "all_reduce" in out and "compute per step" in out and "compress auto: none" in out
     found = read_probe(tmp_path / "p" / "probe.json")
     assert found.world == 1 and found.model == "mlp:16x1" and found.batch_per_rank == 64
-    assert [n for n, _ in found.points["all_gather"]] == [4096, 16384, 65536]
+    assert set(found.links) == set(found.points) == set(probe_module.COLLECTIVES)
+    assert all([n for n, _ in pts] == [4096, 16384, 65536] for pts in found.points.values())
+    assert "all_reduce_fp16" in out and "all_reduce_bf16" in out
     assert set(found.codec_s) == set(PROBED) and found.compute_s > 0
     # one bucket with the model's 4 tensors: 16 x 64, 16, 10 x 16, 10
     assert sorted(map(tuple, found.buckets[0])) == [(10,), (10, 16), (16,), (16, 64)]

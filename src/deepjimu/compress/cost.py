@@ -4,8 +4,10 @@ A step of option o is predicted to take
 
     compute_s + codec_s[o] + sum over its messages m of (alpha_c + beta_c * bytes_m)
 
-where the messages are what o's comm hook hands to collective c (all-reduce or all-gather)
-for each DDP bucket of the probe's layout, and alpha_c, beta_c are the probe's fit for c.
+where the messages are what o's comm hook hands to collective c (all-reduce of float32,
+float16 or bfloat16, or all-gather of bytes) for each DDP bucket of the probe's layout, and
+alpha_c, beta_c are the probe's fit for c: a reduction's time depends on its dtype as well
+as its bytes (gloo sums 16-bit floats one element at a time, float16 slower than bfloat16).
 Communication is assumed not to overlap the backward pass (on CPUs the gradient compute
 and gloo share the cores); the prediction is for a step past the compressor's warm-up.
 
@@ -80,7 +82,7 @@ class CostModel:
             if spec.kind == "none":
                 out.append(("all_reduce", _GRAD_BYTES * n))
             elif spec.kind in ("fp16", "bf16"):
-                out.append(("all_reduce", 2 * n))
+                out.append((f"all_reduce_{spec.kind}", 2 * n))
             elif spec.kind == "powersgd":
                 out.extend(
                     ("all_reduce", _GRAD_BYTES * k) for k in _powersgd_sizes(shapes, spec.rank)
@@ -98,13 +100,20 @@ class CostModel:
         """The predicted step of ``option`` past its warm-up.
 
         Raises:
-            JimuError: the probe did not time ``option``'s encode/decode.
+            JimuError: the probe did not time ``option``'s encode/decode or its collectives
+                (a probe file from before the 16-bit reductions were timed).
         """
         if option not in self.probe.codec_s:
             raise JimuError(
                 f"the probe has no encode/decode time for {option!r} (probed: {', '.join(self.probe.codec_s)})"
             )
         msgs = self.messages(option)
+        missing = sorted({c for c, _ in msgs} - set(self.probe.links))
+        if missing:
+            raise JimuError(
+                f"the probe has no fit for {', '.join(missing)} (fitted: {', '.join(self.probe.links)}); "
+                "run jimu probe again"
+            )
         comm_s = (
             sum(self.probe.links[c].seconds(b) for c, b in msgs) if self.probe.world > 1 else 0.0
         )

@@ -2,10 +2,14 @@
 
 The probe is collective: every rank of the run's group calls :func:`measure`. It times
 
-- ``all_reduce`` (float32) and ``all_gather`` (bytes) over the real group for payloads of
-  4 KB, 16 KB, ... 64 MB per rank (a size is measured only while the previous one took
-  under ``max_op_s``: on a slow link the small sizes already fix the fit), and fits
-  t(n) = alpha + beta n to each (:func:`fit_alpha_beta`);
+- ``all_reduce`` of float32, float16 and bfloat16 tensors and ``all_gather`` (bytes) over
+  the real group for payloads of 4 KB, 16 KB, ... 64 MB per rank (a size is measured only
+  while the previous one took under ``max_op_s``: on a slow link the small sizes already
+  fix the fit), and fits t(n) = alpha + beta n to each (:func:`fit_alpha_beta`). A
+  reduction's time depends on its dtype, not only on its bytes: gloo adds 16-bit floats
+  one element at a time through float32, and on the 2-core VM over loopback 6 MB took
+  4.7 ms as float32, 6.2 ms as bfloat16 and 8.5 ms as float16, a difference that decides
+  between fp16 and bf16 on a fast link (BENCHMARKS.md section 6);
 - training steps of the run's model on a batch of ``batch_size / world`` rows on this
   device, under DDP over a group of this rank alone (so there is no communication), with
   each compressor in turn: the plain step is the compute time, the difference is the
@@ -58,7 +62,13 @@ __all__ = [
 ]
 
 SIZES = tuple(4096 * 4**i for i in range(8))  # 4 KB .. 64 MB per rank
-COLLECTIVES = ("all_reduce", "all_gather")
+# the probed collectives: name -> (operation, element dtype)
+COLLECTIVES = {
+    "all_reduce": ("all_reduce", torch.float32),
+    "all_reduce_fp16": ("all_reduce", torch.float16),
+    "all_reduce_bf16": ("all_reduce", torch.bfloat16),
+    "all_gather": ("all_gather", torch.uint8),
+}
 
 
 @dataclass(frozen=True)
@@ -164,14 +174,15 @@ def read_probe(path: Path) -> Probe:
         raise JimuError(f"probe file {path} is damaged: {e}") from None
 
 
-def _time_collective(kind: str, nbytes: int, device: torch.device, reps: int) -> float:
-    """Median seconds of one blocking ``kind`` of ``nbytes`` per rank, the slowest rank's."""
+def _time_collective(name: str, nbytes: int, device: torch.device, reps: int) -> float:
+    """Median seconds of one blocking collective ``name`` (:data:`COLLECTIVES`) of ``nbytes`` per rank, the slowest rank's."""
     world = dist.get_world_size()
+    kind, dtype = COLLECTIVES[name]
+    # zeros: repeated sums of ones would overflow float16 to inf after 16 all-reduces
+    t = torch.zeros(nbytes // dtype.itemsize, dtype=dtype, device=device)
     if kind == "all_reduce":
-        t = torch.ones(nbytes // 4, device=device)
         op = lambda: dist.all_reduce(t)  # noqa: E731
     else:
-        t = torch.ones(nbytes, dtype=torch.uint8, device=device)
         out = [torch.empty_like(t) for _ in range(world)]
         op = lambda: dist.all_gather(out, t)  # noqa: E731
     op()  # connections and buffers warm
@@ -190,12 +201,12 @@ def _time_collective(kind: str, nbytes: int, device: torch.device, reps: int) ->
 
 def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tuple[int, float]]]:
     points: dict[str, list[tuple[int, float]]] = {}
-    for kind in COLLECTIVES:
-        points[kind] = []
+    for name in COLLECTIVES:
+        points[name] = []
         for size in SIZES:
-            seconds = _time_collective(kind, size, device, reps=5 if size <= 2**20 else 3)
-            points[kind].append((size, seconds))
-            if seconds > max_op_s and len(points[kind]) >= 2:
+            seconds = _time_collective(name, size, device, reps=5 if size <= 2**20 else 3)
+            points[name].append((size, seconds))
+            if seconds > max_op_s and len(points[name]) >= 2:
                 break
     return points
 
@@ -333,14 +344,14 @@ def format_probe(probe: Probe) -> str:
         f"probe: {probe.world} worker(s) on {probe.device}, {probe.model}, {probe.batch_per_rank} rows per worker"
     ]
     lines.append(
-        f"{'collective':<12}{'latency':>12}{'bandwidth':>16}   measured (per-rank payload: time)"
+        f"{'collective':<16}{'latency':>12}{'bandwidth':>16}   measured (per-rank payload: time)"
     )
     for kind, fit in probe.links.items():
         pts = ", ".join(
             f"{format_bytes(n)}: {t * 1e3:.3g} ms" for n, t in probe.points.get(kind, [])
         )
         lines.append(
-            f"{kind:<12}{fit.alpha_s * 1e6:>9.0f} us{fit.gbit_per_s:>11.3g} Gbit/s   {pts}"
+            f"{kind:<16}{fit.alpha_s * 1e6:>9.0f} us{fit.gbit_per_s:>11.3g} Gbit/s   {pts}"
         )
     lines.append(f"compute per step: {probe.compute_s * 1e3:.2f} ms")
     codec = ", ".join(f"{o} {s * 1e3:.2f} ms" for o, s in probe.codec_s.items() if o != "none")
