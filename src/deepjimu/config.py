@@ -149,7 +149,10 @@ class RunConfig:
     nu: float = _opt(1.0, "admm: weight of the layer equations")
     quantize: int = _opt(0, "admm: bits of exchanged activations (0 off, 8 or 16)")
     admm_batch: int = _opt(0, "admm: mini-batch size (0: full batch)")
-    admm_inner: int = _opt(0, "admm: iterations per mini-batch (0: twice the number of layers)")
+    admm_inner: int = _opt(
+        0,
+        "admm: iterations per mini-batch (0: twice the number of layers, 4 times for MLPs of 8 layers or more)",
+    )
     rho_growth: float = _opt(1.0, "admm: multiply rho by this when the residual stalls")
     admm_tau: float = _opt(
         1.0, "admm: proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)"

@@ -8,7 +8,7 @@ import itertools
 import torch
 
 from deepjimu.strategies.admm import updates as U
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init, auto_inner
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp
 
@@ -88,6 +88,14 @@ def test_auto_init_is_unit_for_cnns_scaled_for_deep_mlps() -> None:
     assert auto_init(dense) == "forward"
     assert auto_init([*dense, DenseOp((8,), 3)]) == "scaled"
     assert auto_init([ConvOp((1, 8, 8), 4), DenseOp((4, 8, 8), 3)]) == "unit"
+
+
+def test_auto_inner_is_4_per_layer_for_deep_mlps_else_2() -> None:
+    dense = [DenseOp((8,), 8)] * 7
+    assert auto_inner(dense) == 14
+    assert auto_inner([*dense, DenseOp((8,), 3)]) == 32
+    conv = [ConvOp((1, 8, 8), 4)] * 8
+    assert auto_inner([*conv, DenseOp((4, 8, 8), 3)]) == 18
 
 
 def test_momentum_zero_changes_nothing_and_first_call_only_records() -> None:

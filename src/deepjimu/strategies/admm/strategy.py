@@ -14,7 +14,13 @@ from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
 from deepjimu.run import Run
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_defaults, auto_init
+from deepjimu.strategies.admm.blocks import (
+    AdmmParams,
+    LayerBlock,
+    auto_defaults,
+    auto_init,
+    auto_inner,
+)
 from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
@@ -202,6 +208,9 @@ class AdmmStrategy(Strategy):
         self._readout_stale = True
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
         self.settings = {"init": init, "readout": self._readout_mode, **chosen}
+        self._inner = cfg.admm_inner or auto_inner(ops)
+        if cfg.admm_batch:
+            self.settings["inner"] = self._inner
         if run.is_main and not cfg.quiet:
             print(
                 "admm settings: "
@@ -282,7 +291,7 @@ class AdmmStrategy(Strategy):
 
         For each batch (moved from host memory to the device): a forward pass sets p, z, q
         (u = 0) from the current weights, then ``--admm-inner`` pdADMM iterations (default
-        2 per layer: the labels' pull needs one iteration per layer to reach layer 1) update
+        2 per layer, 4 for deep MLPs: :func:`~deepjimu.strategies.admm.blocks.auto_inner`) update
         every variable, W included. W carries what earlier batches taught it: each W step is
         the exact minimiser for this batch plus the proximal term (tau/2)||W - W_old||^2, so
         directions this batch does not constrain keep their old values; with
@@ -294,12 +303,11 @@ class AdmmStrategy(Strategy):
         cfg, run, block = self.cfg, self.run, self.block
         order = epoch_order(len(y), cfg.seed, epoch)
         batches = split_steps(order, max(1, math.ceil(len(y) / cfg.admm_batch)))
-        inner = cfg.admm_inner or 2 * block.L
         for idx in batches:
             xb = x[idx].to(run.device) if block.lo == 0 else None
             yb = y[idx].to(run.device) if block.hi == block.L else None
             self._start(xb, yb, len(idx))
-            for _ in range(inner):
+            for _ in range(self._inner):
                 self._iterate(yb)
             if block.params.memory:
                 block.commit_batch()
