@@ -140,6 +140,8 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
         ({"model": "cnn:4-8", "admm_batch": 64, "admm_memory": 0.9}, "admm-memory works on MLPs only, not on conv layers yet (admm-memory: 0.9, model: cnn:4-8)"),
         ({"admm_batch": 64, "admm_readout": "all"}, "admm-readout all needs the full batch's targets; mini-batch runs (admm-batch > 0) use the iterate's weights"),
         ({"model": "cnn:4-8", "precision": "bf16"}, "admm trains CNNs in fp32 or tf32 only (precision: bf16, model: cnn:4-8)"),
+        ({"model": "mlp:16x2", "workers": 2, "balance": "2,2"}, "balance must sum to the number of blocks (blocks: 3, sum of balance: 4)"),
+        ({"model": "mlp:16x2", "workers": 2, "balance": "3"}, "balance must give one block count per stage (stages: 2, entries: 1)"),
     ],
 )  # fmt: skip
 def test_what_admm_refuses_is_one_line(kw: dict, line: str) -> None:
@@ -149,6 +151,14 @@ def test_what_admm_refuses_is_one_line(kw: dict, line: str) -> None:
     with pytest.raises(ConfigErrors) as e:
         validate(RunConfig(**kw))
     assert line in str(e.value).splitlines()
+
+
+def test_balance_gives_each_worker_its_layers(tmp_path: Path) -> None:
+    common = {"model": "mlp:16x2", "epochs": 1, "quiet": True, "runs_dir": str(tmp_path)}
+    for sizes in ([1, 2], [2, 1]):  # one of them is not the cost estimate's split
+        balance = ",".join(map(str, sizes))
+        summary = train(RunConfig(balance=balance, workers=2, name=f"b{sizes[0]}", **common))
+        assert summary is not None and summary["admm_blocks"] == sizes
 
 
 def test_cnn_trains_in_parallel_and_resumes_as_uninterrupted(tmp_path: Path) -> None:

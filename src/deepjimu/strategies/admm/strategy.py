@@ -43,6 +43,7 @@ from deepjimu.strategies.partition import (
     StagePlan,
     block_shapes,
     gather_model,
+    parse_balance,
     partition,
     staged_metrics,
 )
@@ -87,8 +88,8 @@ class AdmmStrategy(Strategy):
     MLPs and CNNs (``cnn:C1-C2-...``: conv layers with their average pooling folded into the
     next layer's operator, p-steps by conjugate gradients or an explicit matrix; layers.py).
 
-    Worker r owns a contiguous block of layers chosen to balance the estimated cost, and
-    exchanges only p (to the left) and q (to the right) with its neighbours each iteration;
+    Worker r owns a contiguous block of layers chosen to balance the estimated cost (or as
+    many layers as ``--balance N,N,...`` gives it), and exchanges only p (to the left) and q (to the right) with its neighbours each iteration;
     the duals u are kept in step on both sides. With ``--quantize 8|16`` every p and q lies on
     a grid (pdADMM-G-Q) and crosses the wire as integer codes. ``--admm-batch B`` trains on
     mini-batches (see :meth:`_fit_minibatch`); the default is the paper's full batch, where
@@ -131,6 +132,12 @@ class AdmmStrategy(Strategy):
                 f"admm-memory works on MLPs only, not on conv layers yet "
                 f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
             )
+        workers = cfg.workers or cls.default_workers
+        if _explicit_balance(cfg) and n_blocks >= workers:
+            try:
+                parse_balance(cfg.balance, n_blocks, workers)
+            except JimuError as e:
+                out.append(str(e))
         if kind == "cnn" and cfg.precision == "bf16":
             # under autocast the convolutions would return bfloat16 feature maps to exchange
             out.append(
@@ -154,8 +161,11 @@ class AdmmStrategy(Strategy):
         # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
         # m = C_in s^2, and 4 N H W C_in C_out s^2 per CG iteration of its p-step; ConvOp.flops)
         costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
-        sizes = partition(costs, run.world)
-        self.plan = StagePlan(tuple(sizes), run.world, how="estimated cost")
+        if _explicit_balance(cfg):  # layers per worker, as given (checked before the start)
+            sizes, how = parse_balance(cfg.balance, L, run.world), "list"
+        else:
+            sizes, how = partition(costs, run.world), "estimated cost"
+        self.plan = StagePlan(tuple(sizes), run.world, how=how)
         lo, hi = self.plan.bounds(run.rank)
         if run.is_main and not cfg.quiet:
             memory = [op.nbytes(batch) for op in ops]
@@ -414,3 +424,9 @@ def _finite(v: Any) -> bool:
         return math.isfinite(float(v))
     except (TypeError, ValueError):
         return False
+
+
+def _explicit_balance(cfg: RunConfig) -> bool:
+    """``--balance N,N,...``: admm takes the layer counts as given; ``time`` and ``size`` (the
+    pipeline strategies' profiled splits) leave it to its own estimate of each layer's cost."""
+    return cfg.balance not in ("time", "size")
