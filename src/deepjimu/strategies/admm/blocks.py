@@ -63,8 +63,8 @@ def auto_inner(ops: Sequence[LayerOp]) -> int:
     from 0.898 to 0.913 after 5 epochs and was ahead at equal time (0.905 after 2 epochs,
     111 s, against 0.898 after 5, 137 s); mlp:500x6 from 0.936 to 0.942 (at equal time about
     even: 0.935 at 38 s against 0.933 at 42 s); and cost mlp:256x3 0.4 points in twice the
-    time. So the deep MLPs of
-    :data:`SCALED_FROM_DEPTH` layers or more take 4, the others (and CNNs, not measured) 2.
+    time. So MLPs of :data:`SCALED_FROM_DEPTH` layers or more take 4, the others (and CNNs,
+    not measured) 2.
     """
     deep_mlp = not _has_conv(ops) and len(ops) >= SCALED_FROM_DEPTH
     return (4 if deep_mlp else 2) * len(ops)

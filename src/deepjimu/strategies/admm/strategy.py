@@ -89,11 +89,12 @@ class AdmmStrategy(Strategy):
     next layer's operator, p-steps by conjugate gradients or an explicit matrix; layers.py).
 
     Worker r owns a contiguous block of layers chosen to balance the estimated cost (or as
-    many layers as ``--balance N,N,...`` gives it), and exchanges only p (to the left) and q (to the right) with its neighbours each iteration;
-    the duals u are kept in step on both sides. With ``--quantize 8|16`` every p and q lies on
-    a grid (pdADMM-G-Q) and crosses the wire as integer codes. ``--admm-batch B`` trains on
-    mini-batches (see :meth:`_fit_minibatch`); the default is the paper's full batch, where
-    one epoch is one iteration over all N samples.
+    many layers as ``--balance N,N,...`` gives it), and exchanges only p (to the left) and q
+    (to the right) with its neighbours each iteration; the duals u are kept in step on both
+    sides. With ``--quantize 8|16`` every p and q lies on a grid (pdADMM-G-Q) and crosses the
+    wire as integer codes. ``--admm-batch B`` trains on mini-batches (see
+    :meth:`_minibatch_epoch`); the default is the paper's full batch, where one epoch is one
+    iteration over all N samples.
 
     The model that is evaluated and saved is a readout of the iterate (``--admm-readout``,
     :meth:`LayerBlock.readout_choice`): by default, of the iterate's own weights, its
@@ -301,9 +302,9 @@ class AdmmStrategy(Strategy):
 
         For each batch (moved from host memory to the device): a forward pass sets p, z, q
         (u = 0) from the current weights, then ``--admm-inner`` pdADMM iterations (default
-        2 per layer, 4 for deep MLPs: :func:`~deepjimu.strategies.admm.blocks.auto_inner`) update
-        every variable, W included. W carries what earlier batches taught it: each W step is
-        the exact minimiser for this batch plus the proximal term (tau/2)||W - W_old||^2, so
+        2 per layer, 4 for deep MLPs: ``blocks.auto_inner``) update every variable, W
+        included. W carries what earlier batches taught it: each W step is the exact
+        minimiser for this batch plus the proximal term (tau/2)||W - W_old||^2, so
         directions this batch does not constrain keep their old values; with
         ``--admm-memory D`` it is the exact minimiser over every batch seen so far, older
         ones weighted by D per batch, from O(n^2) statistics per layer. Device memory holds
