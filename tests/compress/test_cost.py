@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from deepjimu.compress.cost import CANDIDATES, PROBED, TIE, CostModel, format_predictions
-from deepjimu.compress.probe import COLLECTIVES, SIZES, LinkFit, Probe, fit_alpha_beta
+from deepjimu.compress.probe import (
+    COLLECTIVES,
+    SIZES,
+    LinkFit,
+    Probe,
+    fit_alpha_beta,
+    message_key,
+)
 from deepjimu.errors import JimuError
 
 # DDP's layout of mlp:1024x4 on 64 features, 10 classes (1 MB first bucket, then the rest)
@@ -65,6 +72,18 @@ def test_16_bit_floats_are_reduced_at_their_own_probed_speed() -> None:
     assert fp16.step_s > (1 + TIE) * bf16.step_s and model.choose()[0] == "bf16"
     # reduced at the same speed per byte, the two tie and the less lossy fp16 is chosen
     assert CostModel(_probe(5e-5, 5.0, codec)).choose()[0] == "fp16"
+
+
+def test_a_message_timed_at_its_own_size_replaces_the_fit() -> None:
+    fitted = CostModel(_probe(1e-4, 0.1, CODEC))
+    msgs = fitted.messages("topk:0.01")
+    timed = _probe(1e-4, 0.1, CODEC)
+    timed.message_s = {message_key(*msgs[1]): 0.005}  # bucket 1's all-gather, measured fast
+    model = CostModel(timed)
+    expected = fitted.probe.links["all_gather"].seconds(msgs[0][1]) + 0.005
+    assert model.predict("topk:0.01").comm_s == pytest.approx(expected)
+    assert model.predict("topk:0.01").comm_s < fitted.predict("topk:0.01").comm_s
+    assert model.predict("none").step_s == fitted.predict("none").step_s  # not timed: the fit
 
 
 def test_a_probe_without_a_collectives_fit_is_one_line() -> None:

@@ -8,6 +8,8 @@ where the messages are what o's comm hook hands to collective c (all-reduce of f
 float16 or bfloat16, or all-gather of bytes) for each DDP bucket of the probe's layout, and
 alpha_c, beta_c are the probe's fit for c: a reduction's time depends on its dtype as well
 as its bytes (gloo sums 16-bit floats one element at a time, float16 slower than bfloat16).
+Where the probe timed the message itself at its size (``Probe.message_s``), that time
+replaces the fit's alpha_c + beta_c * bytes_m.
 Communication is assumed not to overlap the backward pass (on CPUs the gradient compute
 and gloo share the cores); the prediction is for a step past the compressor's warm-up.
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from deepjimu.compress.probe import Probe
+from deepjimu.compress.probe import Probe, message_key
 from deepjimu.compress.qsgd import qsgd_payload_bytes
 from deepjimu.compress.spec import parse_compress
 from deepjimu.compress.topk import topk_k
@@ -114,9 +116,7 @@ class CostModel:
                 f"the probe has no fit for {', '.join(missing)} (fitted: {', '.join(self.probe.links)}); "
                 "run jimu probe again"
             )
-        comm_s = (
-            sum(self.probe.links[c].seconds(b) for c, b in msgs) if self.probe.world > 1 else 0.0
-        )
+        comm_s = sum(self._seconds(c, b) for c, b in msgs) if self.probe.world > 1 else 0.0
         codec_s = self.probe.codec_s[option]
         return Prediction(
             option=option,
@@ -126,6 +126,11 @@ class CostModel:
             comm_s=comm_s,
             bytes_per_step=sum(b for _, b in msgs),
         )
+
+    def _seconds(self, collective: str, nbytes: int) -> float:
+        """One message's time: as the probe measured it at this size, else from the fit."""
+        measured = self.probe.message_s.get(message_key(collective, nbytes))
+        return measured if measured is not None else self.probe.links[collective].seconds(nbytes)
 
     def choose(self) -> tuple[str, list[Prediction]]:
         """The option the rule picks among :data:`CANDIDATES` (see the module docstring).

@@ -10,6 +10,9 @@ The probe is collective: every rank of the run's group calls :func:`measure`. It
   one element at a time through float32, and on the 2-core VM over loopback 6 MB took
   4.7 ms as float32, 6.2 ms as bfloat16 and 8.5 ms as float16, a difference that decides
   between fp16 and bf16 on a fast link (BENCHMARKS.md section 6);
+- with more than one rank, each message the probed options make (their collectives at
+  their own sizes, from DDP's bucket layout), because a collective's speed can jump with
+  the payload in a way the fit cannot follow (:func:`_time_messages`);
 - training steps of the run's model on a batch of ``batch_size / world`` rows on this
   device, under DDP over a group of this rank alone (so there is no communication), with
   each compressor in turn: the plain step is the compute time, the difference is the
@@ -57,6 +60,7 @@ __all__ = [
     "fit_alpha_beta",
     "format_probe",
     "measure",
+    "message_key",
     "read_probe",
     "write_probe",
 ]
@@ -126,7 +130,8 @@ class Probe:
     ``links``: the fit per collective; ``points``: its measured (bytes per rank, seconds);
     ``compute_s``: one training step without communication; ``codec_s``: per option, the
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
-    shapes of each DDP bucket.
+    shapes of each DDP bucket; ``message_s``: the measured time of each message the probed
+    options make, keyed ``"collective:bytes"`` (:func:`message_key`).
     """
 
     world: int
@@ -138,6 +143,7 @@ class Probe:
     links: dict[str, LinkFit]
     points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     buckets: list[list[list[int]]] = field(default_factory=list)
+    message_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +215,28 @@ def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tupl
             if seconds > max_op_s and len(points[name]) >= 2:
                 break
     return points
+
+
+def message_key(collective: str, nbytes: int) -> str:
+    """The key of one message in :attr:`Probe.message_s`."""
+    return f"{collective}:{nbytes}"
+
+
+def _time_messages(messages: list[tuple[str, int]], device: torch.device) -> dict[str, float]:
+    """Collective: the slowest rank's median time of each distinct (collective, bytes) message.
+
+    The alpha-beta fit cannot follow a collective whose speed jumps with the payload: under
+    a 100 Mbit/s cap gloo's all-gather ran at 95 Mbit/s for some sizes and 65 for others
+    (topk's 258,096 bytes fast, the fit's 262,144 slow), which put topk's prediction 10-28%
+    above its measured step (BENCHMARKS.md section 6). So the messages the options really
+    make are timed at their own sizes, and the cost model uses those times.
+    """
+    out = {}
+    for name, nbytes in sorted(set(messages)):
+        if nbytes > 0:
+            reps = 5 if nbytes <= 2**20 else 3
+            out[message_key(name, nbytes)] = _time_collective(name, nbytes, device, reps)
+    return out
 
 
 def _time_options(
@@ -305,7 +333,7 @@ def measure(
     Returns:
         the same probe on every rank: each time is the slowest rank's.
     """
-    from deepjimu.compress.cost import PROBED
+    from deepjimu.compress.cost import PROBED, CostModel
     from deepjimu.compress.spec import parse_compress
 
     world = run.world
@@ -325,7 +353,7 @@ def measure(
     # that all-gather, one more payload to decode per further rank
     codec = {o: max(0.0, steps[o] - compute_s) + (world - 1) * decode[o] for o in options}
     codec["none"] = 0.0
-    return Probe(
+    probe = Probe(
         world=world,
         device=str(run.device),
         model=cfg.model,
@@ -336,6 +364,10 @@ def measure(
         points=points,
         buckets=layout,
     )
+    if world > 1:  # every rank derives the same messages from the same layout
+        cost = CostModel(probe)
+        probe.message_s = _time_messages([m for o in options for m in cost.messages(o)], run.device)
+    return probe
 
 
 def format_probe(probe: Probe) -> str:
@@ -353,6 +385,8 @@ def format_probe(probe: Probe) -> str:
         lines.append(
             f"{kind:<16}{fit.alpha_s * 1e6:>9.0f} us{fit.gbit_per_s:>11.3g} Gbit/s   {pts}"
         )
+    if probe.message_s:
+        lines.append(f"messages timed at their own sizes: {len(probe.message_s)}")
     lines.append(f"compute per step: {probe.compute_s * 1e3:.2f} ms")
     codec = ", ".join(f"{o} {s * 1e3:.2f} ms" for o, s in probe.codec_s.items() if o != "none")
     lines.append(f"encode/decode per step: {codec}")
