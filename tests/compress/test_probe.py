@@ -82,13 +82,13 @@ def test_a_probed_step_counts_at_its_slowest_rank_on_every_rank(
 
 
 @distributed_test(world_size=[2])
-def test_each_message_is_timed_once_at_its_own_size_on_every_rank(
+def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
     rank: int, world: int, tmp: str
 ) -> None:
     msgs = [("all_gather", 258_096), ("all_reduce", 4096), ("all_gather", 258_096),
             ("all_reduce_bf16", 6000), ("all_reduce", 0)]  # fmt: skip
     got = probe_module._time_messages(msgs, torch.device("cpu"))
-    assert set(got) == {"all_gather:258096", "all_reduce:4096", "all_reduce_bf16:6000"}
+    assert set(got) == {"all_gather:258096"}  # all-reduce keeps its fit (TIMED_AT_SIZE)
     assert all(t > 0 for t in got.values())
     gathered: list[dict[str, float] | None] = [None] * world
     dist.all_gather_object(gathered, got)

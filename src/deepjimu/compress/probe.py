@@ -10,9 +10,9 @@ The probe is collective: every rank of the run's group calls :func:`measure`. It
   one element at a time through float32, and on the 2-core VM over loopback 6 MB took
   4.7 ms as float32, 6.2 ms as bfloat16 and 8.5 ms as float16, a difference that decides
   between fp16 and bf16 on a fast link (BENCHMARKS.md section 6);
-- with more than one rank, each message the probed options make (their collectives at
-  their own sizes, from DDP's bucket layout), because a collective's speed can jump with
-  the payload in a way the fit cannot follow (:func:`_time_messages`);
+- with more than one rank, each all-gather the probed options make, at its own size (from
+  DDP's bucket layout), because all-gather's speed can jump with the payload in a way the
+  fit cannot follow (:func:`_time_messages`);
 - training steps of the run's model on a batch of ``batch_size / world`` rows on this
   device, under DDP over a group of this rank alone (so there is no communication), with
   each compressor in turn: the plain step is the compute time, the difference is the
@@ -55,6 +55,7 @@ from deepjimu.run import Run
 
 __all__ = [
     "SIZES",
+    "TIMED_AT_SIZE",
     "LinkFit",
     "Probe",
     "fit_alpha_beta",
@@ -222,20 +223,27 @@ def message_key(collective: str, nbytes: int) -> str:
     return f"{collective}:{nbytes}"
 
 
+TIMED_AT_SIZE = ("all_gather",)
+"""The collectives whose messages are timed at their own sizes (:func:`_time_messages`)."""
+
+
 def _time_messages(messages: list[tuple[str, int]], device: torch.device) -> dict[str, float]:
-    """Collective: the slowest rank's median time of each distinct (collective, bytes) message.
+    """Collective: the slowest rank's median time of each distinct all-gather message.
 
     The alpha-beta fit cannot follow a collective whose speed jumps with the payload: under
     a 100 Mbit/s cap gloo's all-gather ran at 95 Mbit/s for some sizes and 65 for others
     (topk's 258,096 bytes fast, the fit's 262,144 slow), which put topk's prediction 10-28%
-    above its measured step (BENCHMARKS.md section 6). So the messages the options really
-    make are timed at their own sizes, and the cost model uses those times.
+    above its measured step. So the all-gathers the options really make are timed at their
+    own sizes, and the cost model uses those times. All-reduce ran at 91-95 Mbit/s at every
+    size and keeps its fit: timed one size at a time (median of 3-5) its messages were
+    noisier than the fit over 8 sizes (on the uncapped link, 4.3 MB of float16 took 5.3 ms
+    in one probe and 8.4 ms in the next), enough to swap fp16 and bf16 (BENCHMARKS.md
+    section 6).
     """
     out = {}
     for name, nbytes in sorted(set(messages)):
-        if nbytes > 0:
-            reps = 5 if nbytes <= 2**20 else 3
-            out[message_key(name, nbytes)] = _time_collective(name, nbytes, device, reps)
+        if name in TIMED_AT_SIZE and nbytes > 0:
+            out[message_key(name, nbytes)] = _time_collective(name, nbytes, device, reps=7)
     return out
 
 
