@@ -131,8 +131,9 @@ class Probe:
     ``links``: the fit per collective; ``points``: its measured (bytes per rank, seconds);
     ``compute_s``: one training step without communication; ``codec_s``: per option, the
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
-    shapes of each DDP bucket; ``message_s``: the measured time of each message the probed
-    options make, keyed ``"collective:bytes"`` (:func:`message_key`).
+    shapes of each DDP bucket; ``message_s``: the measured time of each all-gather the
+    probed options make (:data:`TIMED_AT_SIZE`), keyed ``"collective:bytes"``
+    (:func:`message_key`).
     """
 
     world: int
