@@ -21,13 +21,13 @@ from torch import Tensor, nn
 
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
-from deepjimu.errors import JimuError
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, make_optimizer
 from deepjimu.strategies.partition import (
     StagePlan,
     balance_by_size,
     balance_by_time,
+    balance_problems,
     block_shapes,
     gather_model,
     parse_balance,
@@ -72,13 +72,7 @@ class ModelParallelStrategy(GradientStrategy):
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
         stages = (cfg.workers or cls.default_workers) * cls.chunks(cfg)
-        if cfg.balance in ("time", "size") or n_blocks < stages:
-            return []
-        try:
-            parse_balance(cfg.balance, n_blocks, stages)
-        except JimuError as e:
-            return [str(e)]
-        return []
+        return balance_problems(cfg.balance, n_blocks, stages)
 
     # ---- setup ------------------------------------------------------------------------------
     def profile_rows(self, data: DataSplits) -> int:

@@ -32,6 +32,7 @@ __all__ = [
     "StagePlan",
     "balance_by_size",
     "balance_by_time",
+    "balance_problems",
     "block_shapes",
     "gather_model",
     "parse_balance",
@@ -126,6 +127,21 @@ def parse_balance(text: str, n_blocks: int, k: int) -> list[int]:
             f"balance must sum to the number of blocks (blocks: {n_blocks}, sum of balance: {sum(sizes)})"
         )
     return sizes
+
+
+def balance_problems(text: str, n_blocks: int, stages: int) -> list[str]:
+    """Validation: the one-line problem of a ``--balance N,N,...`` list, if any.
+
+    ``time`` and ``size`` have none, nor has a model with fewer blocks than stages (the
+    strategy reports that on its own line).
+    """
+    if text in ("time", "size") or n_blocks < stages:
+        return []
+    try:
+        parse_balance(text, n_blocks, stages)
+    except JimuError as e:
+        return [str(e)]
+    return []
 
 
 @torch.no_grad()

@@ -41,6 +41,7 @@ from deepjimu.strategies.admm.layers import ConvOp, layer_ops
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
+    balance_problems,
     block_shapes,
     gather_model,
     parse_balance,
@@ -133,12 +134,7 @@ class AdmmStrategy(Strategy):
                 f"admm-memory works on MLPs only, not on conv layers yet "
                 f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
             )
-        workers = cfg.workers or cls.default_workers
-        if _explicit_balance(cfg) and n_blocks >= workers:
-            try:
-                parse_balance(cfg.balance, n_blocks, workers)
-            except JimuError as e:
-                out.append(str(e))
+        out += balance_problems(cfg.balance, n_blocks, cfg.workers or cls.default_workers)
         if kind == "cnn" and cfg.precision == "bf16":
             # under autocast the convolutions would return bfloat16 feature maps to exchange
             out.append(
