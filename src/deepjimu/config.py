@@ -187,6 +187,13 @@ class RunConfig:
         "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
         "by this decay per batch (0: the current batch only; default 0.8 for MLPs, 0 for CNNs)",
     )
+    admm_aux: str = _opt(
+        "restart",
+        "admm mini-batch: restart each batch's auxiliary variables from a forward pass at "
+        "every visit (restart), or keep them between visits in files under TMPDIR and fit "
+        "every (W, b) step to all samples' latest values exactly (keep; MLPs)",
+        choices=("restart", "keep"),
+    )
     admm_readout: str = _opt(
         "auto",
         "admm: the network evaluated and saved: the iterate's own weights (iterate), the "

@@ -14,7 +14,10 @@ from deepjimu.strategies.admm.updates import (
     LayerVars,
     augmented_lagrangian,
     centred_gram,
+    batch_stats,
     combine_stats,
+    merge_stats,
+    remove_stats,
     extrapolate,
     last_layer_objective,
     layer_lagrangian,
@@ -213,6 +216,21 @@ def test_update_Wb_stats_is_the_minimiser_over_every_decayed_batch(decay: float)
     )
     with pytest.raises(ValueError, match="decay must be in"):
         combine_stats(None, *batches[0], 1.5)
+
+
+def test_remove_stats_undoes_merge_stats() -> None:
+    """Removing a batch from a total leaves the statistics of the other samples, exactly."""
+    g = torch.Generator().manual_seed(10)
+    p, z = _randn(12, 4, generator=g) + 3, _randn(12, 2, generator=g) - 1
+    rest, part = batch_stats(p[:7], z[:7]), batch_stats(p[7:], z[7:])
+    total = merge_stats(rest, part)
+    for got, want in ((total, batch_stats(p, z)), (remove_stats(total, part), rest)):
+        assert got is not None and got.n == want.n
+        for field in ("p_mean", "z_mean", "C_pp", "C_zp"):
+            torch.testing.assert_close(getattr(got, field), getattr(want, field))
+    assert remove_stats(part, part) is None  # nothing left
+    with pytest.raises(ValueError, match="cannot remove 12 samples from 5"):
+        remove_stats(part, total)
 
 
 def test_extrapolation_keeps_fixed_points_and_is_linear() -> None:

@@ -172,6 +172,10 @@ class LayerBlock:
         self.cg_iters = self.cg_solves = self.cg_hits = 0
         self._data_gram: Tensor | None = None
         self.stats: dict[int, U.WbStats | None] = {l: None for l in self.layers}
+        # --admm-aux keep: the (W, b) statistics of every sample outside the current batch, and
+        # the current batch's of its last (W, b) step, layer by layer
+        self.others: dict[int, U.WbStats | None] | None = None
+        self.batch_part: dict[int, U.WbStats] = {}
         self._prev: dict[str, Any] | None = None  # the previous iterate, for momentum
         # the readout's refitted weights and the last layer's plain input (readout_forward)
         self.refit_Wb: dict[int, tuple[Tensor, Tensor]] = {}
@@ -290,7 +294,11 @@ class LayerBlock:
         """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and reused."""
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
         gram = self._gram_of_data() if l == 0 else None
-        if self.params.memory:  # dense layers on flat inputs only (the strategy checks)
+        if self.others is not None:  # dense layers only: exact over every sample (the strategy checks)
+            self.batch_part[l] = U.batch_stats(self.p[l], self.z[l])
+            stats = U.merge_stats(self.others[l], self.batch_part[l])
+            self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
+        elif self.params.memory:  # dense layers on flat inputs only (the strategy checks)
             stats = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
         else:
@@ -355,6 +363,37 @@ class LayerBlock:
         """Mini-batch memory: add the finished batch's (p, z) to each layer's (W, b) statistics."""
         for l in self.layers:
             self.stats[l] = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
+
+    def sample_state(self) -> dict[str, Tensor]:
+        """Every per-sample variable of the batch and its momentum record, by flat name.
+
+        What ``--admm-aux keep`` stores between a batch's visits: p (not the data p_0), z,
+        q, u and the boundary copies, with ``prev.`` in front for the momentum records.
+        """
+        out = _flat(self._iterate_state(), "")
+        if self._prev is not None:
+            out |= _flat(self._prev, "prev.")
+        return out
+
+    def load_sample_state(self, flat: dict[str, Tensor], p0: Tensor | None) -> None:
+        """Restore :meth:`sample_state`; ``p0`` is the batch's data (layer 0's input, if owned).
+
+        W, b and their momentum record stay as they are: they belong to every batch.
+        """
+        for k in _SAMPLE_KEYS:
+            setattr(self, k, flat.get(k))
+        for k in ("p", "z", "q", "u"):
+            setattr(self, k, {l: flat[f"{k}{l}"] for l in self.layers if f"{k}{l}" in flat})
+        if p0 is not None:
+            self.p[0] = p0
+        self._data_gram = None
+        if self._prev is not None:
+            prev = {k: flat.get(f"prev.{k}") for k in _SAMPLE_KEYS}
+            for k in ("p", "z", "q", "u"):
+                prev[k] = {l: flat[f"prev.{k}{l}"] for l in self.layers if f"prev.{k}{l}" in flat}
+            self._prev = {"W": self._prev["W"], "b": self._prev["b"]} | {
+                k: v for k, v in prev.items() if v is not None
+            }
 
     def _iterate_state(self) -> dict[str, Any]:
         state = {k: getattr(self, k) for k in ("W", "b", "z", "q", "u")}
@@ -579,3 +618,19 @@ class LayerBlock:
             int(l): None if st is None else U.WbStats(**to(st))
             for l, st in state.get("stats", {}).items()
         } or {l: None for l in self.layers}
+
+
+_SAMPLE_KEYS = ("q_left", "u_left", "p_right")
+
+
+def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:
+    """The per-sample tensors of an iterate state (not W, b), named ``prefix`` + key (+ layer)."""
+    out = {}
+    for k, v in state.items():
+        if k in ("W", "b") or v is None:
+            continue
+        if isinstance(v, dict):
+            out |= {f"{prefix}{k}{l}": t for l, t in v.items()}
+        else:
+            out[prefix + k] = v
+    return out

@@ -37,6 +37,7 @@ from deepjimu.strategies.admm.health import (
     readout_failed,
     solve_failed,
 )
+from deepjimu.strategies.admm.kept import KeptBatches
 from deepjimu.strategies.admm.layers import ConvOp, layer_ops
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
@@ -134,6 +135,16 @@ class AdmmStrategy(Strategy):
                 f"admm-memory works on MLPs only, not on conv layers yet "
                 f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
             )
+        if cfg.admm_batch and cfg.admm_aux == "keep":
+            if kind == "cnn":  # the statistics are those of dense layers (updates.WbStats)
+                out.append(
+                    f"admm-aux keep works on MLPs only, not on conv layers yet (model: {cfg.model})"
+                )
+            if cfg.admm_memory:
+                out.append(
+                    f"admm-memory is for admm-aux restart: with keep every (W, b) step already "
+                    f"fits every sample (admm-memory: {cfg.admm_memory:g})"
+                )
         out += balance_problems(cfg.balance, n_blocks, cfg.workers or cls.default_workers)
         if kind == "cnn" and cfg.precision == "bf16":
             # under autocast the convolutions would return bfloat16 feature maps to exchange
@@ -183,7 +194,8 @@ class AdmmStrategy(Strategy):
             k: auto[k] if getattr(cfg, f"admm_{k}") is None else getattr(cfg, f"admm_{k}")
             for k in auto
         }
-        if not cfg.admm_batch:
+        keep = bool(cfg.admm_batch) and cfg.admm_aux == "keep"
+        if not cfg.admm_batch or keep:
             chosen["memory"] = 0.0
         self.sweeps = int(chosen["sweeps"])
         params = AdmmParams(
@@ -215,9 +227,10 @@ class AdmmStrategy(Strategy):
         self._readout_stale = True
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
         self.settings = {"init": init, "readout": self._readout_mode, **chosen}
-        self._inner = cfg.admm_inner or auto_inner(ops)
+        # a kept batch goes on where it stopped: one iteration per visit, as full batch per epoch
+        self._inner = cfg.admm_inner or (1 if keep else auto_inner(ops))
         if cfg.admm_batch:
-            self.settings["inner"] = self._inner
+            self.settings |= {"aux": cfg.admm_aux, "inner": self._inner}
         if run.is_main and not cfg.quiet:
             print(
                 "admm settings: "
@@ -234,12 +247,44 @@ class AdmmStrategy(Strategy):
             start, steps = run.resumed.epoch, run.resumed.step
             samples = run.resumed.extra.get("samples", 0)
         fresh = run.resumed is None and not cfg.admm_batch  # full batch starts once, here
+        self._kept = (
+            KeptBatches(len(x), cfg.admm_batch, cfg.seed, self.block, None, f"-r{run.rank}")
+            if keep
+            else None
+        )
+        try:
+            steps = self._epochs(x, y, data, start, steps, samples, fresh)
+        finally:
+            if self._kept is not None:
+                self._kept.close()
+        run.close()
+        self._checkpoint(steps, cfg.epochs)
+        return FitResult(
+            epochs=cfg.epochs,
+            steps=steps,
+            extra={
+                "admm_blocks": sizes,
+                "admm_settings": self.settings,
+                "admm_readout": self._readout_choice,
+                "zlast_cap_hits": self.block.zlast_hits,
+            }
+            | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
+        )
+
+    def _epochs(
+        self, x: Tensor, y: Tensor | None, data: DataSplits, start: int, steps: int,
+        samples: int, fresh: bool,
+    ) -> int:  # fmt: skip
+        """Epochs ``start`` .. the last, with their logs and checkpoints; returns the steps so far."""
+        cfg, run, lo = self.cfg, self.run, self.block.lo
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):
             with run.training(), run.autocast():
                 try:
-                    if cfg.admm_batch:
+                    if self._kept is not None:
+                        steps += self._kept_epoch(x, data.train_y, epoch)
+                    elif cfg.admm_batch:
                         steps += self._minibatch_epoch(x, data.train_y, epoch)
                     else:
                         if fresh:  # in the try: a start-up sweep factorises too
@@ -258,19 +303,7 @@ class AdmmStrategy(Strategy):
                 samples = 0
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
                 self._checkpoint(steps, done, samples)
-        run.close()
-        self._checkpoint(steps, cfg.epochs)
-        return FitResult(
-            epochs=cfg.epochs,
-            steps=steps,
-            extra={
-                "admm_blocks": sizes,
-                "admm_settings": self.settings,
-                "admm_readout": self._readout_choice,
-                "zlast_cap_hits": self.block.zlast_hits,
-            }
-            | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
-        )
+        return steps
 
     # ---- iterations -----------------------------------------------------------------------------
     def _start(self, x: Tensor | None, y: Tensor | None, n_samples: int) -> None:
@@ -319,6 +352,27 @@ class AdmmStrategy(Strategy):
             if block.params.memory:
                 block.commit_batch()
         return len(batches)
+
+    def _kept_epoch(self, x: Tensor, y: Tensor, epoch: int) -> int:
+        """One pass over fixed mini-batches whose auxiliary variables persist (``--admm-aux keep``).
+
+        Each batch goes on from where its last visit left it (:class:`KeptBatches`): its
+        variables are read back from disk, ``--admm-inner`` iterations update them, and
+        every (W, b) step is the exact one over all N samples' latest values. A batch's first
+        visit starts it by a forward pass (and the sweeps), as a full-batch run starts.
+        """
+        kept, run, block = self._kept, self.run, self.block
+        assert kept is not None
+        for k in kept.order(epoch):
+            idx = kept.batches[k]
+            xb = x[idx].to(run.device) if block.lo == 0 else None
+            yb = y[idx].to(run.device) if block.hi == block.L else None
+            if not kept.begin(k, xb, run.device):
+                self._start(xb, yb, len(idx))
+            for _ in range(self._inner):
+                self._iterate(yb)
+            kept.end(k)
+        return len(kept.batches)
 
     # ---- logging, divergence, rho schedule ----------------------------------------------------------
     def _readout(self, y: Tensor | None) -> None:

@@ -38,12 +38,15 @@ __all__ = [
     "LayerVars",
     "WbStats",
     "augmented_lagrangian",
+    "batch_stats",
     "centred_gram",
     "combine_stats",
     "extrapolate",
     "last_layer_objective",
     "layer_lagrangian",
+    "merge_stats",
     "primal_residual",
+    "remove_stats",
     "ridge_weight",
     "update_Wb",
     "update_Wb_stats",
@@ -311,12 +314,81 @@ class WbStats:
     C_zp: Tensor
 
 
-def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> WbStats:
-    """``old`` with every weight multiplied by ``decay``, plus the batch (p, z) at weight 1.
+def batch_stats(p: Tensor, z: Tensor) -> WbStats:
+    """The statistics of one batch (p, z), every sample at weight 1.
 
-    Chan et al.'s pairwise update of centred moments: the batch is centred on its own mean
+    Args:
+        p: the batch's layer inputs, [B, n_{l-1}].
+        z: the batch's pre-activations, [B, n_l].
+
+    Raises:
+        ValueError: on mismatched shapes.
+    """
+    B = p.shape[0]
+    _check_shape("z", z, (B, z.shape[1]))
+    p_mean, z_mean = p.mean(dim=0), z.mean(dim=0)
+    pc, zc = p - p_mean, z - z_mean
+    return WbStats(float(B), p_mean, z_mean, _gram(pc), _t_mm(zc, pc))
+
+
+def merge_stats(old: WbStats | None, new: WbStats, decay: float = 1.0) -> WbStats:
+    """``old`` with every weight multiplied by ``decay``, plus ``new``: the statistics of both.
+
+    Chan et al.'s pairwise update of centred moments: each part is centred on its own mean
     and the means' difference enters as one rank-one term, so no large mean is subtracted
     from a large scatter (the cancellation ``update_Wb`` avoids too).
+
+    Raises:
+        ValueError: on ``decay`` outside [0, 1] or statistics of different layers.
+    """
+    if not 0 <= decay <= 1:
+        raise ValueError(f"decay must be in [0, 1] (decay: {decay})")
+    if old is None or decay == 0 or old.n == 0:
+        return new
+    _check_shape("C_zp", new.C_zp, tuple(old.C_zp.shape))
+    n_old = old.n * decay
+    n = n_old + new.n
+    dp, dz = new.p_mean - old.p_mean, new.z_mean - old.z_mean
+    f = n_old * new.n / n
+    return WbStats(
+        n,
+        old.p_mean + dp * (new.n / n),
+        old.z_mean + dz * (new.n / n),
+        old.C_pp * decay + new.C_pp + f * torch.outer(dp, dp),
+        old.C_zp * decay + new.C_zp + f * torch.outer(dz, dp),
+    )
+
+
+def remove_stats(total: WbStats, part: WbStats) -> WbStats | None:
+    """The statistics of ``total``'s samples without ``part``'s (the inverse of :func:`merge_stats`).
+
+    Returns:
+        None when nothing is left.
+
+    Raises:
+        ValueError: when ``part`` holds more samples than ``total``, or of another layer.
+    """
+    _check_shape("C_zp", part.C_zp, tuple(total.C_zp.shape))
+    n = total.n - part.n
+    if n < -0.5:
+        raise ValueError(f"cannot remove {part.n:g} samples from {total.n:g}")
+    if n < 0.5:
+        return None
+    p_mean = (total.p_mean * total.n - part.p_mean * part.n) / n
+    z_mean = (total.z_mean * total.n - part.z_mean * part.n) / n
+    dp, dz = part.p_mean - p_mean, part.z_mean - z_mean
+    f = n * part.n / total.n
+    return WbStats(
+        n,
+        p_mean,
+        z_mean,
+        total.C_pp - part.C_pp - f * torch.outer(dp, dp),
+        total.C_zp - part.C_zp - f * torch.outer(dz, dp),
+    )
+
+
+def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> WbStats:
+    """``old`` with every weight multiplied by ``decay``, plus the batch (p, z) at weight 1.
 
     Args:
         old: the statistics so far, or None for the first batch.
@@ -325,32 +397,16 @@ def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> Wb
         decay: weight factor of the old samples, in [0, 1].
 
     Returns:
-        the combined statistics.
+        the combined statistics (:func:`merge_stats`).
 
     Raises:
         ValueError: on mismatched shapes or ``decay`` outside [0, 1].
     """
     if not 0 <= decay <= 1:
         raise ValueError(f"decay must be in [0, 1] (decay: {decay})")
-    B = p.shape[0]
-    _check_shape("z", z, (B, z.shape[1]))
-    p_mean, z_mean = p.mean(dim=0), z.mean(dim=0)
-    pc, zc = p - p_mean, z - z_mean
-    C_pp, C_zp = _gram(pc), _t_mm(zc, pc)
-    if old is None or decay == 0 or old.n == 0:
-        return WbStats(float(B), p_mean, z_mean, C_pp, C_zp)
-    _check_shape("p", p, (B, old.p_mean.shape[0]))
-    n_old = old.n * decay
-    n = n_old + B
-    dp, dz = p_mean - old.p_mean, z_mean - old.z_mean
-    f = n_old * B / n
-    return WbStats(
-        n,
-        old.p_mean + dp * (B / n),
-        old.z_mean + dz * (B / n),
-        old.C_pp * decay + C_pp + f * torch.outer(dp, dp),
-        old.C_zp * decay + C_zp + f * torch.outer(dz, dp),
-    )
+    if old is not None:
+        _check_shape("p", p, (p.shape[0], old.p_mean.shape[0]))
+    return merge_stats(old, batch_stats(p, z), decay)
 
 
 def update_Wb_stats(

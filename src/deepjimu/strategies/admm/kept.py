@@ -1,0 +1,117 @@
+"""KeptBatches: mini-batches whose auxiliary variables persist between visits (``--admm-aux keep``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from deepjimu.strategies.admm import updates as U
+from deepjimu.strategies.admm.blocks import LayerBlock
+from deepjimu.strategies.admm.store import SampleStore
+from deepjimu.strategies.base import epoch_order, split_steps
+
+__all__ = ["KeptBatches"]
+
+
+class KeptBatches:
+    """Fixed batches of one worker's block, each resumed where its last visit left it.
+
+    The samples are shuffled once (by the seed) and cut into fixed batches; every epoch
+    visits each batch once, in a shuffled order. A batch's first visit starts its variables
+    from a forward pass of the current weights; at every later one they are read back from
+    a :class:`SampleStore` on disk, so the iteration continues instead of restarting.
+
+    Every (W, b) step then solves the (W, b) problem over all N samples exactly: this
+    batch's current (p, z) plus ``block.others``, the statistics (``updates.WbStats``,
+    O(n^2) per layer whatever N) of every other batch's (p, z) at that batch's last (W, b)
+    step. They are kept as a running total: a visit removes the batch's contribution from
+    its last visit (kept on disk too, so it is not computed twice) and adds the one of its
+    last (W, b) step now. So that rounding cannot build up over many epochs, the total is
+    rebuilt each epoch from the new contributions alone, which hold every batch once when
+    the epoch ends. With one batch of all N samples, an epoch is exactly one full-batch
+    iteration.
+
+    Args:
+        n: samples.
+        batch: samples per batch (the last batches may hold one fewer).
+        seed: the run's seed (the fixed order).
+        block: the worker's block; its ``others`` is set for each visit.
+        directory, tag: where the store's folder goes and part of its name.
+    """
+
+    def __init__(
+        self, n: int, batch: int, seed: int, block: LayerBlock, directory: str | None, tag: str
+    ) -> None:
+        self.batches = split_steps(epoch_order(n, seed, 0), max(1, math.ceil(n / batch)))
+        bounds = [0]
+        for idx in self.batches:
+            bounds.append(bounds[-1] + len(idx))
+        self.block, self.seed = block, seed
+        self.store = SampleStore(bounds, directory, tag)
+        # each batch's contribution to the statistics, as a one-row "sample" per batch
+        self.parts = SampleStore(list(range(len(self.batches) + 1)), directory, tag + "-stats")
+        self._total: dict[int, U.WbStats | None] = dict.fromkeys(block.layers)
+        self._fresh: dict[int, U.WbStats | None] = dict.fromkeys(block.layers)
+        self._visited = 0
+
+    def order(self, epoch: int) -> list[int]:
+        """The batches in the order ``epoch`` visits them."""
+        return [int(k) for k in epoch_order(len(self.batches), self.seed, epoch + 1)]
+
+    def begin(self, k: int, p0: Tensor | None, device: torch.device) -> bool:
+        """Load batch k's variables if it was visited before and set the block's ``others``.
+
+        Returns:
+            whether the batch was loaded (else the caller starts it by a forward pass).
+        """
+        block = self.block
+        if not self.store.has(k):
+            block.others = dict(self._total)
+            return False
+        block.load_sample_state(self.store.load(k, device), p0)
+        old = _unpack(self.parts.load(k, device), block.layers)
+        block.others = {l: _without(self._total[l], old[l]) for l in block.layers}
+        return True
+
+    def end(self, k: int) -> None:
+        """Batch k is done: add its new statistics to the total and store its variables."""
+        block = self.block
+        assert block.others is not None, "begin() first"
+        new = block.batch_part
+        self._total = {l: U.merge_stats(block.others[l], new[l]) for l in block.layers}
+        self._fresh = {l: U.merge_stats(self._fresh[l], new[l]) for l in block.layers}
+        self._visited += 1
+        if self._visited == len(self.batches):  # every batch once: rebuilt from the new parts
+            self._total, self._visited = self._fresh, 0
+            self._fresh = dict.fromkeys(block.layers)
+        self.store.save(k, block.sample_state())
+        self.parts.save(k, _pack(new))
+
+    def close(self) -> None:
+        self.block.others = None
+        self.store.close()
+        self.parts.close()
+
+
+def _without(total: U.WbStats | None, part: U.WbStats) -> U.WbStats | None:
+    return None if total is None else U.remove_stats(total, part)
+
+
+_FIELDS = ("p_mean", "z_mean", "C_pp", "C_zp")
+
+
+def _pack(stats: dict[int, U.WbStats]) -> dict[str, Tensor]:
+    """Statistics per layer as one-row tensors (:class:`SampleStore` rows), by flat name."""
+    out = {}
+    for l, st in stats.items():
+        out[f"n{l}"] = torch.tensor([[st.n]], dtype=st.p_mean.dtype, device=st.p_mean.device)
+        out |= {f"{f}{l}": getattr(st, f)[None] for f in _FIELDS}
+    return out
+
+
+def _unpack(flat: dict[str, Tensor], layers: range) -> dict[int, U.WbStats]:
+    return {
+        l: U.WbStats(float(flat[f"n{l}"]), *(flat[f"{f}{l}"][0] for f in _FIELDS)) for l in layers
+    }

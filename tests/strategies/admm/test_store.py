@@ -1,0 +1,122 @@
+"""SampleStore and KeptBatches: each batch's variables on disk between visits, exact (W, b) steps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepjimu.errors import JimuError
+from deepjimu.strategies.admm import updates as U
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.driver import serial_iteration
+from deepjimu.strategies.admm.kept import KeptBatches
+from deepjimu.strategies.admm.store import SampleStore
+
+CPU = torch.device("cpu")
+
+
+def test_store_gives_back_each_batch_as_last_saved(tmp_path: Path) -> None:
+    store = SampleStore([0, 3, 5], str(tmp_path))
+    a = {"z0": torch.arange(6.0).reshape(3, 2), "q_left": torch.ones(3, 2, 2)}
+    b = {"z0": -torch.arange(4.0).reshape(2, 2), "q_left": torch.zeros(2, 2, 2)}
+    store.save(0, a)
+    store.save(1, b)
+    assert store.has(0) and store.has(1)
+    a["z0"] = a["z0"] + 10  # a second save of batch 0 replaces its rows only
+    store.save(0, a)
+    for k, want in ((0, a), (1, b)):
+        got = store.load(k, CPU)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), (k, name)
+    assert store.nbytes() == 5 * 2 * 4 + 5 * 4 * 4
+    with pytest.raises(ValueError, match="was not saved with the earlier batches"):
+        store.save(1, {**b, "u0": b["z0"]})
+    folder = Path(store.path)
+    store.close()
+    store.close()  # idempotent
+    assert not folder.exists()
+
+
+def test_store_refuses_short_files_and_failed_writes_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    store = SampleStore([0, 2, 4], str(tmp_path))
+    store.save(0, {"z0": torch.ones(2, 3)})
+    store.save(1, {"z0": torch.ones(2, 3)})
+    os.truncate(os.path.join(store.path, "z0"), 30)  # batch 1's rows cut short
+    with pytest.raises(JimuError, match=r"short: z0 of batch 1 read 6 of 24 bytes"):
+        store.load(1, CPU)
+
+    def full(*args: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(JimuError) as e:
+        store.save(0, {"z0": torch.ones(2, 3)})
+    assert "\n" not in str(e.value) and "No space left on device" in str(e.value)
+    assert "set TMPDIR to a disk with room" in str(e.value)
+    store.close()
+
+
+def _block(seed: int = 0) -> tuple[LayerBlock, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    widths = [5, 7, 6, 3]
+    x = torch.rand(24, widths[0], generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (24,), generator=g)
+    W = [torch.randn(o, i, generator=g, dtype=torch.float64) * 0.3 for i, o in zip(widths, widths[1:])]
+    b = [torch.zeros(o, dtype=torch.float64) for o in widths[1:]]
+    params = AdmmParams(tau=0.5, ridge=0.01, momentum=0.5)
+    return LayerBlock(0, 3, 3, W, b, params), x, y
+
+
+def test_kept_w_step_is_the_exact_step_over_every_batch(tmp_path: Path) -> None:
+    """With three batches kept, each (W, b) step is update_Wb over all samples' latest (p, z)."""
+    block, x, y = _block()
+    kept = KeptBatches(24, 8, 0, block, str(tmp_path), "")
+    latest: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}  # batch -> layer -> (p, z)
+    for epoch in range(3):
+        for k in kept.order(epoch):
+            idx = kept.batches[k]
+            if not kept.begin(k, x[idx], CPU):
+                block.init_forward(x[idx])
+            others = [latest[j] for j in latest if j != k]
+            W_old = dict(block.W)
+            block.step_p()
+            p = {l: block.p[l].clone() for l in block.layers}
+            z = {l: block.z[l].clone() for l in block.layers}
+            block.step_wbz(y[idx])
+            for l in block.layers:  # the independent minimiser over the concatenated samples
+                P = torch.cat([p[l]] + [o[l][0] for o in others])
+                Z = torch.cat([z[l]] + [o[l][1] for o in others])
+                W, b = U.update_Wb(P, Z, W_old[l], 1.0, tau=0.5, ridge=0.01)
+                torch.testing.assert_close(block.W[l], W)
+                torch.testing.assert_close(block.b[l], b)
+            latest[k] = {l: (p[l], z[l]) for l in block.layers}
+            block.step_qu()
+            block.extrapolate()
+            kept.end(k)
+    kept.close()
+    assert block.others is None and not any(tmp_path.iterdir())
+
+
+def test_one_kept_batch_of_every_sample_is_the_full_batch_iteration(tmp_path: Path) -> None:
+    full, x, y = _block()
+    one, _, _ = _block()
+    kept = KeptBatches(24, 24, 0, one, str(tmp_path), "")
+    full.init_forward(x)
+    for epoch in range(4):
+        serial_iteration(full, y)
+        full.extrapolate()
+        (k,) = kept.order(epoch)
+        order = kept.batches[k]
+        if not kept.begin(k, x[order], CPU):
+            one.init_forward(x[order])
+        serial_iteration(one, y[order])
+        one.extrapolate()
+        kept.end(k)
+    kept.close()
+    for l in full.layers:  # the same samples in another order: the same (W, b)
+        torch.testing.assert_close(one.W[l], full.W[l])
+        torch.testing.assert_close(one.b[l], full.b[l])
