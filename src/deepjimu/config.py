@@ -151,7 +151,8 @@ class RunConfig:
     admm_batch: int = _opt(0, "admm: mini-batch size (0: full batch)")
     admm_inner: int = _opt(
         0,
-        "admm: iterations per mini-batch (0: twice the number of layers, 4 times for MLPs of 8 layers or more)",
+        "admm: iterations per mini-batch (0: twice the number of layers, 4 times for MLPs of 8 "
+        "layers or more; 1 per visit with admm-aux keep)",
     )
     rho_growth: float = _opt(1.0, "admm: multiply rho by this when the residual stalls")
     admm_tau: float = _opt(
@@ -191,7 +192,8 @@ class RunConfig:
         "restart",
         "admm mini-batch: restart each batch's auxiliary variables from a forward pass at "
         "every visit (restart), or keep them between visits in files under TMPDIR and fit "
-        "every (W, b) step to all samples' latest values exactly (keep; MLPs)",
+        "every (W, b) step to all samples' latest values exactly (keep; MLPs; faster, about a "
+        "point less accurate; a resumed run restarts them from the checkpointed weights)",
         choices=("restart", "keep"),
     )
     admm_readout: str = _opt(

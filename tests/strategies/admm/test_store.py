@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def test_store_gives_back_each_batch_as_last_saved(tmp_path: Path) -> None:
     assert not folder.exists()
 
 
-def test_store_refuses_short_files_and_failed_writes_in_one_line(tmp_path: Path, monkeypatch) -> None:
+def test_store_refuses_short_files_and_failed_writes_in_one_line(
+    tmp_path: Path, monkeypatch
+) -> None:
     store = SampleStore([0, 2, 4], str(tmp_path))
     store.save(0, {"z0": torch.ones(2, 3)})
     store.save(1, {"z0": torch.ones(2, 3)})
@@ -65,7 +68,10 @@ def _block(seed: int = 0) -> tuple[LayerBlock, torch.Tensor, torch.Tensor]:
     widths = [5, 7, 6, 3]
     x = torch.rand(24, widths[0], generator=g, dtype=torch.float64)
     y = torch.randint(0, 3, (24,), generator=g)
-    W = [torch.randn(o, i, generator=g, dtype=torch.float64) * 0.3 for i, o in zip(widths, widths[1:])]
+    W = [
+        torch.randn(o, i, generator=g, dtype=torch.float64) * 0.3
+        for i, o in itertools.pairwise(widths)
+    ]
     b = [torch.zeros(o, dtype=torch.float64) for o in widths[1:]]
     params = AdmmParams(tau=0.5, ridge=0.01, momentum=0.5)
     return LayerBlock(0, 3, 3, W, b, params), x, y

@@ -235,5 +235,8 @@ def test_minibatch_memory_does_not_grow_with_n(tmp_path: Path) -> None:
     full_large = _peak_mb(tmp_path, 50_000, 0)
     assert full_large > 1.5 * small, (small, full_large)
     # kept batches hold their variables on disk, not in memory
-    kept_small, kept_large = _peak_mb(tmp_path, 5_000, 1000, "keep"), _peak_mb(tmp_path, 50_000, 1000, "keep")
+    kept_small, kept_large = (
+        _peak_mb(tmp_path, 5_000, 1000, "keep"),
+        _peak_mb(tmp_path, 50_000, 1000, "keep"),
+    )
     assert kept_large <= 1.5 * kept_small, (kept_small, kept_large)

@@ -294,7 +294,9 @@ class LayerBlock:
         """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and reused."""
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
         gram = self._gram_of_data() if l == 0 else None
-        if self.others is not None:  # dense layers only: exact over every sample (the strategy checks)
+        if (
+            self.others is not None
+        ):  # dense layers only: exact over every sample (the strategy checks)
             self.batch_part[l] = U.batch_stats(self.p[l], self.z[l])
             stats = U.merge_stats(self.others[l], self.batch_part[l])
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
@@ -380,17 +382,13 @@ class LayerBlock:
 
         W, b and their momentum record stay as they are: they belong to every batch.
         """
-        for k in _SAMPLE_KEYS:
-            setattr(self, k, flat.get(k))
-        for k in ("p", "z", "q", "u"):
-            setattr(self, k, {l: flat[f"{k}{l}"] for l in self.layers if f"{k}{l}" in flat})
+        for k, v in _unflat(flat, "", self.layers).items():
+            setattr(self, k, v)
         if p0 is not None:
             self.p[0] = p0
         self._data_gram = None
         if self._prev is not None:
-            prev = {k: flat.get(f"prev.{k}") for k in _SAMPLE_KEYS}
-            for k in ("p", "z", "q", "u"):
-                prev[k] = {l: flat[f"prev.{k}{l}"] for l in self.layers if f"prev.{k}{l}" in flat}
+            prev = _unflat(flat, "prev.", self.layers)
             self._prev = {"W": self._prev["W"], "b": self._prev["b"]} | {
                 k: v for k, v in prev.items() if v is not None
             }
@@ -625,7 +623,7 @@ _SAMPLE_KEYS = ("q_left", "u_left", "p_right")
 
 def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:
     """The per-sample tensors of an iterate state (not W, b), named ``prefix`` + key (+ layer)."""
-    out = {}
+    out: dict[str, Tensor] = {}
     for k, v in state.items():
         if k in ("W", "b") or v is None:
             continue
@@ -633,4 +631,12 @@ def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:
             out |= {f"{prefix}{k}{l}": t for l, t in v.items()}
         else:
             out[prefix + k] = v
+    return out
+
+
+def _unflat(flat: dict[str, Tensor], prefix: str, layers: range) -> dict[str, Any]:
+    """The inverse of :func:`_flat`: per-layer dicts of p, z, q, u and the boundary copies (or None)."""
+    out: dict[str, Any] = {k: flat.get(prefix + k) for k in _SAMPLE_KEYS}
+    for k in ("p", "z", "q", "u"):
+        out[k] = {l: flat[f"{prefix}{k}{l}"] for l in layers if f"{prefix}{k}{l}" in flat}
     return out

@@ -64,7 +64,7 @@ class SampleStore:
             if tuple(t.shape) != (hi - lo, *shape) or t.dtype != dtype:
                 raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not {shape} {dtype}")
             data = t.detach().to("cpu").contiguous()
-            raw = memoryview(data.reshape(-1).view(torch.uint8).numpy())
+            raw = _bytes(data)
             offset = lo * data[0].numel() * data.element_size()
             try:
                 while raw:
@@ -84,7 +84,7 @@ class SampleStore:
         out = {}
         for name, (fd, shape, dtype) in self._fds.items():
             buf = torch.empty((hi - lo, *shape), dtype=dtype)
-            raw = memoryview(buf.reshape(-1).view(torch.uint8).numpy())
+            raw = _bytes(buf)
             offset = lo * buf[0].numel() * buf.element_size()
             got = os.preadv(fd, [raw], offset)
             if got != len(raw):
@@ -116,3 +116,8 @@ class SampleStore:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+
+def _bytes(t: Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, shared with it (no copy)."""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]

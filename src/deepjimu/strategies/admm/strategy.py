@@ -94,9 +94,10 @@ class AdmmStrategy(Strategy):
     many layers as ``--balance N,N,...`` gives it), and exchanges only p (to the left) and q
     (to the right) with its neighbours each iteration; the duals u are kept in step on both
     sides. With ``--quantize 8|16`` every p and q lies on a grid (pdADMM-G-Q) and crosses the
-    wire as integer codes. ``--admm-batch B`` trains on mini-batches (see
-    :meth:`_minibatch_epoch`); the default is the paper's full batch, where one epoch is one
-    iteration over all N samples.
+    wire as integer codes. ``--admm-batch B`` trains on mini-batches, restarted at every
+    visit (:meth:`_minibatch_epoch`) or, with ``--admm-aux keep``, kept on disk between
+    visits (:meth:`_kept_epoch`); the default is the paper's full batch, where one epoch is
+    one iteration over all N samples.
 
     The model that is evaluated and saved is a readout of the iterate (``--admm-readout``,
     :meth:`LayerBlock.readout_choice`): by default, of the iterate's own weights, its
@@ -277,6 +278,7 @@ class AdmmStrategy(Strategy):
     ) -> int:  # fmt: skip
         """Epochs ``start`` .. the last, with their logs and checkpoints; returns the steps so far."""
         cfg, run, lo = self.cfg, self.run, self.block.lo
+        assert cfg.epochs is not None
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):
@@ -359,7 +361,9 @@ class AdmmStrategy(Strategy):
         Each batch goes on from where its last visit left it (:class:`KeptBatches`): its
         variables are read back from disk, ``--admm-inner`` iterations update them, and
         every (W, b) step is the exact one over all N samples' latest values. A batch's first
-        visit starts it by a forward pass (and the sweeps), as a full-batch run starts.
+        visit starts it by a forward pass (and the sweeps), as a full-batch run starts. The
+        store does not go into checkpoints (it is O(N)): a resumed run starts every batch
+        again from a forward pass of the checkpointed weights.
         """
         kept, run, block = self._kept, self.run, self.block
         assert kept is not None
