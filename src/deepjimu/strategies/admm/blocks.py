@@ -293,10 +293,7 @@ class LayerBlock:
     def _wbz_layer(self, l: int, y: Tensor | None) -> None:
         """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and reused."""
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
-        gram = self._gram_of_data() if l == 0 else None
-        if (
-            self.others is not None
-        ):  # dense layers only: exact over every sample (the strategy checks)
+        if self.others is not None:  # --admm-aux keep (dense layers only: the strategy checks)
             self.batch_part[l] = U.batch_stats(self.p[l], self.z[l])
             stats = U.merge_stats(self.others[l], self.batch_part[l])
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
@@ -304,6 +301,7 @@ class LayerBlock:
             stats = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
         else:
+            gram = self._gram_of_data() if l == 0 else None
             self.W[l], self.b[l] = self.ops[l].solve_Wb(
                 self.p[l], self.z[l], self.W[l], nu, tau=tau, ridge=ridge, gram=gram
             )

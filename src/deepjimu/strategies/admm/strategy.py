@@ -360,7 +360,8 @@ class AdmmStrategy(Strategy):
 
         Each batch goes on from where its last visit left it (:class:`KeptBatches`): its
         variables are read back from disk, ``--admm-inner`` iterations update them, and
-        every (W, b) step is the exact one over all N samples' latest values. A batch's first
+        every (W, b) step is exact over all N samples (each other batch as its last visit
+        left it). A batch's first
         visit starts it by a forward pass (and the sweeps), as a full-batch run starts. The
         store does not go into checkpoints (it is O(N)): a resumed run starts every batch
         again from a forward pass of the checkpointed weights.
