@@ -191,9 +191,10 @@ class RunConfig:
     admm_aux: str = _opt(
         "restart",
         "admm mini-batch: restart each batch's auxiliary variables from a forward pass at "
-        "every visit (restart), or keep them between visits in files under TMPDIR and fit "
-        "every (W, b) step to all samples' latest values exactly (keep; MLPs; faster, about a "
-        "point less accurate; a resumed run restarts them from the checkpointed weights)",
+        "every visit (restart), or keep them between visits in files under TMPDIR, every "
+        "(W, b) step exact over all samples, the other batches as last visited (keep; MLPs; "
+        "faster, about a point less accurate; a resumed run restarts them from the "
+        "checkpointed weights)",
         choices=("restart", "keep"),
     )
     admm_readout: str = _opt(
