@@ -26,8 +26,8 @@ __all__ = ["SampleStore"]
 class SampleStore:
     """Per-sample variables of fixed batches, one file per variable in a private temporary folder.
 
-    Batch k covers rows ``rows[k]`` (a contiguous range of the fixed sample order); a
-    variable's file holds ``n_samples`` rows of its per-sample shape. The folder is created
+    Batch k covers rows ``bounds[k]`` to ``bounds[k + 1]`` (a contiguous range of the fixed
+    sample order); a variable's file holds one row of its per-sample shape per sample. The folder is created
     under ``directory`` (default: the system's, ``TMPDIR``) and removed by :meth:`close`.
 
     Args:
