@@ -21,9 +21,10 @@ QSGD with 8 bits (unbiased), PowerSGD of rank 4 with error feedback and warm sta
 warm-up of plain all-reduce. topk is not a candidate although it passes the digits test
 with SGD after 60 epochs (after 30 it was 0.3 to 2.8 points behind, by seed): top-1% lost
 12.7 points on mlp:1024x4 after 10 epochs (84.2%, SGD with momentum, which error feedback
-alone does not correct; Deep Gradient Compression adds momentum correction for this) and 2.8 points under Adam on mlp:64x2 after 30 epochs; it is probed
-and predicted (:data:`PROBED`) so that its prediction can be compared, not chosen. Among
-the candidates the fastest predicted one wins, except that an option predicted within
+alone does not correct; Deep Gradient Compression adds momentum correction for this) and
+2.8 points under Adam on mlp:64x2 after 30 epochs; it is probed and predicted
+(:data:`PROBED`) so that its prediction can be compared, not chosen. Among the candidates
+the fastest predicted one wins, except that an option predicted within
 :data:`TIE` (5%) of the fastest is preferred when it comes earlier in :data:`CANDIDATES`,
 which lists them from the least to the most lossy: a few percent of predicted time are not
 worth more approximation.

@@ -172,8 +172,8 @@ class LayerBlock:
         self.cg_iters = self.cg_solves = self.cg_hits = 0
         self._data_gram: Tensor | None = None
         self.stats: dict[int, U.WbStats | None] = {l: None for l in self.layers}
-        # --admm-aux keep: the (W, b) statistics of every sample outside the current batch, and
-        # the current batch's of its last (W, b) step, layer by layer
+        # --admm-aux keep: the (W, b) statistics of every sample outside the current batch; and
+        # (both mini-batch modes) the current batch's of its last (W, b) step, layer by layer
         self.others: dict[int, U.WbStats | None] | None = None
         self.batch_part: dict[int, U.WbStats] = {}
         self._prev: dict[str, Any] | None = None  # the previous iterate, for momentum
@@ -293,12 +293,16 @@ class LayerBlock:
     def _wbz_layer(self, l: int, y: Tensor | None) -> None:
         """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and reused."""
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
-        if self.others is not None:  # --admm-aux keep (dense layers only: the strategy checks)
+        if self.others is not None or self.params.memory:  # dense layers only (the strategy checks)
+            # the other samples' statistics: every other batch as last visited (--admm-aux
+            # keep), or the batches seen so far, decayed by --admm-memory
+            rest, decay = (
+                (self.others[l], 1.0)
+                if self.others is not None
+                else (self.stats[l], self.params.memory)
+            )
             self.batch_part[l] = U.batch_stats(self.p[l], self.z[l])
-            stats = U.merge_stats(self.others[l], self.batch_part[l])
-            self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
-        elif self.params.memory:  # dense layers on flat inputs only (the strategy checks)
-            stats = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
+            stats = U.merge_stats(rest, self.batch_part[l], decay)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
         else:
             gram = self._gram_of_data() if l == 0 else None
@@ -394,7 +398,7 @@ class LayerBlock:
     def _iterate_state(self) -> dict[str, Any]:
         state = {k: getattr(self, k) for k in ("W", "b", "z", "q", "u")}
         state["p"] = {l: t for l, t in self.p.items() if l > 0}  # p_0 is the data
-        state |= {k: getattr(self, k) for k in ("q_left", "u_left", "p_right")}
+        state |= {k: getattr(self, k) for k in _BOUNDARY_KEYS}
         return state
 
     @torch.no_grad()
@@ -616,7 +620,7 @@ class LayerBlock:
         } or {l: None for l in self.layers}
 
 
-_SAMPLE_KEYS = ("q_left", "u_left", "p_right")
+_BOUNDARY_KEYS = ("q_left", "u_left", "p_right")  # the copies of the neighbours' variables
 
 
 def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:
@@ -634,7 +638,7 @@ def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:
 
 def _unflat(flat: dict[str, Tensor], prefix: str, layers: range) -> dict[str, Any]:
     """The inverse of :func:`_flat`: per-layer dicts of p, z, q, u and the boundary copies (or None)."""
-    out: dict[str, Any] = {k: flat.get(prefix + k) for k in _SAMPLE_KEYS}
+    out: dict[str, Any] = {k: flat.get(prefix + k) for k in _BOUNDARY_KEYS}
     for k in ("p", "z", "q", "u"):
         out[k] = {l: flat[f"{prefix}{k}{l}"] for l in layers if f"{prefix}{k}{l}" in flat}
     return out

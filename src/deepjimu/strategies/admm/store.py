@@ -103,10 +103,6 @@ class SampleStore:
             self._fds[name] = (fd, tuple(t.shape[1:]), t.dtype)
         return self._fds[name]
 
-    def nbytes(self) -> int:
-        """Bytes the store holds on disk."""
-        return sum(os.fstat(fd).st_size for fd, _, _ in self._fds.values())
-
     def close(self) -> None:
         """Close and remove every file (idempotent)."""
         for fd, _, _ in self._fds.values():

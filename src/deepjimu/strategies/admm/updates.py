@@ -402,8 +402,6 @@ def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> Wb
     Raises:
         ValueError: on mismatched shapes or ``decay`` outside [0, 1].
     """
-    if not 0 <= decay <= 1:
-        raise ValueError(f"decay must be in [0, 1] (decay: {decay})")
     if old is not None:
         _check_shape("p", p, (p.shape[0], old.p_mean.shape[0]))
     return merge_stats(old, batch_stats(p, z), decay)
