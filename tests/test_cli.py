@@ -135,27 +135,12 @@ def test_python_dash_m_entry_point() -> None:
     assert r.returncode == 0 and "--strategy" in r.stdout and "--checkpoint-every" in r.stdout
 
 
-class _OsExit(Exception):
-    pass
-
-
-@pytest.mark.parametrize("torchrun", [True, False])
-def test_entry_leaves_a_torchrun_process_without_interpreter_shutdown(
-    monkeypatch: pytest.MonkeyPatch, torchrun: bool
-) -> None:
-    """Under torchrun ``jimu`` ends with os._exit (gloo threads can abort a finalizing interpreter)."""
+def test_entry_leaves_by_deepjimu_leave_with_mains_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``jimu`` exits through leave (no interpreter shutdown once a group ran: test_leave.py)."""
     import deepjimu.cli as cli
 
-    def os_exit(code: int) -> None:
-        raise _OsExit(code)
-
+    left: list[int] = []
     monkeypatch.setattr(cli, "main", lambda: 2)
-    monkeypatch.setattr(cli.os, "_exit", os_exit)
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    if torchrun:
-        monkeypatch.setenv("RANK", "0")
-        monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(_OsExit if torchrun else SystemExit) as e:
-        cli.entry()
-    assert (e.value.args[0] if torchrun else e.value.code) == 2
+    monkeypatch.setattr(cli, "leave", left.append)
+    cli.entry()
+    assert left == [2]

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from deepjimu.choices import OmpWait
 from deepjimu.config import RunConfig, add_options, flag_values, load_config, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.leave import leave
 from deepjimu.rundir import saved_config
 from deepjimu.threads import ThreadPlan, plan_threads, set_env, under_torchrun
 
@@ -128,14 +129,9 @@ def _command(args: argparse.Namespace) -> int:
 def entry() -> NoReturn:
     """The ``jimu`` executable: :func:`main`, then exit with its code.
 
-    A process that torchrun started leaves with ``os._exit`` once its output is flushed, as
-    the workers of ``jimu train``'s own launcher (multiprocessing) always do. Gloo's worker
-    threads release finished collectives, which hold Python tensors, some time after the
-    caller has seen them complete; when that falls into interpreter shutdown the thread
-    cannot take the GIL and the process aborts (seen here: about 1 run in 8 of
-    ``torchrun --nproc-per-node 2 -m deepjimu train --strategy ddp`` ended in SIGABRT after
-    a complete run; pytorch/pytorch#179291 describes the same crash). Skipping the
-    shutdown is safe here: every file was closed or renamed into place before.
+    A process that ran a process group (a worker under torchrun, a one-worker ddp run)
+    leaves without Python's shutdown, once its output is flushed: see
+    :mod:`deepjimu.leave`.
     """
     try:
         code = main()
@@ -144,11 +140,7 @@ def entry() -> NoReturn:
     except BaseException:  # not a user error: keep the traceback, exit 1
         traceback.print_exc()
         code = 1
-    if under_torchrun():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    leave(code)
 
 
 def _torchrun_thread_plan(cfg: RunConfig) -> ThreadPlan | None:

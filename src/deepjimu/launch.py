@@ -20,7 +20,14 @@ from deepjimu.precision import check_precision
 from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
 from deepjimu.validation import validate
-from deepjimu.worker import ModelFactory, error_dir, pick_device, run_dir_of, worker_main
+from deepjimu.worker import (
+    ModelFactory,
+    error_dir,
+    pick_device,
+    run_dir_of,
+    spawned_worker,
+    worker_main,
+)
 
 __all__ = ["probe", "train"]
 
@@ -185,8 +192,8 @@ def _launch_local(
     )
     try:
         with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
-            results = elastic_launch(config, worker_main)(
-                cfg_dict, str(out_dir), True, plan, job, model_factory
+            results = elastic_launch(config, spawned_worker)(
+                cfg_dict, str(out_dir), plan, job, model_factory
             )
     except ChildFailedError as e:
         raise JimuError(_failure_line(out_dir, e)) from None

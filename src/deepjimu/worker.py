@@ -23,6 +23,7 @@ from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError, one_line
+from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
 from deepjimu.report import best_validation, read_events
@@ -38,6 +39,7 @@ __all__ = [
     "error_dir",
     "free_port",
     "run_dir_of",
+    "spawned_worker",
     "worker_main",
 ]
 
@@ -131,6 +133,31 @@ def worker_main(
         raise
 
 
+def spawned_worker(
+    cfg_dict: dict[str, Any],
+    out_dir: str,
+    plan: ThreadPlan,
+    job: str,
+    model_factory: ModelFactory | None = None,
+) -> dict[str, Any] | None:
+    """:func:`worker_main` in a process the local launcher spawned, which then leaves as
+    :mod:`deepjimu.leave` says (multiprocessing would end it with ``sys.exit``).
+
+    After an error or a signal the worker has written its error record and unwound, and
+    leaves at once: with 1, or 128 + the signal (130 after Ctrl-C). After a summary it
+    returns it to torch elastic, which passes it on, and leaves with 0 when the shutdown
+    begins.
+    """
+    try:
+        summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory)
+    except KeyboardInterrupt as e:  # SIGINT, or Interrupted
+        leave(getattr(e, "exit_code", 130))
+    except Exception:
+        leave(1)
+    leave_at_exit(0)
+    return summary
+
+
 def _work(
     cfg: RunConfig,
     out_dir: Path | None,
@@ -149,6 +176,7 @@ def _work(
     if "MASTER_ADDR" in os.environ:
         store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
     if world > 1 or get_strategy(cfg.strategy).needs_group:
+        group_started()
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
