@@ -47,6 +47,9 @@ __all__ = [
 ModelFactory = Callable[[], nn.Sequential]
 
 _TIMEOUT = datetime.timedelta(minutes=30)
+# how long a failed worker waits before it exits: several of the agent's polls (launch.py
+# polls every 0.1 s), so that the agent sees a peer that died first (spawned_worker)
+_LINGER_S = 0.5
 # key in torch elastic's job store: the run folder this torchrun job owns (see _claim)
 _CLAIM_KEY = "deepjimu/run_dir"
 
@@ -143,16 +146,19 @@ def spawned_worker(
     """:func:`worker_main` in a process the local launcher spawned, which then leaves as
     :mod:`deepjimu.leave` says (multiprocessing would end it with ``sys.exit``).
 
-    After an error or a signal the worker has written its error record and unwound, and
-    leaves at once: with 1, or 128 + the signal (130 after Ctrl-C). After a summary it
-    returns it to torch elastic, which passes it on, and leaves with 0 when the shutdown
-    begins.
+    After a signal the worker has unwound and leaves at once, with 128 + the signal (130
+    after Ctrl-C). After an error it has written its error record, and leaves with 1 after
+    :data:`_LINGER_S`: torch elastic reports only the first exit it sees, and a peer that
+    died without a word (SIGKILL, the out-of-memory killer) must be that one, so that
+    the launcher can say how it died. After a summary the worker returns it to torch
+    elastic, which passes it on, and leaves with 0 when the shutdown begins.
     """
     try:
         summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory)
     except KeyboardInterrupt as e:  # SIGINT, or Interrupted
         leave(getattr(e, "exit_code", 130))
     except Exception:
+        time.sleep(_LINGER_S)
         leave(1)
     leave_at_exit(0)
     return summary
