@@ -13,7 +13,7 @@ from deepjimu.errors import JimuError
 from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
-from deepjimu.strategies.admm.kept import KeptBatches
+from deepjimu.strategies.admm.kept import KeptBatches, kept_readout
 from deepjimu.strategies.admm.store import SampleStore
 
 CPU = torch.device("cpu")
@@ -127,3 +127,42 @@ def test_one_kept_batch_of_every_sample_is_the_full_batch_iteration(tmp_path: Pa
     for l in full.layers:  # the same samples in another order: the same (W, b)
         torch.testing.assert_close(one.W[l], full.W[l])
         torch.testing.assert_close(one.b[l], full.b[l])
+
+
+@pytest.mark.parametrize("mode", ["auto", "all", "last"])
+def test_kept_readout_is_the_full_batch_readout_of_the_stored_iterate(
+    tmp_path: Path, mode: str
+) -> None:
+    """Streamed over three kept batches, the readout refits and chooses as the full-batch
+    readout does on every sample's stored variables at once."""
+    block, x, y = _block()
+    kept = KeptBatches(24, 8, 0, block, str(tmp_path), "")
+    for epoch in range(2):
+        for k in kept.order(epoch):
+            idx = kept.batches[k]
+            if not kept.begin(k, x[idx], CPU):
+                block.init_forward(x[idx])
+            serial_iteration(block, y[idx])
+            block.extrapolate()
+            kept.end(k)
+    order = torch.cat([torch.as_tensor(idx) for idx in kept.batches])
+    ref, _, _ = _block()  # the full batch: the same weights, every batch's stored z
+    ref.W, ref.b, ref.p = dict(block.W), dict(block.b), {0: x[order]}
+    stored = [kept.store.load(k, CPU) for k in range(len(kept.batches))]
+    ref.z = {l: torch.cat([s[f"z{l}"] for s in stored]) for l in ref.layers}
+    plain, refit = ref.readout_forward(
+        x[order] if mode != "all" else None, x[order] if mode != "last" else None
+    )
+    expected = ref.readout_choice(plain, refit, y[order], mode)
+
+    got = kept_readout(kept, x, y, None, 0, 1, mode, CPU)  # type: ignore[arg-type]
+    assert got == expected
+    if mode != "last":
+        for l in ref.layers:
+            for a, b in zip(block.refit_Wb[l], ref.refit_Wb[l], strict=True):
+                torch.testing.assert_close(a, b)
+    if mode != "all":
+        for a, b in zip(block.last_Wb, ref.last_Wb, strict=True):  # type: ignore[arg-type]
+            torch.testing.assert_close(a, b)
+    kept.close()
+    assert not any(tmp_path.iterdir())  # the readout's scratch store is gone too

@@ -186,12 +186,14 @@ def test_kept_minibatches_train_in_parallel_as_serially_and_leave_no_files(
     monkeypatch.setattr(tempfile, "tempdir", str(spill))
     common = {"model": "mlp:64x2", "epochs": 2, "admm_batch": 400, "admm_aux": "keep",
               "quiet": True, "runs_dir": str(tmp_path / "runs")}  # fmt: skip
-    models = {}
+    models, choices = {}, {}
     for workers in (1, 2, 3):
         summary = train(RunConfig(workers=workers, name=f"w{workers}", **common))
         assert summary is not None and summary["test_acc"] > 0.5  # chance is 0.1
         assert summary["admm_settings"]["aux"] == "keep" and summary["admm_settings"]["inner"] == 1
+        choices[workers] = summary["admm_readout"]  # streamed through the chain (kept_readout)
         models[workers] = _model(tmp_path / "runs" / f"w{workers}")
+    assert choices == dict.fromkeys((1, 2, 3), "all")
     # the same iterates, up to float32 rounding of other GEMM sizes, which the exact solves
     # amplify over the iterations (as in restart mode: 1.5e-3 after 5 epochs, 2.7e-4 after 2)
     for workers in (2, 3):

@@ -480,13 +480,16 @@ class LayerBlock:
                 gram = self._gram_of_data() if l == 0 else None  # refit is p_0, the data
                 W, b = op.solve_Wb(refit, self.z[l], self.W[l], nu, ridge=ridge, gram=gram)
                 self.refit_Wb[l] = (W, b)
-                refit = op.forward(refit, W, b)
+                refit = self.output(l, refit, W, b)
             if plain is not None:
-                plain = op.forward(plain, self.W[l], self.b[l])
-            if l < self.L - 1:
-                plain = None if plain is None else self._grid(torch.relu(plain))
-                refit = None if refit is None else self._grid(torch.relu(refit))
+                plain = self.output(l, plain, self.W[l], self.b[l])
         return plain, refit
+
+    def output(self, l: int, p: Tensor, W: Tensor, b: Tensor) -> Tensor:
+        """Layer l's forward output for input p under (W, b): the logits for the last layer,
+        else the ReLU of the pre-activation put on the quantization grid (as q is)."""
+        a = self.ops[l].forward(p, W, b)
+        return a if l == self.L - 1 else self._grid(torch.relu(a))
 
     @torch.no_grad()
     def readout_choice(

@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.blocks import LayerBlock
+from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.store import SampleStore
 from deepjimu.strategies.base import epoch_order, split_steps
 
-__all__ = ["KeptBatches"]
+__all__ = ["KeptBatches", "kept_readout"]
 
 
 class KeptBatches:
@@ -49,6 +51,7 @@ class KeptBatches:
         for idx in self.batches:
             bounds.append(bounds[-1] + len(idx))
         self.block, self.seed = block, seed
+        self.directory, self.tag = directory, tag
         self.store = SampleStore(bounds, directory, tag)
         # each batch's contribution to the statistics, as a one-row "sample" per batch
         self.parts = SampleStore(list(range(len(self.batches) + 1)), directory, tag + "-stats")
@@ -93,6 +96,110 @@ class KeptBatches:
         self.block.others = None
         self.store.close()
         self.parts.close()
+
+
+@torch.no_grad()
+def kept_readout(
+    kept: KeptBatches,
+    x: Tensor | None,
+    y: Tensor | None,
+    ex: Exchange,
+    rank: int,
+    world: int,
+    mode: str,
+    device: torch.device,
+) -> str | None:
+    """Collective over the chain: the readout ``mode`` of kept batches, one batch in memory.
+
+    The same readout as full batch's (``driver.choose_readout``: :meth:`LayerBlock.readout_forward`,
+    then :meth:`LayerBlock.readout_choice`) of every sample's variables as the store holds
+    them, streamed: a refit is :func:`updates.update_Wb_stats` over the statistics of every
+    batch, the exact least squares that the full-batch refit solves, and the losses that
+    ``auto`` compares are sums over the batches. The activations between layers go
+    through a temporary :class:`SampleStore`, so memory holds one batch whatever N is. Rank
+    r takes every batch's inputs from rank r-1 first, then passes over the batches once per
+    owned layer (twice where it refits), then sends its outputs on, as the full-batch chain
+    does with all samples at once.
+
+    Returns:
+        the choice on the last rank (``mode`` unless it is ``auto``), None elsewhere;
+        ``iterate`` on every rank while a batch has no stored variables yet (a resumed run
+        before its first epoch).
+
+    Raises:
+        torch.linalg.LinAlgError: a refit's least squares failed.
+    """
+    block, batches = kept.block, kept.batches
+    if mode == "iterate" or not all(kept.store.has(k) for k in range(len(batches))):
+        return "iterate"
+    wanted = [n for n, on in (("plain", mode != "all"), ("refit", mode != "last")) if on]
+    nu, ridge = block.params.nu, block.readout_ridge
+    block.refit_Wb = {}
+    acts = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
+    try:
+        for k, idx in enumerate(batches):  # this block's inputs
+            if rank == 0:
+                assert x is not None
+                acts.save(k, dict.fromkeys(wanted, x[idx].to(device)))
+            else:
+                shape = (len(idx), *block.ops[block.lo].in_shape)
+                incoming = {n: ex.irecv(shape, rank - 1) for n in wanted}
+                acts.save(k, {n: i.wait() for n, i in incoming.items()})
+        for l in block.layers:
+            last = l == block.L - 1
+            fits = [n for n in wanted if n == "refit" or last]  # plain: the classifier alone
+            stats: dict[str, U.WbStats | None] = dict.fromkeys(fits)
+            for k in range(len(batches) if fits else 0):
+                a, z = acts.load(k, device), kept.store.load(k, device, (f"z{l}",))[f"z{l}"]
+                for n in fits:
+                    stats[n] = U.merge_stats(stats[n], U.batch_stats(a[n], z))
+            solved = {
+                n: U.update_Wb_stats(st, block.W[l], nu, ridge=ridge)
+                for n, st in stats.items()
+                if st is not None
+            }
+            weights = {"plain": (block.W[l], block.b[l])}
+            if "refit" in solved:
+                block.refit_Wb[l] = weights["refit"] = solved["refit"]
+            if last:
+                if "plain" in solved:
+                    block.last_Wb = solved["plain"]
+                assert y is not None
+                return _choose(kept, acts, y, mode, device)
+            out = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
+            for k in range(len(batches)):
+                a = acts.load(k, device)
+                out.save(k, {n: block.output(l, a[n], *weights[n]) for n in wanted})
+            acts.close()
+            acts = out
+        for k in range(len(batches)):  # the outputs go on to the next block
+            a = acts.load(k, device)
+            for pending in [s for n in wanted for s in ex.isend(a[n], rank + 1)]:
+                pending.wait()
+        return None
+    finally:
+        acts.close()
+
+
+def _choose(
+    kept: KeptBatches, acts: SampleStore, y: Tensor, mode: str, device: torch.device
+) -> str:
+    """On the last block, its inputs in ``acts``: :meth:`LayerBlock.readout_choice`, streamed."""
+    block = kept.block
+    last = block.L - 1
+    losses: dict[str, float] = {}
+    for k, idx in enumerate(kept.batches):
+        a, yb = acts.load(k, device), y[idx].to(device)
+        logits = {}
+        if "plain" in a:
+            assert block.last_Wb is not None
+            logits["iterate"] = block.output(last, a["plain"], block.W[last], block.b[last])
+            logits["last"] = block.output(last, a["plain"], *block.last_Wb)
+        if "refit" in a:
+            logits["all"] = block.output(last, a["refit"], *block.refit_Wb[last])
+        for n, v in logits.items():
+            losses[n] = losses.get(n, 0.0) + float(F.cross_entropy(v, yb, reduction="sum"))
+    return mode if mode != "auto" else min(losses, key=lambda n: losses[n])
 
 
 def _without(total: U.WbStats | None, part: U.WbStats) -> U.WbStats | None:

@@ -77,12 +77,15 @@ class SampleStore:
                 ) from None
         self._saved.add(k)
 
-    def load(self, k: int, device: torch.device) -> dict[str, Tensor]:
-        """Batch k's rows of every variable, as saved last."""
+    def load(
+        self, k: int, device: torch.device, names: tuple[str, ...] | None = None
+    ) -> dict[str, Tensor]:
+        """Batch k's rows of every variable (or of ``names`` only), as saved last."""
         assert k in self._saved, f"batch {k} was never saved"
         lo, hi = self.bounds[k], self.bounds[k + 1]
         out = {}
-        for name, (fd, shape, dtype) in self._fds.items():
+        for name in self._fds if names is None else names:
+            fd, shape, dtype = self._fds[name]
             buf = torch.empty((hi - lo, *shape), dtype=dtype)
             raw = _bytes(buf)
             offset = lo * buf[0].numel() * buf.element_size()

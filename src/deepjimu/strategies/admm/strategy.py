@@ -37,7 +37,7 @@ from deepjimu.strategies.admm.health import (
     readout_failed,
     solve_failed,
 )
-from deepjimu.strategies.admm.kept import KeptBatches
+from deepjimu.strategies.admm.kept import KeptBatches, kept_readout
 from deepjimu.strategies.admm.layers import ConvOp, layer_ops
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
@@ -222,8 +222,9 @@ class AdmmStrategy(Strategy):
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
         init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
-        # the readout needs the full batch's targets z; mini-batch runs evaluate the iterate
-        self._readout_mode = "iterate" if cfg.admm_batch else cfg.admm_readout
+        # the readout needs every sample's targets z: full batch holds them, kept batches
+        # store them (streamed: kept_readout); restarted batches have them only for a visit
+        self._readout_mode = "iterate" if cfg.admm_batch and not keep else cfg.admm_readout
         self._readout_choice = "iterate"
         self._readout_stale = True
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
@@ -394,9 +395,14 @@ class AdmmStrategy(Strategy):
             return
         with run.training(), run.autocast():
             try:
-                choice = choose_readout(
-                    self.block, self._x, y, self._n, self.exchange, run.rank, run.world, mode
-                )
+                if self._kept is not None:
+                    choice = kept_readout(
+                        self._kept, self._x, y, self.exchange, run.rank, run.world, mode, run.device
+                    )
+                else:
+                    choice = choose_readout(
+                        self.block, self._x, y, self._n, self.exchange, run.rank, run.world, mode
+                    )
             except torch.linalg.LinAlgError as e:
                 raise JimuError(readout_failed(e, "--admm-readout iterate")) from None
         self._readout_choice = run.broadcast_object(choice, src=run.world - 1)
