@@ -58,6 +58,7 @@ FULL_BATCH = {
 MINI_BATCH = {
     "base (per-batch prox)": _flags(admm_memory="0"),
     "memory 0.8": _flags(admm_memory="0.8"),
+    "restart (the other defaults)": "--admm-aux restart",
     "defaults": "",
 }
 

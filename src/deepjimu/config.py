@@ -189,20 +189,21 @@ class RunConfig:
         "by this decay per batch (0: the current batch only; default 0.8 for MLPs, 0 for CNNs)",
     )
     admm_aux: str = _opt(
-        "restart",
-        "admm mini-batch: restart each batch's auxiliary variables from a forward pass at "
-        "every visit (restart), or keep them between visits in files under TMPDIR, every "
-        "(W, b) step exact over all samples, the other batches as last visited (keep; MLPs; "
-        "faster, about a point less accurate; a resumed run restarts them from the "
-        "checkpointed weights)",
-        choices=("restart", "keep"),
+        "auto",
+        "admm mini-batch: keep each batch's auxiliary variables between visits in files under "
+        "TMPDIR, every (W, b) step exact over all samples, the other batches as last visited "
+        "(keep; MLPs; a resumed run restarts them from the checkpointed weights), or restart "
+        "them from a forward pass at every visit (restart); auto: keep for MLPs without "
+        "admm-memory where TMPDIR has room, else restart",
+        choices=("auto", "restart", "keep"),
     )
     admm_readout: str = _opt(
         "auto",
         "admm: the network evaluated and saved: the iterate's own weights (iterate), the "
         "classifier (last) or every layer (all) refitted by least squares on the inputs the "
         "network's forward pass produces to the iterate's targets z; auto: of the three, the "
-        "one with the lowest training loss (full batch; mini-batch runs use the iterate)",
+        "one with the lowest training loss (full batch and kept mini-batches; restarted "
+        "mini-batches use the iterate)",
         choices=("auto", "iterate", "last", "all"),
     )
     # admm on CNNs (issue 13)
@@ -496,9 +497,9 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})",
     )
     need(
-        not (cfg.admm_batch and cfg.admm_readout in ("last", "all")),
-        f"admm-readout {cfg.admm_readout} needs the full batch's targets; mini-batch runs "
-        "(admm-batch > 0) use the iterate's weights",
+        not (cfg.admm_batch and cfg.admm_aux == "restart" and cfg.admm_readout in ("last", "all")),
+        f"admm-readout {cfg.admm_readout} needs every sample's targets z, which restarted "
+        "mini-batches (admm-aux restart) hold for one visit only; they use the iterate's weights",
     )
     need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
     # kfac (issue 12)

@@ -13,7 +13,7 @@ from deepjimu.errors import JimuError
 from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
-from deepjimu.strategies.admm.kept import KeptBatches, kept_readout
+from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
 from deepjimu.strategies.admm.store import SampleStore
 
 CPU = torch.device("cpu")
@@ -104,6 +104,11 @@ def test_kept_w_step_is_the_exact_step_over_every_batch(tmp_path: Path) -> None:
             block.step_qu()
             block.extrapolate()
             kept.end(k)
+    on_disk = sum(
+        f.stat().st_size for s in (kept.store, kept.parts) for f in Path(s.path).iterdir()
+    )
+    readout_scratch = 8 * 24 * 4 * 7  # float64, 24 samples, 2 stores x 2 passes of width <= 7
+    assert on_disk == kept_nbytes(block.ops, 0, 3, 3, 0.5, 24, 8, itemsize=8) - readout_scratch
     kept.close()
     assert block.others is None and not any(tmp_path.iterdir())
 
@@ -166,3 +171,22 @@ def test_kept_readout_is_the_full_batch_readout_of_the_stored_iterate(
             torch.testing.assert_close(a, b)
     kept.close()
     assert not any(tmp_path.iterdir())  # the readout's scratch store is gone too
+
+
+@pytest.mark.parametrize(("lo", "hi", "momentum"), [(0, 3, 0.5), (0, 3, 0.0), (1, 2, 0.5)])
+def test_sample_nbytes_is_the_size_of_a_samples_stored_variables(
+    lo: int, hi: int, momentum: float
+) -> None:
+    """What the kept store writes per sample, known before the first batch (the disk check)."""
+    full, x, _ = _block()
+    block = LayerBlock(
+        lo, hi, 3, [full.W[l] for l in range(lo, hi)], [full.b[l] for l in range(lo, hi)],
+        AdmmParams(momentum=momentum),
+    )  # fmt: skip
+    block.init_forward(x if lo == 0 else torch.rand(24, 7, dtype=torch.float64))
+    if hi < 3:  # the copy of the right neighbour's p, set by the driver
+        block.p_right = torch.rand(24, 6, dtype=torch.float64)
+    if momentum:  # as the strategy does: the first call records the previous iterate
+        block.extrapolate()
+    state = block.sample_state()
+    assert sum(t[0].numel() * t.element_size() for t in state.values()) == block.sample_nbytes()

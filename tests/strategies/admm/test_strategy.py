@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,7 +141,8 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
         ({"admm_ridge": -0.1}, "admm-ridge must be a number >= 0 (admm-ridge: -0.1)"),
         ({"admm_sweeps": -1}, "admm-sweeps must be >= 0 (admm-sweeps: -1)"),
         ({"model": "cnn:4-8", "admm_batch": 64, "admm_memory": 0.9}, "admm-memory works on MLPs only, not on conv layers yet (admm-memory: 0.9, model: cnn:4-8)"),
-        ({"admm_batch": 64, "admm_readout": "all"}, "admm-readout all needs the full batch's targets; mini-batch runs (admm-batch > 0) use the iterate's weights"),
+        ({"admm_batch": 64, "admm_aux": "restart", "admm_readout": "all"}, "admm-readout all needs every sample's targets z, which restarted mini-batches (admm-aux restart) hold for one visit only; they use the iterate's weights"),
+        ({"model": "cnn:4-8", "admm_batch": 64, "admm_readout": "last"}, "admm-readout last needs every sample's targets z, which mini-batches with conv layers restart at every visit (model: cnn:4-8)"),
         ({"model": "cnn:4-8", "admm_batch": 64, "admm_aux": "keep"}, "admm-aux keep works on MLPs only, not on conv layers yet (model: cnn:4-8)"),
         ({"admm_batch": 64, "admm_aux": "keep", "admm_memory": 0.5}, "admm-memory is for admm-aux restart: with keep every (W, b) step already fits every sample (admm-memory: 0.5)"),
         ({"model": "cnn:4-8", "precision": "bf16"}, "admm trains CNNs in fp32 or tf32 only (precision: bf16, model: cnn:4-8)"),
@@ -200,6 +203,37 @@ def test_kept_minibatches_train_in_parallel_as_serially_and_leave_no_files(
         for k in models[1]:
             torch.testing.assert_close(models[workers][k], models[1][k], rtol=1e-2, atol=1e-3)
     assert not [p for p in spill.iterdir() if p.name.startswith("jimu-admm")]  # stores removed
+
+
+@pytest.mark.parametrize("aux", ["auto", "keep"])
+def test_kept_minibatches_need_room_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aux: str
+) -> None:
+    """auto restarts the batches where the disk cannot hold them; keep ends in one line."""
+    import deepjimu.strategies.admm.strategy as S
+
+    room = 10**6  # bytes free: mlp:64x2 on 1,437 digits needs about 2.5 MB
+    monkeypatch.setattr(S.shutil, "disk_usage", lambda _: SimpleNamespace(free=room))
+    cfg = RunConfig(model="mlp:64x2", epochs=1, admm_batch=400, admm_aux=aux, quiet=True,
+                    runs_dir=str(tmp_path), name=aux, workers=1)  # fmt: skip
+    if aux == "keep":
+        with pytest.raises(JimuError) as e:
+            train(cfg)
+        assert "\n" not in str(e.value)
+        assert str(e.value).startswith("admm-aux keep: keeping the auxiliary variables of ")
+        assert str(e.value).endswith(
+            "GB free); set TMPDIR to a disk with room or use --admm-aux restart"
+        )
+        return
+    summary = train(cfg)
+    assert summary is not None
+    settings = summary["admm_settings"]
+    assert (settings["aux"], settings["readout"]) == ("restart", "iterate")
+    monkeypatch.setattr(S.shutil, "disk_usage", lambda _: SimpleNamespace(free=10**12))
+    summary = train(dataclasses.replace(cfg, name="roomy"))
+    assert summary is not None
+    settings = summary["admm_settings"]
+    assert (settings["aux"], settings["readout"]) == ("keep", "auto")
 
 
 def test_cnn_minibatch_run_reports_the_cg_cap(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "auto_defaults",
     "auto_init",
     "auto_inner",
+    "sample_nbytes",
 ]
 
 
@@ -379,6 +381,12 @@ class LayerBlock:
             out |= _flat(self._prev, "prev.")
         return out
 
+    def sample_nbytes(self) -> int:
+        """Bytes per sample of :meth:`sample_state` (:func:`sample_nbytes` of this block)."""
+        return sample_nbytes(
+            self.ops, self.lo, self.hi, self.L, self.params.momentum, self.W[self.lo].element_size()
+        )
+
     def load_sample_state(self, flat: dict[str, Tensor], p0: Tensor | None) -> None:
         """Restore :meth:`sample_state`; ``p0`` is the batch's data (layer 0's input, if owned).
 
@@ -624,6 +632,27 @@ class LayerBlock:
 
 
 _BOUNDARY_KEYS = ("q_left", "u_left", "p_right")  # the copies of the neighbours' variables
+
+
+def sample_nbytes(
+    ops: Mapping[int, LayerOp], lo: int, hi: int, L: int, momentum: float, itemsize: int = 4
+) -> int:
+    """Bytes per sample of the per-sample variables of the block of layers lo..hi-1 of L
+    (:meth:`LayerBlock.sample_state`), known from the layer shapes before any exist.
+
+    p of every layer but the first, z, q and u of every layer below the top (z alone at the
+    top), the copies of the neighbours' boundary variables, and all of it twice with
+    momentum (its record of the previous iterate).
+    """
+    widths = []
+    for l in range(lo, hi):
+        widths += [math.prod(ops[l].in_shape)] if l > 0 else []
+        widths += [math.prod(ops[l].out_shape)] * (3 if l < L - 1 else 1)
+    if lo > 0:  # q_left, u_left
+        widths += [math.prod(ops[lo].in_shape)] * 2
+    if hi < L:  # p_right
+        widths.append(math.prod(ops[hi - 1].out_shape))
+    return itemsize * sum(widths) * (2 if momentum else 1)
 
 
 def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:

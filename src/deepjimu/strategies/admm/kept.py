@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.strategies.admm import updates as U
-from deepjimu.strategies.admm.blocks import LayerBlock
+from deepjimu.strategies.admm.blocks import LayerBlock, sample_nbytes
 from deepjimu.strategies.admm.driver import Exchange
+from deepjimu.strategies.admm.layers import LayerOp
 from deepjimu.strategies.admm.store import SampleStore
 from deepjimu.strategies.base import epoch_order, split_steps
 
-__all__ = ["KeptBatches", "kept_readout"]
+__all__ = ["KeptBatches", "kept_nbytes", "kept_readout"]
 
 
 class KeptBatches:
@@ -96,6 +98,35 @@ class KeptBatches:
         self.block.others = None
         self.store.close()
         self.parts.close()
+
+
+def kept_nbytes(
+    ops: Mapping[int, LayerOp],
+    lo: int,
+    hi: int,
+    L: int,
+    momentum: float,
+    n: int,
+    batch: int,
+    itemsize: int = 4,
+) -> int:
+    """Bytes on disk that :class:`KeptBatches` of the dense block lo..hi-1 of L needs at most
+    for ``n`` samples in batches of ``batch``, ``itemsize`` bytes per number (float32: 4).
+
+    Every sample's variables (:func:`~deepjimu.strategies.admm.blocks.sample_nbytes`), each
+    batch's (W, b) statistics (O(n_l n_{l-1}) per layer) and the two scratch stores that
+    :func:`kept_readout` holds at once (two passes' inputs and outputs of one layer).
+    """
+    stats = widest = 0
+    for l in range(lo, hi):
+        n_in, n_out = math.prod(ops[l].in_shape), math.prod(ops[l].out_shape)
+        stats += 1 + n_in + n_out + n_in * n_in + n_out * n_in
+        widest = max(widest, n_in, n_out)
+    batches = max(1, math.ceil(n / batch))
+    scratch = n * 4 * widest  # kept_readout: two stores of two passes' activations
+    return n * sample_nbytes(ops, lo, hi, L, momentum, itemsize) + itemsize * (
+        batches * stats + scratch
+    )
 
 
 @torch.no_grad()

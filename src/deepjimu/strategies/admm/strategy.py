@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from typing import Any
 
 import torch
@@ -37,8 +39,8 @@ from deepjimu.strategies.admm.health import (
     readout_failed,
     solve_failed,
 )
-from deepjimu.strategies.admm.kept import KeptBatches, kept_readout
-from deepjimu.strategies.admm.layers import ConvOp, layer_ops
+from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
+from deepjimu.strategies.admm.layers import ConvOp, LayerOp, layer_ops
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
@@ -51,6 +53,9 @@ from deepjimu.strategies.partition import (
 )
 
 __all__ = ["AdmmStrategy", "weight_layers"]
+
+# the share of a temporary folder's free space that kept mini-batches may fill
+_DISK_SHARE = 0.8
 
 
 def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
@@ -136,6 +141,13 @@ class AdmmStrategy(Strategy):
                 f"admm-memory works on MLPs only, not on conv layers yet "
                 f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
             )
+        restarts = kind == "cnn" or cfg.admm_memory is not None  # where auto restarts
+        if cfg.admm_batch and cfg.admm_aux == "auto" and restarts and cfg.admm_readout in ("last", "all"):  # fmt: skip
+            what = "conv layers" if kind == "cnn" else "admm-memory"
+            out.append(
+                f"admm-readout {cfg.admm_readout} needs every sample's targets z, which "
+                f"mini-batches with {what} restart at every visit (model: {cfg.model})"
+            )
         if cfg.admm_batch and cfg.admm_aux == "keep":
             if kind == "cnn":  # the statistics are those of dense layers (updates.WbStats)
                 out.append(
@@ -195,7 +207,7 @@ class AdmmStrategy(Strategy):
             k: auto[k] if getattr(cfg, f"admm_{k}") is None else getattr(cfg, f"admm_{k}")
             for k in auto
         }
-        keep = bool(cfg.admm_batch) and cfg.admm_aux == "keep"
+        keep = self._keeps(ops, lo, hi, chosen["momentum"], len(data.train_y), run)
         if not cfg.admm_batch or keep:
             chosen["memory"] = 0.0
         self.sweeps = int(chosen["sweeps"])
@@ -232,7 +244,7 @@ class AdmmStrategy(Strategy):
         # a kept batch goes on where it stopped: one iteration per visit, as full batch per epoch
         self._inner = cfg.admm_inner or (1 if keep else auto_inner(ops))
         if cfg.admm_batch:
-            self.settings |= {"aux": cfg.admm_aux, "inner": self._inner}
+            self.settings |= {"aux": "keep" if keep else "restart", "inner": self._inner}
         if run.is_main and not cfg.quiet:
             print(
                 "admm settings: "
@@ -272,6 +284,45 @@ class AdmmStrategy(Strategy):
             }
             | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
         )
+
+    def _keeps(
+        self, ops: list[LayerOp], lo: int, hi: int, momentum: float, n: int, run: Run
+    ) -> bool:
+        """Collective: whether the mini-batches keep their auxiliary variables (``--admm-aux``).
+
+        ``auto`` keeps them for MLPs without ``--admm-memory`` (faster and more accurate than
+        restarting them: BENCHMARKS.md, section 5) where the disk holds them: every rank's
+        store (:func:`kept_nbytes`) must fit in the free space of the temporary folder of
+        each. Where it does not, ``auto`` restarts them, and ``keep`` ends in one line.
+        """
+        cfg = self.cfg
+        if not cfg.admm_batch or cfg.admm_aux == "restart":
+            return False
+        dense = not any(isinstance(op, ConvOp) for op in ops)
+        if cfg.admm_aux == "auto" and (not dense or cfg.admm_memory is not None):
+            return False
+        where = tempfile.gettempdir()
+        need = kept_nbytes(dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch)
+        shares = run.gather_objects((need, shutil.disk_usage(where).free))
+        total, free = sum(s[0] for s in shares), min(s[1] for s in shares)
+        if total <= _DISK_SHARE * free:
+            return True
+        text = (
+            f"keeping the auxiliary variables of {n} samples needs about {total / 1e9:.1f} GB "
+            f"under {where} ({free / 1e9:.1f} GB free)"
+        )
+        if cfg.admm_aux == "keep":
+            raise JimuError(
+                f"admm-aux keep: {text}; set TMPDIR to a disk with room or use --admm-aux restart"
+            )
+        if cfg.admm_readout in ("last", "all"):  # the targets z of every sample are needed
+            raise JimuError(
+                f"admm-readout {cfg.admm_readout} needs kept mini-batches, and {text}; "
+                "set TMPDIR to a disk with room"
+            )
+        if run.is_main and not cfg.quiet:
+            print(f"admm: mini-batches restart their auxiliary variables: {text}")
+        return False
 
     def _epochs(
         self, x: Tensor, y: Tensor | None, data: DataSplits, start: int, steps: int,
