@@ -99,17 +99,18 @@ class AdmmStrategy(Strategy):
     many layers as ``--balance N,N,...`` gives it), and exchanges only p (to the left) and q
     (to the right) with its neighbours each iteration; the duals u are kept in step on both
     sides. With ``--quantize 8|16`` every p and q lies on a grid (pdADMM-G-Q) and crosses the
-    wire as integer codes. ``--admm-batch B`` trains on mini-batches, restarted at every
-    visit (:meth:`_minibatch_epoch`) or, with ``--admm-aux keep``, kept on disk between
-    visits (:meth:`_kept_epoch`); the default is the paper's full batch, where one epoch is
-    one iteration over all N samples.
+    wire as integer codes. ``--admm-batch B`` trains on mini-batches, kept on disk between
+    visits (:meth:`_kept_epoch`; by default for MLPs where the disk has room, :meth:`_keeps`)
+    or restarted at every visit (:meth:`_minibatch_epoch`); the default is the paper's full
+    batch, where one epoch is one iteration over all N samples.
 
     The model that is evaluated and saved is a readout of the iterate (``--admm-readout``,
     :meth:`LayerBlock.readout_choice`): by default, of the iterate's own weights, its
     classifier refitted and every layer refitted by exact least squares on the inputs the
     network's forward pass produces, the one with the lowest training loss. It costs one
-    forward chain across the workers per evaluation, timed and counted as training; the
-    iterate itself, and so the iterations, do not change.
+    forward chain across the workers per evaluation, timed and counted as training (kept
+    mini-batches stream it from their files: :func:`kept_readout`); the iterate itself, and
+    so the iterations, do not change.
     """
 
     name = "admm"
