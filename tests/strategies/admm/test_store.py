@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import Tensor
 
 from deepjimu.errors import JimuError
 from deepjimu.strategies.admm import updates as U
@@ -113,21 +114,27 @@ def test_kept_w_step_is_the_exact_step_over_every_batch(tmp_path: Path) -> None:
     assert block.others is None and not any(tmp_path.iterdir())
 
 
+def _kept_epochs(block: LayerBlock, kept: KeptBatches, x: Tensor, y: Tensor, epochs: int) -> None:
+    """``epochs`` passes over the kept batches, one iteration per visit (as the strategy)."""
+    for epoch in range(epochs):
+        for k in kept.order(epoch):
+            idx = kept.batches[k]
+            if not kept.begin(k, x[idx], CPU):
+                block.init_forward(x[idx])
+            serial_iteration(block, y[idx])
+            block.extrapolate()
+            kept.end(k)
+
+
 def test_one_kept_batch_of_every_sample_is_the_full_batch_iteration(tmp_path: Path) -> None:
     full, x, y = _block()
     one, _, _ = _block()
     kept = KeptBatches(24, 24, 0, one, str(tmp_path), "")
     full.init_forward(x)
-    for epoch in range(4):
+    for _ in range(4):
         serial_iteration(full, y)
         full.extrapolate()
-        (k,) = kept.order(epoch)
-        order = kept.batches[k]
-        if not kept.begin(k, x[order], CPU):
-            one.init_forward(x[order])
-        serial_iteration(one, y[order])
-        one.extrapolate()
-        kept.end(k)
+    _kept_epochs(one, kept, x, y, 4)
     kept.close()
     for l in full.layers:  # the same samples in another order: the same (W, b)
         torch.testing.assert_close(one.W[l], full.W[l])
@@ -142,14 +149,7 @@ def test_kept_readout_is_the_full_batch_readout_of_the_stored_iterate(
     readout does on every sample's stored variables at once."""
     block, x, y = _block()
     kept = KeptBatches(24, 8, 0, block, str(tmp_path), "")
-    for epoch in range(2):
-        for k in kept.order(epoch):
-            idx = kept.batches[k]
-            if not kept.begin(k, x[idx], CPU):
-                block.init_forward(x[idx])
-            serial_iteration(block, y[idx])
-            block.extrapolate()
-            kept.end(k)
+    _kept_epochs(block, kept, x, y, 2)
     order = torch.cat([torch.as_tensor(idx) for idx in kept.batches])
     ref, _, _ = _block()  # the full batch: the same weights, every batch's stored z
     ref.W, ref.b, ref.p = dict(block.W), dict(block.b), {0: x[order]}
