@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,22 @@ from processes import descendants, events, fault_flags, params, start, wait_for_
 FAST = {"model": "mlp:64x2", "epochs": 8, "quiet": True, "lr": 3e-3}
 
 
-def test_ddp_matches_local_accuracy(tmp_path: Path) -> None:
+def _private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A TMPDIR of the test's own, for this process and the workers it starts."""
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    monkeypatch.setenv("TMPDIR", str(spill))
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    return spill
+
+
+def _left_behind(spill: Path) -> list[str]:
+    """Per-run folders in a TMPDIR (torch's compile cache, torchinductor_*, is shared, kept)."""
+    return [p.name for p in spill.iterdir() if p.name.startswith(("torchelastic_", "jimu-"))]
+
+
+def test_ddp_matches_local_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spill = _private_tmpdir(tmp_path, monkeypatch)
     local = train(RunConfig(strategy="local", runs_dir=str(tmp_path), name="local", **FAST))
     ddp = train(RunConfig(strategy="ddp", workers=2, runs_dir=str(tmp_path), name="ddp", **FAST))
     assert local is not None and ddp is not None
@@ -38,6 +54,7 @@ def test_ddp_matches_local_accuracy(tmp_path: Path) -> None:
     steps = events[-1]["step"]
     assert sum(e["bytes_sent_per_rank"][1] for e in events) == per_step * steps
     assert all(e["wait_s"] >= 0 for e in events)
+    assert not _left_behind(spill)  # torch elastic's folder of worker files is removed
 
 
 def test_torchrun_refuses_a_conflicting_worker_count(tmp_path: Path, monkeypatch) -> None:
@@ -49,8 +66,11 @@ def test_torchrun_refuses_a_conflicting_worker_count(tmp_path: Path, monkeypatch
         train(RunConfig(strategy="ddp", max_restarts=1, runs_dir=str(tmp_path)))
 
 
-def test_a_worker_error_is_reported_in_one_line(tmp_path: Path) -> None:
+def test_a_worker_error_is_reported_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a diverging ddp run: every worker raises the same JimuError at the same epoch
+    spill = _private_tmpdir(tmp_path, monkeypatch)
     cfg = RunConfig(strategy="ddp", workers=2, model="mlp:64x2", epochs=6, lr=1e6, optimizer="sgd",
                     momentum=0.0, quiet=True, runs_dir=str(tmp_path), name="nan")  # fmt: skip
     with pytest.raises(JimuError) as e:
@@ -62,6 +82,7 @@ def test_a_worker_error_is_reported_in_one_line(tmp_path: Path) -> None:
         msg
     )
     assert not (tmp_path / "nan" / ".errors").exists()
+    assert not _left_behind(spill)
 
 
 _SAME = ("step", "epoch", "loss", "train_acc", "test_acc", "bytes_sent")

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,7 @@ def _launch_local(
     job: str,
     model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
-    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -178,19 +179,23 @@ def _launch_local(
     for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=workers,
-        run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-        shutdown_timeout=5,
-    )
+    # the agent's per-worker files (error.json) go to a folder of ours, removed when the
+    # launch ends: by default each launch leaves a torchelastic_* folder in TMPDIR for good
+    logs = tempfile.TemporaryDirectory(prefix="jimu-elastic-")
     try:
+        config = LaunchConfig(
+            logs_specs=DefaultLogsSpecs(log_dir=logs.name),
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=workers,
+            run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d",
+            rdzv_endpoint="127.0.0.1:0",
+            max_restarts=max_restarts,
+            monitor_interval=0.1,
+            start_method="spawn",
+            shutdown_timeout=5,
+        )
         with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
             results = elastic_launch(config, spawned_worker)(
                 cfg_dict, str(out_dir), plan, job, model_factory
@@ -199,6 +204,8 @@ def _launch_local(
         raise JimuError(_failure_line(out_dir, e)) from None
     except SignalException as e:  # the agent has stopped every worker
         raise Interrupted(int(e.sigval)) from None
+    finally:
+        logs.cleanup()
     summary: dict[str, Any] | None = results.get(0)  # rank 0's return value
     return summary
 
