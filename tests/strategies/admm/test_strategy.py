@@ -222,7 +222,7 @@ def test_kept_minibatches_need_room_on_disk(
         assert "\n" not in str(e.value)
         assert str(e.value).startswith("admm-aux keep: keeping the auxiliary variables of ")
         assert str(e.value).endswith(
-            "GB free); set TMPDIR to a disk with room or use --admm-aux restart"
+            "(976.6 KB free); set TMPDIR to a disk with room or use --admm-aux restart"
         )
         return
     summary = train(cfg)

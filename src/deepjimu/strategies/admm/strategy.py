@@ -15,6 +15,7 @@ from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
+from deepjimu.report import format_bytes
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import (
     AdmmParams,
@@ -309,8 +310,8 @@ class AdmmStrategy(Strategy):
         if total <= _DISK_SHARE * free:
             return True
         text = (
-            f"keeping the auxiliary variables of {n} samples needs about {total / 1e9:.1f} GB "
-            f"under {where} ({free / 1e9:.1f} GB free)"
+            f"keeping the auxiliary variables of {n} samples needs about {format_bytes(total)} "
+            f"under {where} ({format_bytes(free)} free)"
         )
         if cfg.admm_aux == "keep":
             raise JimuError(
