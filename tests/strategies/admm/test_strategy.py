@@ -107,6 +107,23 @@ def test_resumed_admm_run_equals_uninterrupted(tmp_path: Path) -> None:
         assert torch.equal(full[k], resumed[k]), k
 
 
+@pytest.mark.parametrize("batch", [0, 400])
+def test_a_resume_with_no_epoch_left_keeps_the_model(tmp_path: Path, batch: int) -> None:
+    """The model of a resumed run is its checkpoint's readout, also where kept batches cannot
+    compute it again (their store is not checkpointed)."""
+    cfg = RunConfig(model="mlp:32x2", epochs=2, admm_batch=batch, quiet=True,
+                    runs_dir=str(tmp_path), name="r", workers=1)  # fmt: skip
+    first = train(cfg)
+    before = _model(tmp_path / "r")
+    again = train(dataclasses.replace(cfg, resume=str(tmp_path / "r")))
+    assert first is not None and again is not None
+    assert first["admm_readout"] == again["admm_readout"] != "iterate"
+    assert again["test_acc"] == first["test_acc"]
+    after = _model(tmp_path / "r")
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+
+
 def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monkeypatch) -> None:
     # the exact solves keep pdADMM stable for every valid rho, nu we tried, so the blow-up
     # (an objective that turns NaN at iteration 3) is injected; the guard and checkpoints are real

@@ -152,17 +152,18 @@ def kept_readout(
     owned layer (twice where it refits), then sends its outputs on, as the full-batch chain
     does with all samples at once.
 
+    Called after an epoch, when every batch has its variables stored.
+
     Returns:
-        the choice on the last rank (``mode`` unless it is ``auto``), None elsewhere;
-        ``iterate`` on every rank while a batch has no stored variables yet (a resumed run
-        before its first epoch).
+        the choice on the last rank (``mode`` unless it is ``auto``), None elsewhere.
 
     Raises:
         torch.linalg.LinAlgError: a refit's least squares failed.
     """
     block, batches = kept.block, kept.batches
-    if mode == "iterate" or not all(kept.store.has(k) for k in range(len(batches))):
-        return "iterate"
+    if mode == "iterate":
+        return mode
+    assert all(kept.store.has(k) for k in range(len(batches))), "an epoch first"
     wanted = [n for n, on in (("plain", mode != "all"), ("refit", mode != "last")) if on]
     nu, ridge = block.params.nu, block.readout_ridge
     block.refit_Wb = {}

@@ -239,8 +239,11 @@ class AdmmStrategy(Strategy):
         # the readout needs every sample's targets z: full batch holds them, kept batches
         # store them (streamed: kept_readout); restarted batches have them only for a visit
         self._readout_mode = "iterate" if cfg.admm_batch and not keep else cfg.admm_readout
-        self._readout_choice = "iterate"
-        self._readout_stale = True
+        # a resumed run's model is the checkpoint's readout of the checkpointed iterate
+        resumed = run.resumed.rank_state if run.resumed is not None else None
+        self._readout_choice = resumed.get("readout", "iterate") if resumed else "iterate"
+        self._readout_stale = resumed is None  # the iterate moved since the last readout
+        self._written = resumed is not None  # the model holds the current readout
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
         self.settings = {"init": init, "readout": self._readout_mode, **chosen}
         # a kept batch goes on where it stopped: one iteration per visit, as full batch per epoch
@@ -373,7 +376,7 @@ class AdmmStrategy(Strategy):
             backward_sweep(self.block, y, self.exchange, run.rank, run.world)
 
     def _iterate(self, y: Tensor | None) -> None:
-        self._readout_stale = True
+        self._readout_stale, self._written = True, False
         if self.run.world == 1:
             assert y is not None
             serial_iteration(self.block, y)
@@ -461,7 +464,11 @@ class AdmmStrategy(Strategy):
         self._readout_choice = run.broadcast_object(choice, src=run.world - 1)
 
     def _write_back(self) -> None:
-        """The readout's weights into the model, for evaluation and checkpoints."""
+        """The readout's weights into the model, for evaluation and checkpoints (once per
+        iterate: a resumed run's model already holds its checkpoint's, which a kept run's
+        store, not checkpointed, could not compute again)."""
+        if self._written:
+            return
         self._readout(self._y)
         weights = self.block.readout_weights(self._readout_choice)
         with torch.no_grad():
@@ -469,6 +476,7 @@ class AdmmStrategy(Strategy):
                 W, b = weights[l]
                 self.maps[l].weight.copy_(W)
                 _bias(self.maps[l]).copy_(b)
+        self._written = True
 
     def _log(self, step: int, done: int, data: DataSplits, samples: int) -> None:
         cfg, run = self.cfg, self.run
@@ -530,7 +538,11 @@ class AdmmStrategy(Strategy):
     def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
         full = gather_model(self.model, self.plan, self.run)
-        state = {"block": self.block.state_dict(), "history": self.history}
+        state = {
+            "block": self.block.state_dict(),
+            "history": self.history,
+            "readout": self._readout_choice,
+        }
         self.run.save_checkpoint(step, done, full, state, {"samples": samples})
 
 
