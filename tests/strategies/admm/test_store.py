@@ -12,7 +12,7 @@ from torch import Tensor
 
 from deepjimu.errors import JimuError
 from deepjimu.strategies.admm import updates as U
-from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, sample_nbytes
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
 from deepjimu.strategies.admm.store import SampleStore
@@ -189,4 +189,5 @@ def test_sample_nbytes_is_the_size_of_a_samples_stored_variables(
     if momentum:  # as the strategy does: the first call records the previous iterate
         block.extrapolate()
     state = block.sample_state()
-    assert sum(t[0].numel() * t.element_size() for t in state.values()) == block.sample_nbytes()
+    stored = sum(t[0].numel() * t.element_size() for t in state.values())
+    assert stored == sample_nbytes(block.ops, lo, hi, 3, momentum, itemsize=8)

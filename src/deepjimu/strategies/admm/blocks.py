@@ -381,12 +381,6 @@ class LayerBlock:
             out |= _flat(self._prev, "prev.")
         return out
 
-    def sample_nbytes(self) -> int:
-        """Bytes per sample of :meth:`sample_state` (:func:`sample_nbytes` of this block)."""
-        return sample_nbytes(
-            self.ops, self.lo, self.hi, self.L, self.params.momentum, self.W[self.lo].element_size()
-        )
-
     def load_sample_state(self, flat: dict[str, Tensor], p0: Tensor | None) -> None:
         """Restore :meth:`sample_state`; ``p0`` is the batch's data (layer 0's input, if owned).
 

@@ -217,6 +217,8 @@ def _choose(
     kept: KeptBatches, acts: SampleStore, y: Tensor, mode: str, device: torch.device
 ) -> str:
     """On the last block, its inputs in ``acts``: :meth:`LayerBlock.readout_choice`, streamed."""
+    if mode != "auto":
+        return mode
     block = kept.block
     last = block.L - 1
     losses: dict[str, float] = {}
@@ -231,7 +233,7 @@ def _choose(
             logits["all"] = block.output(last, a["refit"], *block.refit_Wb[last])
         for n, v in logits.items():
             losses[n] = losses.get(n, 0.0) + float(F.cross_entropy(v, yb, reduction="sum"))
-    return mode if mode != "auto" else min(losses, key=lambda n: losses[n])
+    return min(losses, key=lambda n: losses[n])
 
 
 def _without(total: U.WbStats | None, part: U.WbStats) -> U.WbStats | None:

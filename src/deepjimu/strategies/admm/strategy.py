@@ -143,8 +143,9 @@ class AdmmStrategy(Strategy):
                 f"admm-memory works on MLPs only, not on conv layers yet "
                 f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
             )
-        restarts = kind == "cnn" or cfg.admm_memory is not None  # where auto restarts
-        if cfg.admm_batch and cfg.admm_aux == "auto" and restarts and cfg.admm_readout in ("last", "all"):  # fmt: skip
+        # auto restarts the batches of CNNs and of runs given --admm-memory (_keeps)
+        restarted = cfg.admm_aux == "auto" and (kind == "cnn" or cfg.admm_memory is not None)
+        if cfg.admm_batch and restarted and cfg.admm_readout in ("last", "all"):
             what = "conv layers" if kind == "cnn" else "admm-memory"
             out.append(
                 f"admm-readout {cfg.admm_readout} needs every sample's targets z, which "
