@@ -194,7 +194,8 @@ class RunConfig:
         "TMPDIR, every (W, b) step exact over all samples, the other batches as last visited "
         "(keep; MLPs; a resumed run restarts them from the checkpointed weights), or restart "
         "them from a forward pass at every visit (restart); auto: keep for MLPs without "
-        "admm-memory where TMPDIR has room, else restart",
+        "admm-memory where TMPDIR has room (on a tmpfs, which is memory, a tenth of the "
+        "available memory), else restart",
         choices=("auto", "restart", "keep"),
     )
     admm_readout: str = _opt(

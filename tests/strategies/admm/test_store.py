@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, sample_nbytes
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
-from deepjimu.strategies.admm.store import SampleStore
+from deepjimu.strategies.admm.store import SampleStore, mount_type, room
 
 CPU = torch.device("cpu")
 
@@ -191,3 +192,31 @@ def test_sample_nbytes_is_the_size_of_a_samples_stored_variables(
     state = block.sample_state()
     stored = sum(t[0].numel() * t.element_size() for t in state.values())
     assert stored == sample_nbytes(block.ops, lo, hi, 3, momentum, itemsize=8)
+
+
+def test_mount_type_is_the_longest_mount_point_above_the_path() -> None:
+    mounts = (
+        "/dev/vda / ext4 rw 0 0\ntmpfs /tmp tmpfs rw 0 0\n/dev/vdb /tmp/my\\040disk xfs rw 0 0\n"
+    )
+    assert mount_type("/tmp/x", mounts) == "tmpfs"
+    assert mount_type("/tmpx/y", mounts) == "ext4"  # a prefix of the name is not a parent
+    assert mount_type("/tmp/my disk/z", mounts) == "xfs"  # /proc/mounts writes a space as \040
+    assert mount_type("/x", "") is None
+
+
+@pytest.mark.parametrize("kind", ["ext4", "tmpfs"])
+def test_room_of_a_folder_in_memory_is_bounded_by_the_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A store meant to keep memory flat in N may not fill a tmpfs, which is memory."""
+    import deepjimu.strategies.admm.store as store
+
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda _: SimpleNamespace(free=10**15))
+    monkeypatch.setattr(store, "mount_type", lambda *_: kind)
+    limit, how = room(str(tmp_path))
+    if kind == "ext4":
+        assert (limit, how) == (int(0.8 * 10**15), "931322.6 GB free")
+        return
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    available = int(next(x for x in meminfo if x.startswith("MemAvailable")).split()[1]) * 1024
+    assert limit <= 0.11 * available and how.startswith("a tmpfs, in memory: ")

@@ -227,10 +227,11 @@ def test_kept_minibatches_need_room_on_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aux: str
 ) -> None:
     """auto restarts the batches where the disk cannot hold them; keep ends in one line."""
-    import deepjimu.strategies.admm.strategy as S
+    import deepjimu.strategies.admm.store as store
 
     room = 10**6  # bytes free: mlp:64x2 on 1,437 digits needs about 2.5 MB
-    monkeypatch.setattr(S.shutil, "disk_usage", lambda _: SimpleNamespace(free=room))
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda _: SimpleNamespace(free=room))
+    monkeypatch.setattr(store, "mount_type", lambda *_: "ext4")  # a disk, whatever CI has
     cfg = RunConfig(model="mlp:64x2", epochs=1, admm_batch=400, admm_aux=aux, quiet=True,
                     runs_dir=str(tmp_path), name=aux, workers=1)  # fmt: skip
     if aux == "keep":
@@ -246,7 +247,7 @@ def test_kept_minibatches_need_room_on_disk(
     assert summary is not None
     settings = summary["admm_settings"]
     assert (settings["aux"], settings["readout"]) == ("restart", "iterate")
-    monkeypatch.setattr(S.shutil, "disk_usage", lambda _: SimpleNamespace(free=10**12))
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda _: SimpleNamespace(free=10**12))
     summary = train(dataclasses.replace(cfg, name="roomy"))
     assert summary is not None
     settings = summary["admm_settings"]

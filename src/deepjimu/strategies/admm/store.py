@@ -13,14 +13,61 @@ would add (a memory map's touched pages count in the process's resident memory).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import torch
 from torch import Tensor
 
 from deepjimu.errors import JimuError
+from deepjimu.report import format_bytes
 
-__all__ = ["SampleStore"]
+__all__ = ["SampleStore", "mount_type", "room"]
+
+# the share of a folder's free space that stores may fill, and where the folder is in memory
+# (tmpfs, ramfs: /tmp on many Linux systems) the share of the available memory as well
+DISK_SHARE = 0.8
+MEMORY_SHARE = 0.1
+_IN_MEMORY = ("tmpfs", "ramfs")
+
+
+def mount_type(path: str, mounts: str) -> str | None:
+    """The file system type of ``path`` in ``mounts`` (the text of ``/proc/mounts``): the
+    entry whose mount point is the longest prefix of the resolved path; None if none is."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def room(directory: str) -> tuple[int, str]:
+    """The bytes stores may fill under ``directory``, and what bounds them (for messages).
+
+    :data:`DISK_SHARE` of its free space; where the folder is in memory, at most
+    :data:`MEMORY_SHARE` of the available memory too: a store that holds O(N) variables
+    so that the process's memory stays flat in N must not move them into memory instead.
+    """
+    free = shutil.disk_usage(directory).free
+    limit, how = int(DISK_SHARE * free), f"{format_bytes(free)} free"
+    try:
+        with open("/proc/mounts") as f:
+            kind = mount_type(directory, f.read())
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        available = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux: judged by its free space alone
+        return limit, how
+    if kind in _IN_MEMORY:
+        limit = min(limit, int(MEMORY_SHARE * available))
+        how = f"a {kind}, in memory: {format_bytes(available)} of memory available"
+    return limit, how
 
 
 class SampleStore:

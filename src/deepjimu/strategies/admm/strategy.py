@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 from typing import Any
 
@@ -42,6 +41,7 @@ from deepjimu.strategies.admm.health import (
 )
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
 from deepjimu.strategies.admm.layers import ConvOp, LayerOp, layer_ops
+from deepjimu.strategies.admm.store import room
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
     StagePlan,
@@ -54,9 +54,6 @@ from deepjimu.strategies.partition import (
 )
 
 __all__ = ["AdmmStrategy", "weight_layers"]
-
-# the share of a temporary folder's free space that kept mini-batches may fill
-_DISK_SHARE = 0.8
 
 
 def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
@@ -297,9 +294,11 @@ class AdmmStrategy(Strategy):
         """Collective: whether the mini-batches keep their auxiliary variables (``--admm-aux``).
 
         ``auto`` keeps them for MLPs without ``--admm-memory`` (faster and more accurate than
-        restarting them: BENCHMARKS.md, section 5) where the disk holds them: every rank's
-        store (:func:`kept_nbytes`) must fit in the free space of the temporary folder of
-        each. Where it does not, ``auto`` restarts them, and ``keep`` ends in one line.
+        restarting them: BENCHMARKS.md, section 5) where the disk holds them: the stores of
+        all ranks (:func:`kept_nbytes`) must fit in the room (``store.room``) of the
+        temporary folder of each, which is bounded by the available memory too where that
+        folder is a tmpfs. Where they do not, ``auto`` restarts them, and ``keep`` ends in
+        one line.
         """
         cfg = self.cfg
         if not cfg.admm_batch or cfg.admm_aux == "restart":
@@ -309,13 +308,14 @@ class AdmmStrategy(Strategy):
             return False
         where = tempfile.gettempdir()
         need = kept_nbytes(dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch)
-        shares = run.gather_objects((need, shutil.disk_usage(where).free))
-        total, free = sum(s[0] for s in shares), min(s[1] for s in shares)
-        if total <= _DISK_SHARE * free:
+        shares = run.gather_objects((need, *room(where)))
+        total = sum(s[0] for s in shares)
+        limit, how = min((s[1], s[2]) for s in shares)
+        if total <= limit:
             return True
         text = (
             f"keeping the auxiliary variables of {n} samples needs about {format_bytes(total)} "
-            f"under {where} ({format_bytes(free)} free)"
+            f"under {where} ({how})"
         )
         if cfg.admm_aux == "keep":
             raise JimuError(
