@@ -219,4 +219,5 @@ def test_room_of_a_folder_in_memory_is_bounded_by_the_memory(
         return
     meminfo = Path("/proc/meminfo").read_text().splitlines()
     available = int(next(x for x in meminfo if x.startswith("MemAvailable")).split()[1]) * 1024
-    assert limit <= 0.11 * available and how.startswith("a tmpfs, in memory: ")
+    assert limit <= 0.11 * available
+    assert how.startswith("931322.6 GB free, a tmpfs: memory, ") and how.endswith(" available")

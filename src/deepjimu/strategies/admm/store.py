@@ -66,7 +66,7 @@ def room(directory: str) -> tuple[int, str]:
         return limit, how
     if kind in _IN_MEMORY:
         limit = min(limit, int(MEMORY_SHARE * available))
-        how = f"a {kind}, in memory: {format_bytes(available)} of memory available"
+        how += f", a {kind}: memory, {format_bytes(available)} available"
     return limit, how
 
 
