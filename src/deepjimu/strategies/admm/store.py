@@ -33,7 +33,11 @@ _IN_MEMORY = ("tmpfs", "ramfs")
 
 def mount_type(path: str, mounts: str) -> str | None:
     """The file system type of ``path`` in ``mounts`` (the text of ``/proc/mounts``): the
-    entry whose mount point is the longest prefix of the resolved path; None if none is."""
+    entry whose mount point is the longest prefix of the resolved path; None if none is.
+
+    By hand: the standard library has no call for it, and psutil's ``disk_partitions``
+    would be a new dependency for these few lines.
+    """
     real = os.path.realpath(path)
     best, kind = "", None
     for line in mounts.splitlines():
