@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -167,13 +167,19 @@ def kept_readout(
     wanted = [n for n, on in (("plain", mode != "all"), ("refit", mode != "last")) if on]
     nu, ridge = block.params.nu, block.readout_ridge
     block.refit_Wb = {}
-    acts = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
+    # the inputs of the current layer, batch by batch; None: the data, rank 0's first layer
+    acts: SampleStore | None = None
+
+    def inputs(k: int) -> dict[str, Tensor]:
+        if acts is None:
+            assert x is not None
+            return dict.fromkeys(wanted, x[batches[k]].to(device))
+        return acts.load(k, device)
+
     try:
-        for k, idx in enumerate(batches):  # this block's inputs
-            if rank == 0:
-                assert x is not None
-                acts.save(k, dict.fromkeys(wanted, x[idx].to(device)))
-            else:
+        if rank > 0:  # this block's inputs, from the previous one
+            acts = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
+            for k, idx in enumerate(batches):
                 shape = (len(idx), *block.ops[block.lo].in_shape)
                 incoming = {n: ex.irecv(shape, rank - 1) for n in wanted}
                 acts.save(k, {n: i.wait() for n, i in incoming.items()})
@@ -182,7 +188,7 @@ def kept_readout(
             fits = [n for n in wanted if n == "refit" or last]  # plain: the classifier alone
             stats: dict[str, U.WbStats | None] = dict.fromkeys(fits)
             for k in range(len(batches) if fits else 0):
-                a, z = acts.load(k, device), kept.store.load(k, device, (f"z{l}",))[f"z{l}"]
+                a, z = inputs(k), kept.store.load(k, device, (f"z{l}",))[f"z{l}"]
                 for n in fits:
                     stats[n] = U.merge_stats(stats[n], U.batch_stats(a[n], z))
             solved = {
@@ -197,33 +203,40 @@ def kept_readout(
                 if "plain" in solved:
                     block.last_Wb = solved["plain"]
                 assert y is not None
-                return _choose(kept, acts, y, mode, device)
+                return _choose(kept, inputs, y, mode, device)
             out = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
             for k in range(len(batches)):
-                a = acts.load(k, device)
+                a = inputs(k)
                 out.save(k, {n: block.output(l, a[n], *weights[n]) for n in wanted})
-            acts.close()
+            if acts is not None:
+                acts.close()
             acts = out
         for k in range(len(batches)):  # the outputs go on to the next block
-            a = acts.load(k, device)
+            a = inputs(k)
             for pending in [s for n in wanted for s in ex.isend(a[n], rank + 1)]:
                 pending.wait()
         return None
     finally:
-        acts.close()
+        if acts is not None:
+            acts.close()
 
 
 def _choose(
-    kept: KeptBatches, acts: SampleStore, y: Tensor, mode: str, device: torch.device
+    kept: KeptBatches,
+    inputs: Callable[[int], dict[str, Tensor]],
+    y: Tensor,
+    mode: str,
+    device: torch.device,
 ) -> str:
-    """On the last block, its inputs in ``acts``: :meth:`LayerBlock.readout_choice`, streamed."""
+    """On the last block, the last layer's ``inputs`` of each batch given:
+    :meth:`LayerBlock.readout_choice`, streamed."""
     if mode != "auto":
         return mode
     block = kept.block
     last = block.L - 1
     losses: dict[str, float] = {}
     for k, idx in enumerate(kept.batches):
-        a, yb = acts.load(k, device), y[idx].to(device)
+        a, yb = inputs(k), y[idx].to(device)
         logits = {}
         if "plain" in a:
             assert block.last_Wb is not None
