@@ -35,6 +35,7 @@ __all__ = [
     "balance_problems",
     "block_shapes",
     "gather_model",
+    "listed_balance",
     "parse_balance",
     "partition",
     "staged_count_correct",
@@ -129,13 +130,19 @@ def parse_balance(text: str, n_blocks: int, k: int) -> list[int]:
     return sizes
 
 
+def listed_balance(text: str) -> bool:
+    """Whether ``--balance`` lists the blocks per stage (``N,N,...``) rather than naming a
+    profiled split (``time``, ``size``)."""
+    return text not in ("time", "size")
+
+
 def balance_problems(text: str, n_blocks: int, stages: int) -> list[str]:
     """Validation: the one-line problem of a ``--balance N,N,...`` list, if any.
 
     ``time`` and ``size`` have none, nor has a model with fewer blocks than stages (the
     strategy reports that on its own line).
     """
-    if text in ("time", "size") or n_blocks < stages:
+    if not listed_balance(text) or n_blocks < stages:
         return []
     try:
         parse_balance(text, n_blocks, stages)

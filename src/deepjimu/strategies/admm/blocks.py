@@ -25,6 +25,7 @@ __all__ = [
     "auto_defaults",
     "auto_init",
     "auto_inner",
+    "has_conv",
     "sample_nbytes",
 ]
 
@@ -45,13 +46,14 @@ start in exploratory runs with the other defaults."""
 READOUT_RIDGE = 1e-5
 
 
-def _has_conv(ops: Sequence[LayerOp]) -> bool:
+def has_conv(ops: Sequence[LayerOp]) -> bool:
+    """Whether any layer is a conv layer (the MLP-only options and defaults ask)."""
     return any(isinstance(op, ConvOp) for op in ops)
 
 
 def auto_init(ops: Sequence[LayerOp]) -> str:
     """The start ``--admm-init auto`` picks: unit for CNNs, scaled for deep MLPs, else forward."""
-    if _has_conv(ops):
+    if has_conv(ops):
         return "unit"
     return "scaled" if len(ops) >= SCALED_FROM_DEPTH else "forward"
 
@@ -68,7 +70,7 @@ def auto_inner(ops: Sequence[LayerOp]) -> int:
     time. So MLPs of :data:`SCALED_FROM_DEPTH` layers or more take 4, the others (and CNNs,
     not measured) 2.
     """
-    deep_mlp = not _has_conv(ops) and len(ops) >= SCALED_FROM_DEPTH
+    deep_mlp = not has_conv(ops) and len(ops) >= SCALED_FROM_DEPTH
     return (4 if deep_mlp else 2) * len(ops)
 
 
@@ -91,7 +93,7 @@ those of dense layers."""
 
 def auto_defaults(ops: Sequence[LayerOp]) -> dict[str, float]:
     """The defaults of ridge, momentum, sweeps and memory for a model of these layer operators."""
-    return dict(CNN_DEFAULTS if _has_conv(ops) else MLP_DEFAULTS)
+    return dict(CNN_DEFAULTS if has_conv(ops) else MLP_DEFAULTS)
 
 
 @dataclass

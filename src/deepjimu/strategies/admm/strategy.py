@@ -22,6 +22,7 @@ from deepjimu.strategies.admm.blocks import (
     auto_defaults,
     auto_init,
     auto_inner,
+    has_conv,
 )
 from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
@@ -48,6 +49,7 @@ from deepjimu.strategies.partition import (
     balance_problems,
     block_shapes,
     gather_model,
+    listed_balance,
     parse_balance,
     partition,
     staged_metrics,
@@ -182,7 +184,7 @@ class AdmmStrategy(Strategy):
         # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
         # m = C_in s^2, and 4 N H W C_in C_out s^2 per CG iteration of its p-step; ConvOp.flops)
         costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
-        if _explicit_balance(cfg):  # layers per worker, as given (checked before the start)
+        if listed_balance(cfg.balance):  # layers per worker, as given (checked before the start)
             sizes, how = parse_balance(cfg.balance, L, run.world), "list"
         else:
             sizes, how = partition(costs, run.world), "estimated cost"
@@ -303,8 +305,7 @@ class AdmmStrategy(Strategy):
         cfg = self.cfg
         if not cfg.admm_batch or cfg.admm_aux == "restart":
             return False
-        dense = not any(isinstance(op, ConvOp) for op in ops)
-        if cfg.admm_aux == "auto" and (not dense or cfg.admm_memory is not None):
+        if cfg.admm_aux == "auto" and (has_conv(ops) or cfg.admm_memory is not None):
             return False
         where = tempfile.gettempdir()
         need = kept_nbytes(dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch)
@@ -552,9 +553,3 @@ def _finite(v: Any) -> bool:
         return math.isfinite(float(v))
     except (TypeError, ValueError):
         return False
-
-
-def _explicit_balance(cfg: RunConfig) -> bool:
-    """``--balance N,N,...``: admm takes the layer counts as given; ``time`` and ``size`` (the
-    pipeline strategies' profiled splits) leave it to its own estimate of each layer's cost."""
-    return cfg.balance not in ("time", "size")
