@@ -63,15 +63,15 @@ def room(directory: str) -> tuple[int, str]:
     try:
         with open("/proc/mounts") as f:
             kind = mount_type(directory, f.read())
+        if kind not in _IN_MEMORY:
+            return limit, how
         with open("/proc/meminfo") as f:
             info = dict(line.split(":", 1) for line in f if ":" in line)
         available = int(info["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):  # not Linux: judged by its free space alone
         return limit, how
-    if kind in _IN_MEMORY:
-        limit = min(limit, int(MEMORY_SHARE * available))
-        how += f", a {kind}: memory, {format_bytes(available)} available"
-    return limit, how
+    limit = min(limit, int(MEMORY_SHARE * available))
+    return limit, f"{how}, a {kind}: memory, {format_bytes(available)} available"
 
 
 class SampleStore:
