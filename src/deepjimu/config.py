@@ -497,11 +497,6 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         cfg.admm_sweeps is None or cfg.admm_sweeps >= 0,
         f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})",
     )
-    need(
-        not (cfg.admm_batch and cfg.admm_aux == "restart" and cfg.admm_readout in ("last", "all")),
-        f"admm-readout {cfg.admm_readout} needs every sample's targets z, which restarted "
-        "mini-batches (admm-aux restart) hold for one visit only; they use the iterate's weights",
-    )
     need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
     # kfac (issue 12)
     need(

@@ -142,14 +142,21 @@ class AdmmStrategy(Strategy):
                 f"admm-memory works on MLPs only, not on conv layers yet "
                 f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
             )
-        # auto restarts the batches of CNNs and of runs given --admm-memory (_keeps)
-        restarted = cfg.admm_aux == "auto" and (kind == "cnn" or cfg.admm_memory is not None)
-        if cfg.admm_batch and restarted and cfg.admm_readout in ("last", "all"):
-            what = "conv layers" if kind == "cnn" else "admm-memory"
-            out.append(
-                f"admm-readout {cfg.admm_readout} needs every sample's targets z, which "
-                f"mini-batches with {what} restart at every visit (model: {cfg.model})"
-            )
+        # the readouts that refit need every sample's targets z, which mini-batches that
+        # restart (asked for, or auto's choice for CNNs and with --admm-memory: _keeps) lack
+        by_auto = cfg.admm_aux == "auto" and (kind == "cnn" or cfg.admm_memory is not None)
+        if cfg.admm_batch and cfg.admm_readout in ("last", "all"):
+            needs = f"admm-readout {cfg.admm_readout} needs every sample's targets z, which "
+            if cfg.admm_aux == "restart":
+                out.append(
+                    needs + "restarted mini-batches (admm-aux restart) hold for one visit only; "
+                    "they use the iterate's weights"
+                )
+            elif by_auto:
+                what = "conv layers" if kind == "cnn" else "admm-memory"
+                out.append(
+                    needs + f"mini-batches with {what} restart at every visit (model: {cfg.model})"
+                )
         if cfg.admm_batch and cfg.admm_aux == "keep":
             if kind == "cnn":  # the statistics are those of dense layers (updates.WbStats)
                 out.append(
