@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +20,7 @@ from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, sample_nbyte
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
 from deepjimu.strategies.admm.store import SampleStore, mount_type, room
+from processes import env
 
 CPU = torch.device("cpu")
 
@@ -35,14 +39,30 @@ def test_store_gives_back_each_batch_as_last_saved(tmp_path: Path) -> None:
         assert got.keys() == want.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), (k, name)
-    files = {p.name: p.stat().st_size for p in Path(store.path).iterdir()}
-    assert files == {"z0": 5 * 2 * 4, "q_left": 5 * 4 * 4}  # one row per sample, float32
+    assert store.nbytes() == 5 * 2 * 4 + 5 * 4 * 4  # one row per sample, float32
+    assert not any(tmp_path.iterdir()), "the files have no name: nothing to leave behind"
     with pytest.raises(ValueError, match="was not saved with the earlier batches"):
         store.save(1, {**b, "u0": b["z0"]})
-    folder = Path(store.path)
     store.close()
     store.close()  # idempotent
-    assert not folder.exists()
+    assert store.nbytes() == 0 and not store.has(0)
+
+
+def test_a_killed_process_leaves_no_store_behind(tmp_path: Path) -> None:
+    """SIGKILL runs no clean-up: the store's files must be freed by the system alone."""
+    code = (
+        "import os, signal, sys, torch\n"
+        "from deepjimu.strategies.admm.store import SampleStore\n"
+        "s = SampleStore([0, 1000], sys.argv[1])\n"
+        "s.save(0, {'z0': torch.ones(1000, 100)})\n"
+        "assert s.nbytes() == 400000\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, env=env()
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def test_store_refuses_short_files_and_failed_writes_in_one_line(
@@ -51,7 +71,7 @@ def test_store_refuses_short_files_and_failed_writes_in_one_line(
     store = SampleStore([0, 2, 4], str(tmp_path))
     store.save(0, {"z0": torch.ones(2, 3)})
     store.save(1, {"z0": torch.ones(2, 3)})
-    os.truncate(os.path.join(store.path, "z0"), 30)  # batch 1's rows cut short
+    os.ftruncate(store._files["z0"][0].fileno(), 30)  # batch 1's rows cut short
     with pytest.raises(JimuError, match=r"short: z0 of batch 1 read 6 of 24 bytes"):
         store.load(1, CPU)
 
@@ -106,9 +126,7 @@ def test_kept_w_step_is_the_exact_step_over_every_batch(tmp_path: Path) -> None:
             block.step_qu()
             block.extrapolate()
             kept.end(k)
-    on_disk = sum(
-        f.stat().st_size for s in (kept.store, kept.parts) for f in Path(s.path).iterdir()
-    )
+    on_disk = kept.store.nbytes() + kept.parts.nbytes()
     readout_scratch = 8 * 24 * 4 * 7  # float64, 24 samples, 2 stores x 2 passes of width <= 7
     assert on_disk == kept_nbytes(block.ops, 0, 3, 3, 0.5, 24, 8, itemsize=8) - readout_scratch
     kept.close()

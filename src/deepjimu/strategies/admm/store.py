@@ -8,6 +8,11 @@ left it instead of restarting from a forward pass. Written by hand: this is a fi
 row store (one file per variable, batch k always at the same rows), which needs positioned
 reads and writes into preallocated tensors and nothing a database or ``numpy.memmap``
 would add (a memory map's touched pages count in the process's resident memory).
+
+The files have no name (``tempfile.TemporaryFile``: O_TMPFILE on Linux, else unlinked at
+once), so the system frees them when the process ends, however it ends: a worker killed
+by SIGKILL or the out-of-memory killer leaves nothing in ``TMPDIR``, where named files of
+a large run would stay for good.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from typing import BinaryIO
 
 import torch
 from torch import Tensor
@@ -75,33 +81,29 @@ def room(directory: str) -> tuple[int, str]:
 
 
 class SampleStore:
-    """Per-sample variables of fixed batches, one file per variable in a private temporary folder.
+    """Per-sample variables of fixed batches, one unnamed temporary file per variable.
 
     Batch k covers rows ``bounds[k]`` to ``bounds[k + 1]`` (a contiguous range of the fixed
-    sample order); a variable's file holds one row of its per-sample shape per sample. The folder is created
-    under ``directory`` (default: the system's, ``TMPDIR``) and removed by :meth:`close`.
+    sample order); a variable's file holds one row of its per-sample shape per sample. The
+    files are created under ``directory`` (default: the system's, ``TMPDIR``) and are gone
+    once :meth:`close` closes them, or the process ends.
 
     Args:
         bounds: the first row of every batch and, last, the number of samples.
-        directory: where to create the folder.
-        tag: part of the folder's name (the rank, so that workers never share files).
+        directory: where to create the files.
+        tag: part of the files' names while they are created (the rank).
     """
 
     def __init__(self, bounds: list[int], directory: str | None = None, tag: str = "") -> None:
         self.bounds = bounds
-        try:
-            self._dir: tempfile.TemporaryDirectory[str] | None = tempfile.TemporaryDirectory(
-                prefix=f"jimu-admm{tag}-", dir=directory
-            )
-        except OSError as e:
-            raise JimuError(f"admm cannot create its store of auxiliary variables: {e}") from None
-        self._fds: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+        self.directory = directory or tempfile.gettempdir()
+        self._prefix = f"jimu-admm{tag}-"
+        self._files: dict[str, tuple[BinaryIO, tuple[int, ...], torch.dtype]] = {}
         self._saved: set[int] = set()
 
-    @property
-    def path(self) -> str:
-        assert self._dir is not None, "the store is closed"
-        return self._dir.name
+    def nbytes(self) -> int:
+        """The bytes the store's files hold now."""
+        return sum(os.fstat(f.fileno()).st_size for f, _, _ in self._files.values())
 
     def has(self, k: int) -> bool:
         """Whether batch k has been saved."""
@@ -111,7 +113,7 @@ class SampleStore:
         """Write batch k's rows of every variable (each [rows, ...], samples first)."""
         lo, hi = self.bounds[k], self.bounds[k + 1]
         for name, t in tensors.items():
-            fd, shape, dtype = self._file(name, t)
+            f, shape, dtype = self._file(name, t)
             if tuple(t.shape) != (hi - lo, *shape) or t.dtype != dtype:
                 raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not {shape} {dtype}")
             data = t.detach().to("cpu").contiguous()
@@ -119,11 +121,11 @@ class SampleStore:
             offset = lo * data[0].numel() * data.element_size()
             try:
                 while raw:
-                    written = os.pwrite(fd, raw, offset)
+                    written = os.pwrite(f.fileno(), raw, offset)
                     raw, offset = raw[written:], offset + written
             except OSError as e:
                 raise JimuError(
-                    f"admm cannot write its auxiliary variables to {self.path}: {e} "
+                    f"admm cannot write its auxiliary variables under {self.directory}: {e} "
                     "(set TMPDIR to a disk with room)"
                 ) from None
         self._saved.add(k)
@@ -135,37 +137,40 @@ class SampleStore:
         assert k in self._saved, f"batch {k} was never saved"
         lo, hi = self.bounds[k], self.bounds[k + 1]
         out = {}
-        for name in self._fds if names is None else names:
-            fd, shape, dtype = self._fds[name]
+        for name in self._files if names is None else names:
+            f, shape, dtype = self._files[name]
             buf = torch.empty((hi - lo, *shape), dtype=dtype)
             raw = _bytes(buf)
             offset = lo * buf[0].numel() * buf.element_size()
-            got = os.preadv(fd, [raw], offset)
+            got = os.preadv(f.fileno(), [raw], offset)
             if got != len(raw):
                 raise JimuError(
                     f"admm's store of auxiliary variables is short: {name} of batch {k} read "
-                    f"{got} of {len(raw)} bytes ({self.path})"
+                    f"{got} of {len(raw)} bytes (under {self.directory})"
                 )
             out[name] = buf.to(device)
         return out
 
-    def _file(self, name: str, t: Tensor) -> tuple[int, tuple[int, ...], torch.dtype]:
-        if name not in self._fds:
+    def _file(self, name: str, t: Tensor) -> tuple[BinaryIO, tuple[int, ...], torch.dtype]:
+        if name not in self._files:
             if self._saved:  # every batch saves the same variables
                 raise ValueError(f"{name} was not saved with the earlier batches")
-            fd = os.open(os.path.join(self.path, name), os.O_RDWR | os.O_CREAT, 0o600)
-            self._fds[name] = (fd, tuple(t.shape[1:]), t.dtype)
-        return self._fds[name]
+            try:  # kept open until close(), so no context manager
+                f = tempfile.TemporaryFile(dir=self.directory, prefix=self._prefix, buffering=0)  # noqa: SIM115
+            except OSError as e:
+                raise JimuError(
+                    f"admm cannot create its store of auxiliary variables under "
+                    f"{self.directory}: {e}"
+                ) from None
+            self._files[name] = (f, tuple(t.shape[1:]), t.dtype)
+        return self._files[name]
 
     def close(self) -> None:
-        """Close and remove every file (idempotent)."""
-        for fd, _, _ in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        """Close every file, which frees it (idempotent)."""
+        for f, _, _ in self._files.values():
+            f.close()
+        self._files.clear()
         self._saved.clear()
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None
 
 
 def _bytes(t: Tensor) -> memoryview:
