@@ -210,6 +210,42 @@ def test_a_signal_ends_every_worker_and_the_run_in_one_line(
         pass
 
 
+@pytest.mark.parametrize("how", ["ctrl-c", "kill -9 rank 0", "kill -9 rank 1"])
+def test_with_the_progress_bar_a_stopped_run_still_ends_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Not quiet: the bar's line is ended, and nothing follows the one line (no torch
+    log of the workers it stops, no resource tracker warning); admm's kept batches, whose
+    files are unnamed, leave nothing in TMPDIR even from a worker killed by SIGKILL."""
+    spill = _private_tmpdir(tmp_path, monkeypatch)
+    run = tmp_path / "b"
+    argv = ["train", "--strategy", "admm", "--workers", "2", "--admm-batch", "100"]
+    argv += [a for a in fault_flags(epochs=100000) if a != "--quiet"]
+    proc = start([*argv, "--runs-dir", str(tmp_path), "--name", "b"])
+    try:
+        wait_for_epochs(run, 2, proc)
+        workers = sorted(_workers(proc.pid))
+        assert len(workers) == 2, workers
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:  # started first: rank 0, whose bar it is
+            os.kill(workers[int(how[-1])], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [x for x in re.split(r"[\r\n]", err) if x.strip() and not x.startswith("admm:")]
+    assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err[-3000:]
+    if how == "ctrl-c":
+        assert lines[0].startswith("error: stopped by SIGINT; every worker ended"), lines
+    else:
+        assert (
+            lines[0]
+            == f"error: worker {how[-1]} died (killed by SIGKILL) without reporting an error"
+        )
+    assert not _left_behind(spill)
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie is dead; it waits for its parent to reap it)."""
     try:

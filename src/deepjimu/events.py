@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,11 @@ class EventLog:
         if self.is_main and not self.quiet:
             from tqdm.auto import tqdm
 
+            # one bar in one process: a thread lock is enough. tqdm's default also takes a
+            # multiprocessing lock, a named semaphore that a worker leaving by os._exit
+            # (deepjimu.leave) never unlinks, so Python's resource tracker warned about it
+            # under the one line that says why a run stopped
+            tqdm.set_lock(threading.RLock())
             self._bar = tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True, leave=True)
 
     def progress_at(self, n: int) -> None:

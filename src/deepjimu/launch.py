@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -174,10 +175,12 @@ def _launch_local(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # the agent's own log lines repeat what we report in one line below; each of its
-    # modules sets its own logger's level, so the parent's level alone does not silence them
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith("torch.distributed.elastic"):
+    # the agent's own log lines (and torch.multiprocessing's "Terminating process ... via
+    # signal SIGTERM" as it stops the others) repeat what we report in one line below; each
+    # module sets its own logger's level, so the parents' levels alone do not silence them
+    quiet = ("torch.distributed.elastic", "torch.multiprocessing")
+    for name in [*quiet, *logging.root.manager.loggerDict]:
+        if name.startswith(quiet):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     # the agent's per-worker files (error.json) go to a folder of ours, removed when the
     # launch ends: by default each launch leaves a torchelastic_* folder in TMPDIR for good
@@ -201,13 +204,23 @@ def _launch_local(
                 cfg_dict, str(out_dir), plan, job, model_factory
             )
     except ChildFailedError as e:
+        _end_bar_line(cfg_dict, out_dir)
         raise JimuError(_failure_line(out_dir, e)) from None
     except SignalException as e:  # the agent has stopped every worker
+        _end_bar_line(cfg_dict, out_dir)
         raise Interrupted(int(e.sigval)) from None
     finally:
         logs.cleanup()
     summary: dict[str, Any] | None = results.get(0)  # rank 0's return value
     return summary
+
+
+def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:
+    """End the line of rank 0's progress bar if rank 0 could not (killed, or stuck until
+    the agent killed it), so that the one line we print next starts a line of its own.
+    A worker that unwinds closes its bar, then writes its error record."""
+    if not cfg_dict["quiet"] and not (error_dir(out_dir) / "rank0.json").exists():
+        print(file=sys.stderr, flush=True)
 
 
 def _failure_line(out_dir: Path, err: Exception) -> str:

@@ -22,7 +22,7 @@ from deepjimu.choices import Device
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
-from deepjimu.errors import JimuError, one_line
+from deepjimu.errors import JimuError, one_line, signals_interrupt
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
@@ -154,7 +154,8 @@ def spawned_worker(
     elastic, which passes it on, and leaves with 0 when the shutdown begins.
     """
     try:
-        summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory)
+        with signals_interrupt():  # SIGTERM (the launcher stopping the others) unwinds too
+            summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory)
     except KeyboardInterrupt as e:  # SIGINT, or Interrupted
         leave(getattr(e, "exit_code", 130))
     except Exception:
@@ -307,7 +308,10 @@ def _train(
     if rank == 0:  # only now: a resume that fails above leaves the folder as it was
         atomic_write_text(out_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
     run.begin_fit()
-    result = strategy.fit(model, data, run)
+    try:
+        result = strategy.fit(model, data, run)
+    finally:  # the progress bar ends its line, so the launcher's one line starts its own
+        run.close()
     gathered = run.gather_objects((run.stats.as_list(), run.stats.sent_by_kind))
     totals = [g[0] for g in gathered]
     if rank != 0:
