@@ -150,7 +150,8 @@ class Checkpointer:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             atomic_write_text(self.dir / "latest", final.name)
-            for old in self.dir.glob("step-*"):
+            # older checkpoints, and the partial folders of writes a kill cut short
+            for old in [*self.dir.glob("step-*"), *self.dir.glob(".tmp-step-*")]:
                 if old.name != final.name:
                     shutil.rmtree(old, ignore_errors=True)
         self.bookkeeping.barrier()
