@@ -238,6 +238,7 @@ def test_with_the_progress_bar_a_stopped_run_still_ends_in_one_line(
     assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err[-3000:]
     if how == "ctrl-c":
         assert lines[0].startswith("error: stopped by SIGINT; every worker ended"), lines
+        assert not (run / ".errors").exists(), "no worker's record of the interrupt is kept"
     else:
         assert (
             lines[0]

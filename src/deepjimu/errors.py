@@ -48,18 +48,30 @@ def one_line(e: object) -> str:
 
 
 @contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
+def signals_interrupt(once: bool = False) -> Iterator[None]:
     """For the block, SIGINT and SIGTERM raise :class:`Interrupted` (the old handlers after).
 
     Python's default ends the process on SIGTERM without unwinding, and raises a bare
     KeyboardInterrupt on SIGINT; with this, both unwind (locks released, workers stopped)
     and name the signal. Outside the main thread, where handlers cannot be set, a no-op.
+
+    With ``once``, the signals after the first are ignored from then on, for a process on
+    its way out: a worker that Ctrl-C reached is sent SIGTERM by its launcher a moment
+    later, which would otherwise cut its clean-up short (its progress bar, its error
+    record) at any line. The launcher kills it outright if the clean-up hangs.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
+    fired = False
+
     def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if once:
+            for s in sigs:
+                signal.signal(s, signal.SIG_IGN)
+        fired = True
         raise Interrupted(signum)
 
     sigs = (signal.SIGINT, signal.SIGTERM)
@@ -67,5 +79,6 @@ def signals_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        for s in sigs:
-            signal.signal(s, old[s])
+        if not (once and fired):  # else ignored until the process ends
+            for s in sigs:
+                signal.signal(s, old[s])

@@ -208,6 +208,7 @@ def _launch_local(
         raise JimuError(_failure_line(out_dir, e)) from None
     except SignalException as e:  # the agent has stopped every worker
         _end_bar_line(cfg_dict, out_dir)
+        shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # each says only: interrupted
         raise Interrupted(int(e.sigval)) from None
     finally:
         logs.cleanup()

@@ -154,7 +154,7 @@ def spawned_worker(
     elastic, which passes it on, and leaves with 0 when the shutdown begins.
     """
     try:
-        with signals_interrupt():  # SIGTERM (the launcher stopping the others) unwinds too
+        with signals_interrupt(once=True):  # SIGTERM (the launcher stopping us) unwinds too
             summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory)
     except KeyboardInterrupt as e:  # SIGINT, or Interrupted
         leave(getattr(e, "exit_code", 130))
