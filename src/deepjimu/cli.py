@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``jimu``; returns the exit code (0 ok, 2 user error, 130 / 143 stopped by SIGINT /
     SIGTERM)."""
     try:
-        with signals_interrupt():
+        # a worker of torchrun gets its agent's SIGTERM right after Ctrl-C: only the first counts
+        with signals_interrupt(once=under_torchrun()):
             return _command(build_parser().parse_args(argv))
     except JimuError as e:
         for line in str(e).splitlines():
