@@ -228,12 +228,13 @@ def test_with_the_progress_bar_a_stopped_run_still_ends_in_one_line(
         assert len(workers) == 2, workers
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
-        else:  # started first: rank 0, whose bar it is
+        else:  # in pid order: rank 0, whose bar it is, started first
             os.kill(workers[int(how[-1])], signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    # a line glued to the bar's ("admm: ...]error: ...") is dropped here with the bar's
     lines = [x for x in re.split(r"[\r\n]", err) if x.strip() and not x.startswith("admm:")]
     assert len(lines) == 1 and err.splitlines()[-1] == lines[0], err[-3000:]
     if how == "ctrl-c":
