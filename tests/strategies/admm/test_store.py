@@ -65,6 +65,24 @@ def test_a_killed_process_leaves_no_store_behind(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+def test_will_need_hints_every_file_at_the_rows_of_a_saved_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hints: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(
+        os, "posix_fadvise", lambda fd, at, n, advice: hints.append((at, n, advice))
+    )
+    store = SampleStore([0, 3, 5], str(tmp_path))
+    store.will_need(1)  # never saved: nothing to read
+    assert hints == []
+    for k, rows in ((0, 3), (1, 2)):
+        store.save(k, {"z0": torch.ones(rows, 2), "q_left": torch.ones(rows, 2, 2)})
+    store.will_need(1)
+    will = os.POSIX_FADV_WILLNEED
+    assert hints == [(3 * 8, 2 * 8, will), (3 * 16, 2 * 16, will)]  # rows 3-4, float32
+    store.close()
+
+
 def test_store_refuses_short_files_and_failed_writes_in_one_line(
     tmp_path: Path, monkeypatch
 ) -> None:

@@ -80,6 +80,11 @@ class KeptBatches:
         block.others = {l: _without(self._total[l], old[l]) for l in block.layers}
         return True
 
+    def will_need(self, k: int) -> None:
+        """Batch k is visited next: its files may be read ahead (:meth:`SampleStore.will_need`)."""
+        self.store.will_need(k)
+        self.parts.will_need(k)
+
     def end(self, k: int) -> None:
         """Batch k is done: add its new statistics to the total and store its variables."""
         block = self.block

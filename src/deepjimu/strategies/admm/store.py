@@ -17,6 +17,7 @@ a large run would stay for good.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -129,6 +130,17 @@ class SampleStore:
                     "(set TMPDIR to a disk with room)"
                 ) from None
         self._saved.add(k)
+
+    def will_need(self, k: int) -> None:
+        """Tell the system that batch k's rows are read next, so that it can read them from
+        disk in the background while this batch computes (a hint; no-op where unsupported
+        or when k was never saved)."""
+        if k not in self._saved or not hasattr(os, "posix_fadvise"):
+            return
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        for f, shape, dtype in self._files.values():
+            row = math.prod(shape) * dtype.itemsize
+            os.posix_fadvise(f.fileno(), lo * row, (hi - lo) * row, os.POSIX_FADV_WILLNEED)
 
     def load(
         self, k: int, device: torch.device, names: tuple[str, ...] | None = None

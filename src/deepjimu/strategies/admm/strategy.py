@@ -434,11 +434,15 @@ class AdmmStrategy(Strategy):
         """
         kept, run, block = self._kept, self.run, self.block
         assert kept is not None
-        for k in kept.order(epoch):
+        order = kept.order(epoch)
+        upcoming = [*order[1:], kept.order(epoch + 1)[0]]
+        for k, after in zip(order, upcoming, strict=True):
             idx = kept.batches[k]
             xb = x[idx].to(run.device) if block.lo == 0 else None
             yb = y[idx].to(run.device) if block.hi == block.L else None
-            if not kept.begin(k, xb, run.device):
+            loaded = kept.begin(k, xb, run.device)
+            kept.will_need(after)  # read from disk while this batch computes
+            if not loaded:
                 self._start(xb, yb, len(idx))
             for _ in range(self._inner):
                 self._iterate(yb)
