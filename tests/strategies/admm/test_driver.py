@@ -42,6 +42,16 @@ def _snapshot(block: LayerBlock) -> dict[str, torch.Tensor]:
     return out
 
 
+def _copies(block: LayerBlock) -> dict[str, torch.Tensor]:
+    """The block's copies of its neighbours' variables, by the serial name they copy."""
+    out = {}
+    if block.p_right is not None:
+        out[f"p{block.hi}"] = block.p_right.clone()
+    if block.q_left is not None and block.u_left is not None:
+        out |= {f"q{block.lo - 1}": block.q_left.clone(), f"u{block.lo - 1}": block.u_left.clone()}
+    return out
+
+
 def _params(bits: int, momentum: float, ridge: float = 0.0) -> AdmmParams:
     return AdmmParams(rho=0.5, nu=0.8, bits=bits, tau=1.0, momentum=momentum, ridge=ridge)
 
@@ -88,7 +98,7 @@ def _distributed(
         if momentum:
             block.extrapolate()
         sent.append(stats.bytes_sent - before)
-    return _snapshot(block), sent
+    return _snapshot(block), sent, _copies(block)
 
 
 @pytest.mark.parametrize(
@@ -108,13 +118,16 @@ def test_distributed_iterates_equal_serial(
     for sizes in ([2, 2], [1, 2, 1]):
         results = run_world(_distributed, len(sizes), sizes, bits, momentum, scale, sweeps, ridge)
         merged: dict[str, torch.Tensor] = {}
-        for snap, _ in results:
+        for snap, _, _ in results:
             merged.update(snap)
         assert merged.keys() == serial.keys()
-        for k in serial:
+        # and every copy of a neighbour's variable equals the variable it copies
+        copies = [(f"copy of {k}", t, serial[k]) for _, _, c in results for k, t in c.items()]
+        assert len(copies) == 3 * (len(sizes) - 1)
+        for k, got, want in [*((k, merged[k], serial[k]) for k in serial), *copies]:
             torch.testing.assert_close(
-                merged[k],
-                serial[k],
+                got,
+                want,
                 rtol=1e-5,
                 atol=1e-5,
                 msg=f"{k} ({sizes}, bits {bits}, momentum {momentum})",

@@ -109,8 +109,8 @@ class AdmmParams:
     it keeps the exact least-squares fits from putting large weights on directions in which
     the inputs barely vary (the blank border pixels; the per-sample slack of the auxiliary
     variables), which fit the training set and nothing else.
-    ``momentum`` extrapolates every variable after each iteration, x + momentum (x - x_prev)
-    (0: off). ``memory`` (mini-batch mode) is the decay of the batches' (W, b) statistics:
+    ``momentum`` extrapolates every variable but p after each iteration, x + momentum
+    (x - x_prev) (0: off; :meth:`LayerBlock.extrapolate`). ``memory`` (mini-batch mode) is the decay of the batches' (W, b) statistics:
     each W step solves the problem over all batches seen, older ones weighted down by
     ``memory`` per batch (0: only the current batch and the proximal term).
     """
@@ -407,15 +407,19 @@ class LayerBlock:
 
     @torch.no_grad()
     def extrapolate(self) -> None:
-        """Momentum: every variable x becomes x + momentum (x - x_prev), after an iteration.
+        """Momentum: every variable x but p becomes x + momentum (x - x_prev), after an iteration.
 
-        The copies of the neighbours' boundary variables (q_left, u_left, p_right) are
-        extrapolated too: both sides hold the same current and previous values, so they stay
-        equal, and the distributed iterates equal the serial ones. p and q are put back on
-        the quantization grid. The first call after an initialisation only records x.
+        p is left as it is: the next iteration starts with the p step, which overwrites it
+        (a dense layer's exact minimiser does not read it; a conv layer's conjugate
+        gradients start from it).
+        The copies of the neighbours' boundary variables are treated as what they copy:
+        q_left and u_left are extrapolated (both sides hold the same current and previous
+        values, so they stay equal, and the distributed iterates equal the serial ones),
+        p_right is not (it stays the p its owner holds). q is put back on the quantization
+        grid. The first call after an initialisation only records x.
         """
         beta = self.params.momentum
-        current = self._iterate_state()
+        current = {k: v for k, v in self._iterate_state().items() if k not in _NO_MOMENTUM}
         prev, self._prev = (
             self._prev,
             {
@@ -628,6 +632,7 @@ class LayerBlock:
 
 
 _BOUNDARY_KEYS = ("q_left", "u_left", "p_right")  # the copies of the neighbours' variables
+_NO_MOMENTUM = ("p", "p_right")  # read only after the p step has overwritten them
 
 
 def sample_nbytes(
@@ -637,18 +642,18 @@ def sample_nbytes(
     (:meth:`LayerBlock.sample_state`), known from the layer shapes before any exist.
 
     p of every layer but the first, z, q and u of every layer below the top (z alone at the
-    top), the copies of the neighbours' boundary variables, and all of it twice with
-    momentum (its record of the previous iterate).
+    top), the copies of the neighbours' boundary variables, and with momentum all of it
+    but p and its copy twice (the record of the previous iterate, :meth:`LayerBlock.extrapolate`).
     """
-    widths = []
+    ps, others = [], []
     for l in range(lo, hi):
-        widths += [math.prod(ops[l].in_shape)] if l > 0 else []
-        widths += [math.prod(ops[l].out_shape)] * (3 if l < L - 1 else 1)
+        ps += [math.prod(ops[l].in_shape)] if l > 0 else []
+        others += [math.prod(ops[l].out_shape)] * (3 if l < L - 1 else 1)
     if lo > 0:  # q_left, u_left
-        widths += [math.prod(ops[lo].in_shape)] * 2
+        others += [math.prod(ops[lo].in_shape)] * 2
     if hi < L:  # p_right
-        widths.append(math.prod(ops[hi - 1].out_shape))
-    return itemsize * sum(widths) * (2 if momentum else 1)
+        ps.append(math.prod(ops[hi - 1].out_shape))
+    return itemsize * (sum(ps) + sum(others) * (2 if momentum else 1))
 
 
 def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:
