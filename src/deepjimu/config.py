@@ -166,7 +166,7 @@ class RunConfig:
     )
     admm_momentum: float | None = _opt(
         None,
-        "admm: extrapolate every variable by this fraction of its last change (0: off; "
+        "admm: extrapolate every variable but p by this fraction of its last change (0: off; "
         "default 0.7 for MLPs, 0.5 for CNNs)",
     )
     admm_sweeps: int | None = _opt(
