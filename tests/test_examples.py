@@ -52,7 +52,7 @@ def jimu_train(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_example_equals_jimu_train(jimu_train: dict, workers: int) -> None:
+def test_example_equals_jimu_train(jimu_train: dict, workers: int, tmp_path: Path) -> None:
     args = [
         "--workers",
         str(workers),
@@ -68,7 +68,7 @@ def test_example_equals_jimu_train(jimu_train: dict, workers: int) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**env(), "OMP_NUM_THREADS": "1"},
+        env={**env(), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)},  # torchrun's files
     )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -105,8 +105,9 @@ def test_after_a_kill_restarted_workers_rejoin_and_finish_the_run(
         "--name",
         "r",
     ]
-    if launcher == "torchrun":
-        proc = start(argv, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"])
+    if launcher == "torchrun":  # its per-worker files in the test's folder, not in TMPDIR
+        logs = ["--log-dir", str(tmp_path / "torchrun")]
+        proc = start(argv, ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", *logs])
     else:
         proc = start([*argv, "--workers", "2", "--max-restarts", "1"])
     try:
