@@ -62,7 +62,7 @@ def test_example_equals_jimu_train(jimu_train: dict, workers: int, tmp_path: Pat
         str(SETTINGS["seed"]),
     ]
     args += ["--rho", str(SETTINGS["rho"]), "--nu", str(SETTINGS["nu"])]
-    args += ["--iterations", str(SETTINGS["epochs"]), "--momentum", "0.7"]
+    args += ["--iterations", str(SETTINGS["epochs"]), "--momentum", str(SETTINGS["admm_momentum"])]
     r = subprocess.run(
         [sys.executable, str(EXAMPLE), *args],
         capture_output=True,
