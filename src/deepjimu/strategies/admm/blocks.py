@@ -110,9 +110,10 @@ class AdmmParams:
     the inputs barely vary (the blank border pixels; the per-sample slack of the auxiliary
     variables), which fit the training set and nothing else.
     ``momentum`` extrapolates every variable but p after each iteration, x + momentum
-    (x - x_prev) (0: off; :meth:`LayerBlock.extrapolate`). ``memory`` (mini-batch mode) is the decay of the batches' (W, b) statistics:
-    each W step solves the problem over all batches seen, older ones weighted down by
-    ``memory`` per batch (0: only the current batch and the proximal term).
+    (x - x_prev) (0: off; :meth:`LayerBlock.extrapolate`). ``memory`` (mini-batch mode) is
+    the decay of the batches' (W, b) statistics: each W step solves the problem over all
+    batches seen, older ones weighted down by ``memory`` per batch (0: only the current
+    batch and the proximal term).
     """
 
     rho: float = 1.0
@@ -412,6 +413,7 @@ class LayerBlock:
         p is left as it is: the next iteration starts with the p step, which overwrites it
         (a dense layer's exact minimiser does not read it; a conv layer's conjugate
         gradients start from it).
+
         The copies of the neighbours' boundary variables are treated as what they copy:
         q_left and u_left are extrapolated (both sides hold the same current and previous
         values, so they stay equal, and the distributed iterates equal the serial ones),

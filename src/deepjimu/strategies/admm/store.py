@@ -119,7 +119,7 @@ class SampleStore:
                 raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not {shape} {dtype}")
             data = t.detach().to("cpu").contiguous()
             raw = _bytes(data)
-            offset = lo * data[0].numel() * data.element_size()
+            offset, _ = self._span(k, shape, dtype)
             try:
                 while raw:
                     written = os.pwrite(f.fileno(), raw, offset)
@@ -137,10 +137,8 @@ class SampleStore:
         or when k was never saved)."""
         if k not in self._saved or not hasattr(os, "posix_fadvise"):
             return
-        lo, hi = self.bounds[k], self.bounds[k + 1]
         for f, shape, dtype in self._files.values():
-            row = math.prod(shape) * dtype.itemsize
-            os.posix_fadvise(f.fileno(), lo * row, (hi - lo) * row, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(f.fileno(), *self._span(k, shape, dtype), os.POSIX_FADV_WILLNEED)
 
     def load(
         self, k: int, device: torch.device, names: tuple[str, ...] | None = None
@@ -153,7 +151,7 @@ class SampleStore:
             f, shape, dtype = self._files[name]
             buf = torch.empty((hi - lo, *shape), dtype=dtype)
             raw = _bytes(buf)
-            offset = lo * buf[0].numel() * buf.element_size()
+            offset, _ = self._span(k, shape, dtype)
             got = os.preadv(f.fileno(), [raw], offset)
             if got != len(raw):
                 raise JimuError(
@@ -162,6 +160,12 @@ class SampleStore:
                 )
             out[name] = buf.to(device)
         return out
+
+    def _span(self, k: int, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[int, int]:
+        """Where batch k's rows of a variable of per-sample ``shape`` lie in its file:
+        (offset, length) in bytes."""
+        row = math.prod(shape) * dtype.itemsize
+        return self.bounds[k] * row, (self.bounds[k + 1] - self.bounds[k]) * row
 
     def _file(self, name: str, t: Tensor) -> tuple[BinaryIO, tuple[int, ...], torch.dtype]:
         if name not in self._files:

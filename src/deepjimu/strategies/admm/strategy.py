@@ -144,7 +144,7 @@ class AdmmStrategy(Strategy):
             )
         # the readouts that refit need every sample's targets z, which mini-batches that
         # restart (asked for, or auto's choice for CNNs and with --admm-memory: _keeps) lack
-        by_auto = cfg.admm_aux == "auto" and (kind == "cnn" or cfg.admm_memory is not None)
+        by_auto = _auto_restarts(cfg, cnn=kind == "cnn")
         if cfg.admm_batch and cfg.admm_readout in ("last", "all"):
             needs = f"admm-readout {cfg.admm_readout} needs every sample's targets z, which "
             if cfg.admm_aux == "restart":
@@ -312,7 +312,7 @@ class AdmmStrategy(Strategy):
         cfg = self.cfg
         if not cfg.admm_batch or cfg.admm_aux == "restart":
             return False
-        if cfg.admm_aux == "auto" and (has_conv(ops) or cfg.admm_memory is not None):
+        if _auto_restarts(cfg, cnn=has_conv(ops)):
             return False
         where = tempfile.gettempdir()
         need = kept_nbytes(dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch)
@@ -557,6 +557,12 @@ class AdmmStrategy(Strategy):
             "readout": self._readout_choice,
         }
         self.run.save_checkpoint(step, done, full, state, {"samples": samples})
+
+
+def _auto_restarts(cfg: RunConfig, cnn: bool) -> bool:
+    """Whether ``--admm-aux auto`` restarts the mini-batches whatever the disk holds: for
+    CNNs (the kept statistics are those of dense layers) and with ``--admm-memory``."""
+    return cfg.admm_aux == "auto" and (cnn or cfg.admm_memory is not None)
 
 
 def _finite(v: Any) -> bool:
