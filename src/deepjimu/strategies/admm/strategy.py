@@ -249,6 +249,7 @@ class AdmmStrategy(Strategy):
         # a resumed run's model is the checkpoint's readout of the checkpointed iterate
         resumed = run.resumed.rank_state if run.resumed is not None else None
         self._readout_choice = resumed.get("readout", "iterate") if resumed else "iterate"
+        self._iterate_fit: tuple[float, float] | None = None  # what the health check judges
         self._readout_stale = resumed is None  # the iterate moved since the last readout
         self._written = resumed is not None  # the model holds the current readout
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
@@ -459,6 +460,7 @@ class AdmmStrategy(Strategy):
             return
         self._readout_stale = False
         mode, run = self._readout_mode, self.run
+        self._iterate_fit = None
         if mode == "iterate":
             self._readout_choice = "iterate"
             return
@@ -474,7 +476,10 @@ class AdmmStrategy(Strategy):
                     )
             except torch.linalg.LinAlgError as e:
                 raise JimuError(readout_failed(e, "--admm-readout iterate")) from None
-        self._readout_choice = run.broadcast_object(choice, src=run.world - 1)
+        fit = self.block.iterate_fit if self.block.hi == self.block.L else None
+        self._readout_choice, self._iterate_fit = run.broadcast_object(
+            (choice, fit), src=run.world - 1
+        )
 
     def _write_back(self) -> None:
         """The readout's weights into the model, for evaluation and checkpoints (once per
@@ -523,7 +528,12 @@ class AdmmStrategy(Strategy):
                 f"(rho: {self.block.params.rho}, nu: {self.block.params.nu}); "
                 f"last good checkpoint: {run.last_checkpoint_text()}"
             )
-        stuck = self.learning.check(done, event.get("loss"), event.get("train_acc"))
+        # the health of the iteration itself: a readout refitted on a stuck iterate can fit
+        # the training set well above chance while nothing learns
+        loss, acc, whose = event.get("loss"), event.get("train_acc"), ""
+        if self._iterate_fit is not None:
+            (loss, acc), whose = self._iterate_fit, "the iterate's "
+        stuck = self.learning.check(done, loss, acc, whose)
         if stuck:
             rho, nu = self.block.params.rho, cfg.nu
             raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
