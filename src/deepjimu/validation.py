@@ -7,6 +7,7 @@ registry, the registries need only config.py's types, and this module asks both.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from deepjimu.choices import Device, Optimizer, Precision
 from deepjimu.config import (
@@ -21,17 +22,21 @@ from deepjimu.errors import JimuError
 from deepjimu.models import count_blocks, parse_spec
 from deepjimu.strategies import get_strategy
 
+if TYPE_CHECKING:
+    from torch import nn
+
 __all__ = ["validate"]
 
 
-def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
+def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
     """Check every field and fill the strategy's defaults; the result is what workers run.
 
     Args:
         cfg: the options.
-        blocks: the block count of the model, when a Python factory builds it (``cfg.model``
-            is then its ``factory:`` spec, which says nothing of its shape); without it such
-            a run is refused (the factory is not at hand: a CLI resume of a ``fit`` run).
+        model: the model, when a Python factory builds it (``cfg.model`` is then its
+            ``factory:`` spec, which says nothing of its shape): the strategy counts its
+            blocks, or refuses it (``Strategy.model_blocks``); without it such a run is
+            refused (the factory is not at hand: a CLI resume of a ``fit`` run).
 
     Returns:
         a new RunConfig with ``workers``, ``epochs`` and ``lr`` set.
@@ -43,13 +48,12 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
     problems = basic_problems(cfg)
     if cfg.dataset not in dataset_names():
         problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
-    n_blocks = 0
+    n_blocks, factory = 0, False
     try:
-        if parse_spec(cfg.model).kind != "factory":
+        factory = parse_spec(cfg.model).kind == "factory"
+        if not factory:
             n_blocks = count_blocks(cfg.model)
-        elif blocks is not None:
-            n_blocks = blocks
-        else:
+        elif model is None:
             problems.append(_needs_its_factory(cfg))
     except JimuError as e:
         problems.append(str(e))
@@ -58,6 +62,11 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
     except JimuError as e:
         problems.append(str(e))
         raise ConfigErrors(problems) from None
+    if factory and model is not None:
+        try:
+            n_blocks = strategy.model_blocks(model)
+        except JimuError as e:
+            problems.append(f"model {cfg.model}: {e}")
     workers = cfg.workers if cfg.workers is not None else strategy.default_workers
     if strategy.max_workers is not None and workers > strategy.max_workers:
         problems.append(

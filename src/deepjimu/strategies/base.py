@@ -81,6 +81,16 @@ class Strategy(ABC):
         """Strategy-specific config problems, one line each (checked before workers start)."""
         return []
 
+    @classmethod
+    def model_blocks(cls, model: nn.Sequential) -> int:
+        """How many blocks the strategy cuts ``model``, a Python factory's, into (checked
+        before workers start, as a spec's ``count_blocks``; default: its children).
+
+        Raises:
+            JimuError: a model the strategy cannot train, in one line naming the module.
+        """
+        return len(model)
+
     def data_device(self, device: torch.device) -> torch.device:
         """Where the engine puts the data splits (default: the compute device)."""
         return device
