@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from deepjimu.atomic import atomic_path
+from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.errors import JimuError
 
@@ -76,7 +77,7 @@ def save_tensors(
     return path
 
 
-@register_dataset("tensors")
+@register_dataset("tensors", Family.TENSORS)
 def load_tensors(opts: DataOptions) -> RawData:
     """The tensors :func:`save_tensors` wrote into ``opts.data_dir``.
 
