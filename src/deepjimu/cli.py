@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from deepjimu.choices import OmpWait
-from deepjimu.config import RunConfig, add_options, flag_values, load_config, read_toml
+from deepjimu.config import RunConfig, add_options, flag_values, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.leave import leave
 from deepjimu.rundir import saved_config
@@ -58,19 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The RunConfig of ``jimu train`` flags (defaults < --config file < flags; --resume loads the run's)."""
+    """The RunConfig of ``jimu train`` flags (defaults < --config file < flags; --resume loads the run's).
+
+    Its ``given`` names the options of the file and the flags (not the resumed run's saved
+    ones): only those are refused where they do not apply.
+    """
     flags = flag_values(args)
+    from_file = read_toml(args.config) if args.config else {}
+    given = {k: str(args.config) for k in from_file} | {k: "flag" for k in flags}
     if flags.get("resume"):
         # the run's own options; launch.train then refuses what its checkpoint contradicts
         base = dict(saved_config(Path(flags["resume"])))
-        base.update(read_toml(args.config) if args.config else {})  # only the file's own keys
+        base.update(from_file)
         base.update(flags)
         base["name"], base["runs_dir"] = (
             Path(flags["resume"]).name,
             str(Path(flags["resume"]).parent),
         )
-        return RunConfig.from_dict(base)
-    return load_config(flags, args.config)
+        return RunConfig.from_dict({**base, "given": given})
+    return RunConfig(**{**from_file, **flags}, given=given)
 
 
 def main(argv: list[str] | None = None) -> int:

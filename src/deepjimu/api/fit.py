@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import pickle
 import tempfile
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from deepjimu.config import RunConfig
+from deepjimu.config import RunConfig, option_fields
 from deepjimu.data.tensors import save_tensors, tensors_file
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
@@ -101,7 +100,7 @@ def fit(
     model = model_factory()
     if not isinstance(model, nn.Sequential):
         raise ValueError(f"model_factory must return an nn.Sequential (got {type(model).__name__})")
-    known = {f.name for f in dataclasses.fields(RunConfig)}
+    known = {f.name for f in option_fields()}
     for name in options:
         if name in _SET_BY_FIT:
             raise ValueError(f"{name} is set by fit itself (option: {name})")
@@ -134,6 +133,8 @@ def fit(
                 "data_dir": str(folder / "data"),
                 "runs_dir": str(folder.parent),
                 "name": folder.name,
+                # refused where they do not apply: the keywords, not a resumed run's options
+                "given": dict.fromkeys([*options, *(["workers"] if workers else [])], "fit"),
             }
         )
         summary = train(cfg, model_factory=model_factory)
