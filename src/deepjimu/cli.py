@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -105,6 +106,7 @@ def _command(args: argparse.Namespace) -> int:
         plan = _torchrun_thread_plan(cfg)
         from deepjimu.launch import train  # loads torch, and with it OpenMP
 
+        _print_family_defaults(cfg)
         summary = train(cfg, plan)
         if summary is not None:
             _print_summary(summary)
@@ -162,6 +164,26 @@ def _torchrun_thread_plan(cfg: RunConfig) -> ThreadPlan | None:
     plan = plan_threads(int(local) if local.isdigit() else 1, cfg.threads, cfg.omp_wait)
     set_env(plan.env())
     return plan
+
+
+def _print_family_defaults(cfg: RunConfig) -> None:
+    """Rank 0 names what its data family's table sets (``defaults for graph data: ...``).
+
+    Only for a run that validates: a bad one ends in its error line alone.
+    """
+    if cfg.quiet or os.environ.get("RANK", "0") != "0":
+        return
+    from deepjimu.validation import defaults_line, validate
+
+    if under_torchrun():  # as launch validates it
+        cfg = dataclasses.replace(cfg, workers=int(os.environ["WORLD_SIZE"]))
+    try:
+        validate(cfg)
+    except JimuError:
+        return
+    line = defaults_line(cfg)
+    if line is not None:
+        print(line, flush=True)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ registry, the registries need only config.py's types, and this module asks both.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from deepjimu.choices import Device, Family, Optimizer, Precision
 from deepjimu.config import (
@@ -21,11 +22,12 @@ from deepjimu.config import (
     option_label,
 )
 from deepjimu.data import dataset_family, dataset_names, datasets_of
+from deepjimu.defaults import describe, table_defaults
 from deepjimu.errors import JimuError
 from deepjimu.models import count_blocks, parse_spec
 from deepjimu.strategies import get_strategy, strategy_names
 
-__all__ = ["validate"]
+__all__ = ["defaults_line", "family_defaults", "validate"]
 
 
 def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
@@ -38,8 +40,8 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
             a run is refused (the factory is not at hand: a CLI resume of a ``fit`` run).
 
     Returns:
-        a new RunConfig with ``workers``, ``epochs`` and ``lr`` set, and ``given``
-        (:func:`given_options`).
+        a new RunConfig with the data family's defaults (:mod:`deepjimu.defaults`),
+        ``workers``, ``epochs`` and ``lr`` set, and ``given`` (:func:`given_options`).
 
     Raises:
         ConfigErrors: one line per bad field (unknown strategy or dataset, workers < 1,
@@ -47,6 +49,7 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
             for a run where it does not apply, ...).
     """
     given = given_options(cfg)
+    cfg = dataclasses.replace(cfg, **family_defaults(cfg))
     misplaced = _misplaced(cfg, given)
     # an option that does not apply is refused as such, its value not judged too
     own = RunConfig().to_dict()
@@ -137,6 +140,38 @@ def _misfit(name: str, cfg: RunConfig) -> str | None:
         if where is not None and why is not None:
             return f"{label} applies to {where.text(datasets_of)}; {why}"
     return None
+
+
+def family_defaults(cfg: RunConfig) -> dict[str, Any]:
+    """What the table of ``cfg``'s data family sets for this run (:mod:`deepjimu.defaults`).
+
+    Only options that the user did not give, that still hold their own default and that
+    apply to the run; nothing for a resumed run, whose saved options stand.
+
+    Example:
+        >>> family_defaults(RunConfig(dataset="digits"))
+        {}
+    """
+    family = dataset_family(cfg.dataset)
+    if family is None or cfg.resume:
+        return {}
+    given = given_options(cfg)
+    own = RunConfig().to_dict()
+    table = {
+        k: v
+        for k, v in table_defaults(family, cfg.strategy).items()
+        if k not in given and getattr(cfg, k) == own[k] and v != own[k]
+    }
+    candidate = dataclasses.replace(cfg, **table)
+    return {k: v for k, v in table.items() if _misfit(k, candidate) is None}
+
+
+def defaults_line(cfg: RunConfig) -> str | None:
+    """``defaults for graph data: model mlp:256x2, epochs 50``: what the family's table sets
+    for ``cfg`` (None: nothing)."""
+    chosen = family_defaults(cfg)
+    family = dataset_family(cfg.dataset)
+    return describe(family, chosen) if chosen and family is not None else None
 
 
 def _needs_its_factory(cfg: RunConfig) -> str:
