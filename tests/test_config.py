@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from deepjimu.cli import main
 from deepjimu.config import ConfigErrors, RunConfig, coerce, load_config, read_toml
 from deepjimu.errors import JimuError
 from deepjimu.validation import validate
@@ -128,10 +130,16 @@ def test_coerce_types_and_errors() -> None:
     assert coerce("lr", "1e-3", "flag") == 1e-3
     assert coerce("classes", "0,1,7", "flag") == [0, 1, 7]
     assert coerce("quiet", "yes", "flag") is True
-    with pytest.raises(JimuError, match=r"flag: workers must be a int \(got 'two'\)"):
+    with pytest.raises(JimuError, match=r"flag: workers must be a whole number \(got 'two'\)"):
         coerce("workers", "two", "flag")
-    with pytest.raises(JimuError, match="epochs must be a int"):
+    with pytest.raises(JimuError, match="epochs must be a whole number"):
         coerce("epochs", 2.5, "run.toml")
+    with pytest.raises(JimuError, match="lr must be a number"):
+        coerce("lr", "fast", "flag")
+    with pytest.raises(JimuError, match="quiet must be true or false"):
+        coerce("quiet", "maybe", "flag")
+    with pytest.raises(JimuError, match="classes must be a list of whole numbers"):
+        coerce("classes", "a,b", "flag")
 
 
 def test_toml_flat_and_tables(tmp_path: Path) -> None:
@@ -148,7 +156,7 @@ def test_toml_errors_name_the_file_and_key(tmp_path: Path) -> None:
         read_toml(p)
     assert e.value.problems == [
         f"{p}: unknown option 'width'",
-        f"{p}: workers must be a int (got 'two')",
+        f"{p}: workers must be a whole number (got 'two')",
     ]
     p.write_text("strategy = \n")
     with pytest.raises(JimuError, match="is not valid TOML"):
@@ -208,3 +216,16 @@ def test_compress_options_that_are_fine() -> None:
         assert validate(RunConfig(strategy="ddp", **changes)).compress == changes.get(
             "compress", "none"
         )
+
+
+def test_the_sample_toml_loads_and_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/run.toml (the README's --config line) is a valid config that trains."""
+    sample = Path(__file__).parents[1] / "examples" / "run.toml"
+    values = read_toml(sample)
+    assert values["strategy"] == "admm" and values["val_fraction"] == 0.1  # tables flattened
+    argv = ["train", "--config", str(sample), "--epochs", "1", "--workers", "1"]
+    assert main([*argv, "--quiet", "--runs-dir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "sample" / "config.json").read_text())
+    assert (saved["model"], saved["epochs"], saved["workers"]) == ("mlp:128x2", 1, 1)
+    assert saved["given"]["rho"] == str(sample) and saved["given"]["epochs"] == "flag"
+    assert "admm x1 on digits (mlp:128x2)" in capsys.readouterr().out

@@ -530,10 +530,19 @@ def coerce(name: str, value: Any, source: str) -> Any:
             raise ValueError
         return value
     except (TypeError, ValueError):
-        want = {"list[int]": "a list of integers"}.get(kind, f"a {kind}")
+        want = _KIND_WORDS[kind]
         raise JimuError(
             f"{source}: {name.replace('_', '-')} must be {want} (got {value!r})"
         ) from None
+
+
+_KIND_WORDS = {
+    "bool": "true or false",
+    "int": "a whole number",
+    "float": "a number",
+    "list[int]": "a list of whole numbers",
+    "str": "text",
+}
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
