@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 
 from deepjimu.choices import Family
 from deepjimu.cli import main
-from deepjimu.config import RunConfig
+from deepjimu.config import RunConfig, add_options
 from deepjimu.data import datasets_of
 from deepjimu.defaults import ALL, FAMILY_DEFAULTS, table_defaults
 from deepjimu.strategies import strategy_names
@@ -102,3 +103,12 @@ def test_the_line_is_not_printed_quiet_or_before_an_error(
         "defaults for graph data: epochs 3, graph-hops 1, admm-momentum 0.5"
     )
     assert defaults_line(RunConfig(dataset="digits", given={})) is None
+
+
+def test_help_names_the_table_values(graph_table: dict) -> None:
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    helps = {a.dest: a.help or "" for a in parser._actions}
+    assert helps["epochs"].endswith("(default: None; graph data: 2, graph data with admm: 3)")
+    assert helps["admm_momentum"].endswith("default: None; graph data with admm: 0.5)")
+    assert helps["seed"].endswith("(default: 0)")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from deepjimu import defaults
 from deepjimu.applies import EVERYWHERE, Applies, Condition
 from deepjimu.choices import (
     Choice,
@@ -408,8 +409,8 @@ def given_options(cfg: RunConfig) -> dict[str, str]:
     """
     if cfg.given is not None:
         return dict(cfg.given)
-    defaults = RunConfig().to_dict()
-    return {f.name: "flag" for f in option_fields() if getattr(cfg, f.name) != defaults[f.name]}
+    own = RunConfig().to_dict()
+    return {f.name: "flag" for f in option_fields() if getattr(cfg, f.name) != own[f.name]}
 
 
 def option_label(name: str, source: str) -> str:
@@ -429,7 +430,7 @@ def add_options(
     Flags that are not given stay out of the namespace (``argparse.SUPPRESS``), so
     :func:`flag_values` returns only what the user said.
     """
-    defaults = RunConfig().to_dict()
+    own = RunConfig().to_dict()
     for f in option_fields():
         if f.name in exclude:
             continue
@@ -437,7 +438,9 @@ def add_options(
         help_text = f.metadata.get("help", "")
         if f.metadata.get("choices"):
             help_text += f" ({'|'.join(f.metadata['choices'])})"
-        help_text += f" ({_where(f.metadata['applies'])}default: {defaults[f.name]})"
+        by_family = defaults.help_text(f.name)  # the family table's, where it sets one
+        default = f"default: {own[f.name]}" + (f"; {by_family}" if by_family else "")
+        help_text += f" ({_where(f.metadata['applies'])}{default})"
         if field_kind(f) == "bool":
             parser.add_argument(
                 flag,

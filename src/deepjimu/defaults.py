@@ -23,7 +23,7 @@ from typing import Any
 
 from deepjimu.choices import Family
 
-__all__ = ["ALL", "FAMILY_DEFAULTS", "describe", "table_defaults"]
+__all__ = ["ALL", "FAMILY_DEFAULTS", "describe", "help_text", "table_defaults"]
 
 ALL = "*"
 """The row of a family that holds for every strategy."""
@@ -48,6 +48,18 @@ def table_defaults(family: Family, strategy: str) -> dict[str, Any]:
     """
     rows = FAMILY_DEFAULTS.get(family, {})
     return {**rows.get(ALL, {}), **rows.get(strategy, {})}
+
+
+def help_text(option: str) -> str:
+    """The table's values of ``option`` for its ``--help``, e.g. ``graph data with admm: 50``
+    ("" where the table leaves it alone), so that the help stays true as the table fills."""
+    parts = []
+    for family, rows in FAMILY_DEFAULTS.items():
+        for strategy, row in rows.items():
+            if option in row:
+                who = f"{family.noun} data" + ("" if strategy == ALL else f" with {strategy}")
+                parts.append(f"{who}: {row[option]}")
+    return ", ".join(parts)
 
 
 def describe(family: Family, chosen: dict[str, Any]) -> str:
