@@ -38,11 +38,13 @@ __all__ = [
     "ConfigErrors",
     "RunConfig",
     "add_options",
+    "applies_of",
     "field_kind",
     "flag_values",
     "given_options",
     "load_config",
     "option_fields",
+    "option_label",
 ]
 
 # per --optimizer, when --lr is not given
@@ -81,6 +83,7 @@ _GRAPH = Applies(data=(Family.GRAPH,))
 _PLANETOID = Applies(data=("cora", "citeseer", "pubmed"))
 _SYNTHETIC = Applies(data=("synthetic", "sbm"))
 _SBM = Applies(data=("sbm",))
+# the data sets whose files --download fetches (digits comes with scikit-learn)
 _FETCHED = Applies(
     data=("mnist", "fashion-mnist", "kmnist", "cifar10", "cora", "citeseer", "pubmed")
 )
@@ -117,7 +120,9 @@ class RunConfig:
     ``None`` means "the strategy's default" for ``workers``, ``epochs`` and ``lr``;
     :func:`deepjimu.validation.validate` fills them in. An option with a closed set of values
     holds its :mod:`~deepjimu.choices` member; a spelling outside the set stays a string,
-    for validation to name.
+    for validation to name. Each option's metadata says where it applies
+    (:mod:`deepjimu.applies`); ``given``, not an option, names those the user gave
+    (:func:`given_options`).
     """
 
     # what and where
