@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing
 import pickle
 import shutil
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.config import ConfigErrors, RunConfig, option_fields
 from deepjimu.data.tensors import samples_and_labels, save_tensors, tensors_file
 from deepjimu.errors import JimuError, one_line
 from deepjimu.launch import train
@@ -128,7 +127,7 @@ def fit(
             f"labels go up to {top}, the model has {classes} outputs: class indices must be "
             f"below the model's outputs (labels: 0..{top}, outputs: {classes})"
         )
-    known = {f.name for f in dataclasses.fields(RunConfig)}
+    known = {f.name for f in option_fields()}
     for name in options:
         if name in _SET_BY_FIT:
             raise ValueError(f"{name} is set by fit itself (option: {name})")
@@ -162,6 +161,8 @@ def fit(
                 "data_dir": str(folder / "data"),
                 "runs_dir": str(folder.parent),
                 "name": folder.name,
+                # refused where they do not apply: the keywords, not a resumed run's options
+                "given": dict.fromkeys([*options, *(["workers"] if workers else [])], "fit"),
             }
         )
         if resume is None:

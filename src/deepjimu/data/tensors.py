@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from deepjimu.atomic import atomic_path
+from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.errors import JimuError
 
@@ -157,7 +158,7 @@ def samples_and_labels(
     return x, y, test_x, test_y
 
 
-@register_dataset("tensors")
+@register_dataset("tensors", Family.TENSORS)
 def load_tensors(opts: DataOptions) -> RawData:
     """The tensors :func:`save_tensors` wrote into ``opts.data_dir``.
 

@@ -54,11 +54,9 @@ class Strategy(ABC):
     rows); ``needs_group`` (a process group even for one worker, as DDP wants);
     ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
     supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
-    do not depend on the activations' dtype); ``supports_kfac``: ``--optimizer kfac`` works
-    (its optimizer sees the whole model, and ranks hold replicas of it);
-    ``reduces_gradients``: it all-reduces gradients, so ``--compress`` and ``--local-sgd``
-    apply; ``graph_models``: it trains models that take the whole graph (``gcn``, fed from
-    ``DataSplits.graph``).
+    do not depend on the activations' dtype); ``graph_models``: it trains models that take
+    the whole graph (``gcn``, fed from ``DataSplits.graph``). Which options a strategy reads
+    is declared with the options (:mod:`deepjimu.applies`).
     """
 
     name: ClassVar[str]
@@ -69,8 +67,6 @@ class Strategy(ABC):
     needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.TF32)
-    supports_kfac: ClassVar[bool] = False
-    reduces_gradients: ClassVar[bool] = False
     graph_models: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
