@@ -7,8 +7,9 @@ small generated MNIST and Planetoid files (nothing is downloaded), ``examples/``
 repository's. Commands run in the block's order:
 
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
-  Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``; a bench
-  runs 1 epoch, 2 workers and, unless named, local and admm); nothing else changes.
+  Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``;
+  ``--synthetic-n`` at 5,000; a bench runs 1 epoch, 2 workers and, unless named, local and
+  admm); nothing else changes.
 - ``python`` blocks: run as a script after :data:`PRELUDE`, which defines the ``model``,
   ``x``, ``y``, ``x_test``, ``y_test`` that the README's snippets take as given.
 - ``text`` blocks with ``$`` lines are transcripts: each command runs exactly as shown and
@@ -152,6 +153,8 @@ def shorten(words: list[str]) -> list[str]:
         else:
             out.extend([flag, str(value)])
 
+    if "--synthetic-n" in out:  # a generated data set: a smaller one of the same kind
+        cap("--synthetic-n", 5000)
     if sub == "train":
         cap("--epochs", 2)
         out.append("--quiet")
