@@ -12,7 +12,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.config import RunConfig
@@ -30,6 +30,9 @@ from deepjimu.worker import (
     spawned_worker,
     worker_main,
 )
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["probe", "train"]
 
@@ -95,13 +98,13 @@ def _start(
                     f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
                     f"instead (max-restarts: {cfg.max_restarts})"
                 )
-            cfg = validate(dataclasses.replace(cfg, workers=world), _blocks(model_factory))
+            cfg = validate(dataclasses.replace(cfg, workers=world), _model(model_factory))
             if cfg.resume:
                 check_resume(cfg)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
             return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
-        cfg = validate(cfg, _blocks(model_factory))
+        cfg = validate(cfg, _model(model_factory))
         assert cfg.workers is not None
         if cfg.resume:
             check_resume(cfg)
@@ -121,9 +124,9 @@ def _start(
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
 
 
-def _blocks(model_factory: ModelFactory | None) -> int | None:
-    """The block count of the factory's model (what validation checks the workers against)."""
-    return len(model_factory()) if model_factory is not None else None
+def _model(model_factory: ModelFactory | None) -> nn.Sequential | None:
+    """The factory's model, for validation to check (its blocks, what the strategy trains)."""
+    return model_factory() if model_factory is not None else None
 
 
 def _run_workers(

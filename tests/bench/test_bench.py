@@ -70,7 +70,7 @@ def test_comma_lists_of_one_value_options_become_matrix_dimensions() -> None:
     assert fixed == (("balance", "2,2"), ("classes", "0,1"), ("quiet", "true"))
     assert len(variants) == 4 and variants[0] == (("lr", "0.1"), ("precision", "fp32"))
     assert option_argv(fixed) == ["--balance", "2,2", "--classes", "0,1", "--quiet"]
-    with pytest.raises(JimuError, match=r"lr must be a float \(got 'x'\)"):
+    with pytest.raises(JimuError, match=r"lr must be a number \(got 'x'\)"):
         split_variants({"lr": "0.1,x"})
     cells = plan(RunConfig(), ["local"], [1], ["mlp:16x1"], variants[:1])
     assert cells[0].name == "local-w1-mlp-16x1-lr0.1-precisionfp32"
