@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deepjimu.cli import main
 from deepjimu.errors import JimuError
 from deepjimu.report import best_validation, format_bytes, read_events, report, run_title, table
+from processes import env
 
 
 def _event(epoch: int, acc: float) -> dict[str, object]:
@@ -147,3 +156,119 @@ def test_best_validation_takes_the_first_best_epoch() -> None:
         "test_acc_at_best_val": pytest.approx(0.89),
     }
     assert best_validation([{**_event(1, 0.5), "val_acc": None}]) == {}
+
+
+def test_out_puts_the_plots_elsewhere(run_dir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "plots" / "ddp"
+    assert main(["report", str(run_dir), "--out", str(elsewhere)]) == 0
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["accuracy.png", "loss.png"]
+    assert not (run_dir / "loss.png").exists()
+
+
+def _read_only(path: Path) -> Callable[..., Any]:
+    """``tempfile.mkstemp`` that fails as a read-only file system does in ``path``."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        if Path(kwargs.get("dir") or "").resolve() == path.resolve():
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real(*args, **kwargs)
+
+    return mkstemp
+
+
+def test_a_read_only_run_folder_ends_in_one_line_naming_it_and_out(
+    run_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # simulated: the write of a plot raises EROFS, as on a read-only mount (root ignores
+    # chmod); the next test does it for real where a private mount namespace can be had
+    monkeypatch.setattr(tempfile, "mkstemp", _read_only(run_dir))
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: cannot write the plots in {run_dir}: Read-only file system; "
+        "give --out DIR to write them elsewhere\n"
+    )
+    assert sorted(p.name for p in run_dir.iterdir()) == ["events.jsonl", "summary.json"]
+    assert main(["report", str(run_dir), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "accuracy.png").exists()
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare"
+)
+def test_a_read_only_mount_for_real(run_dir: Path) -> None:
+    # a read-only bind mount in a private mount namespace: gone when the shell ends
+    script = (
+        'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" || exit 77; '
+        'exec "$2" -m deepjimu report "$1"'
+    )
+    cmd = ["unshare", "--mount", "sh", "-c", script, "sh", str(run_dir), sys.executable]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
+    if proc.returncode == 77:
+        pytest.skip(f"no read-only bind mount here: {proc.stderr.strip()}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: cannot write the plots in {run_dir}: Read-only file system; "
+        "give --out DIR to write them elsewhere\n"
+    )
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The figures :func:`report` draws, caught before they are saved."""
+    caught: dict[str, Any] = {}
+
+    def save(figures: dict[str, Any], out_dir: Path, flag: str = "--out") -> list[Path]:
+        caught.update(figures)
+        return []
+
+    monkeypatch.setattr("deepjimu.report.save_figures", save)
+    return caught
+
+
+def test_accuracy_axis_follows_the_data_and_admm_counts_iterations(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = [_event(e, acc) for e, acc in ((1, 0.985), (2, 0.99), (3, 0.995))]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    figs = _figures(monkeypatch)
+    report(run_dir)
+    ax = figs["accuracy"].axes[0]
+    lo, hi = ax.get_ylim()
+    shown = [y for line in ax.get_lines() for y in line.get_ydata()]
+    assert 95 < lo < min(shown) and max(shown) < hi <= 100  # off the frame, not 0-100
+    assert min(shown) - lo >= 0.5 and hi - max(shown) >= 0.25
+    assert [f.axes[0].get_xlabel() for f in figs.values()] == ["epoch", "epoch"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "strategy": "admm"}))
+    (run_dir / "config.json").write_text(json.dumps({"strategy": "admm", "admm_batch": 0}))
+    report(run_dir)
+    assert [f.axes[0].get_xlabel() for f in figs.values()] == ["iteration", "iteration"]
+    (run_dir / "config.json").write_text(json.dumps({"strategy": "admm", "admm_batch": 64}))
+    report(run_dir)
+    assert [f.axes[0].get_xlabel() for f in figs.values()] == ["epoch", "epoch"]
+
+
+def test_a_probe_folder_prints_the_probe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deepjimu.compress.cost import Prediction
+    from deepjimu.compress.probe import LinkFit, Probe, write_probe
+
+    probe = Probe(2, "cpu", "mlp:16x1", 64, 0.002, {"none": 0.0, "bf16": 0.0001},
+                  {"all_reduce": LinkFit(5e-5, 1e-9)}, {"all_reduce": [(4096, 6e-5)]})  # fmt: skip
+    predictions = [Prediction("none", 0.003, 0.002, 0.0, 0.001, 4096)]
+    folder = tmp_path / "probe-ddp-digits"
+    folder.mkdir()
+    write_probe(probe, folder / "probe.json", predictions, "none")
+    assert main(["report", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        f"{folder} is a probe's folder (jimu probe): no training events, only probe.json"
+    )
+    assert "probe: 2 worker(s) on cpu, mlp:16x1, 64 rows per worker" in out
+    assert "compress auto: none" in out and "epoch yet" not in out
+    assert not list(folder.glob("*.png"))

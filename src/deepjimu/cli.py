@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", help="a run folder, e.g. runs/admm-digits-...")
     report.add_argument("--no-plots", action="store_true", help="only print the table")
     report.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="folder for loss.png and accuracy.png (default: the run folder)",
+    )
+    report.add_argument(
         "--target-acc",
         type=float,
         default=0.9,
@@ -127,7 +133,12 @@ def _command(args: argparse.Namespace) -> int:
             raise JimuError(
                 f"--target-acc must be a fraction in (0, 1] (target-acc: {args.target_acc})"
             )
-        report(Path(args.run_dir), plots=not args.no_plots, target_acc=args.target_acc)
+        report(
+            Path(args.run_dir),
+            plots=not args.no_plots,
+            target_acc=args.target_acc,
+            out_dir=Path(args.out) if args.out else None,
+        )
         return 0
     from deepjimu.bench import bench_from_args
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from deepjimu.atomic import atomic_write_bytes
 from deepjimu.errors import JimuError
 
 __all__ = [
+    "accuracy_limits",
     "best_validation",
+    "epoch_unit",
     "finite_number",
     "format_bytes",
     "plot_run",
@@ -20,7 +24,9 @@ __all__ = [
     "read_events",
     "read_summary",
     "report",
+    "run_figures",
     "run_title",
+    "save_figures",
     "table",
     "train_time_to",
 ]
@@ -261,69 +267,175 @@ def run_title(run_dir: Path, events: list[dict[str, Any]], summary: dict[str, An
     )
 
 
-def plot_run(run_dir: Path, events: list[dict[str, Any]], title: str) -> list[Path]:
-    """Write ``loss.png`` and ``accuracy.png`` (per epoch) into ``run_dir``.
+def epoch_unit(info: dict[str, Any]) -> str:
+    """What one logged ``epoch`` of a run is: ``iteration`` for full-batch admm (one pdADMM
+    iteration over every training sample), else ``epoch`` (a pass over the training data).
+
+    Args:
+        info: the run's ``config.json`` and/or ``summary.json`` (``strategy``, ``admm_batch``).
+
+    Example:
+        >>> epoch_unit({"strategy": "admm", "admm_batch": 0}), epoch_unit({"strategy": "ddp"})
+        ('iteration', 'epoch')
+    """
+    return "iteration" if info.get("strategy") == "admm" and not info.get("admm_batch") else "epoch"
+
+
+def accuracy_limits(percents: list[float]) -> tuple[float, float]:
+    """Axis limits (in %) that show every value of ``percents`` off the frame, within 0-100.
+
+    A fixed 0-100 axis puts runs at 98-99% on the frame, one over the other; the limits
+    follow the data with a margin of a tenth of its spread (at least half a point).
+
+    Example:
+        >>> accuracy_limits([98.0, 99.0])
+        (97.5, 99.5)
+    """
+    if not percents:
+        return 0.0, 100.0
+    lo, hi = min(percents), max(percents)
+    margin = max(0.5, 0.1 * (hi - lo))
+    return max(0.0, lo - margin), min(max(100.0, hi + margin / 2), hi + margin)
+
+
+def run_figures(events: list[dict[str, Any]], title: str, unit: str = "epoch") -> dict[str, Any]:
+    """The loss and accuracy figures of a run, per logged ``unit`` (see :func:`epoch_unit`).
 
     Returns:
-        the paths written.
+        ``{"loss": Figure, "accuracy": Figure}`` (matplotlib figures, not yet saved).
     """
     from matplotlib.figure import Figure
-
-    run_dir = Path(run_dir)
 
     def numbers(key: str) -> tuple[list[float], list[float]]:
         pts = [
             (float(e["epoch"]), float(e[key]))
             for e in events
-            if isinstance(e.get(key), (int, float)) and isinstance(e.get("epoch"), (int, float))
+            if finite_number(e.get(key)) is not None and finite_number(e.get("epoch")) is not None
         ]
         return [p[0] for p in pts], [p[1] for p in pts]
 
-    written = []
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = fig.add_subplot()
+    loss = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = loss.add_subplot()
     x, y = numbers("loss")
-    ax.plot(x, y, marker="o", markersize=3, label="training loss (mean over the epoch)")
-    ax.set_xlabel("epoch")
+    ax.plot(x, y, marker="o", markersize=3, label=f"training loss (mean over the {unit})")
+    ax.set_xlabel(unit)
     ax.set_ylabel("cross-entropy loss (nats per sample)")
     ax.set_title(f"Loss: {title}")
     ax.grid(alpha=0.3)
     ax.legend()
-    written.append(run_dir / "loss.png")
-    fig.savefig(written[-1], dpi=110)
 
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
-    ax = fig.add_subplot()
+    accuracy = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = accuracy.add_subplot()
+    shown: list[float] = []
     for key, label in zip(_ACC_SPLITS, ("train", "validation", "test"), strict=True):
         x, y = numbers(key)
         if x:
+            shown += [100 * v for v in y]
             ax.plot(x, [100 * v for v in y], marker="o", markersize=3, label=label)
-    ax.set_xlabel("epoch")
+    ax.set_xlabel(unit)
     ax.set_ylabel("accuracy (% correct)")
-    ax.set_ylim(0, 100)
+    ax.set_ylim(*accuracy_limits(shown))
     ax.set_title(f"Accuracy: {title}")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    written.append(run_dir / "accuracy.png")
-    fig.savefig(written[-1], dpi=110)
+    ax.legend(loc="best")
+    return {"loss": loss, "accuracy": accuracy}
+
+
+def save_figures(figures: dict[str, Any], out_dir: Path, flag: str = "--out") -> list[Path]:
+    """Write each figure to ``out_dir/<name>.png`` atomically (a failed write leaves no file).
+
+    Args:
+        figures: name -> matplotlib figure.
+        out_dir: the folder (created if missing).
+        flag: the option that picks another folder, for the message.
+
+    Returns:
+        the paths written.
+
+    Raises:
+        JimuError: the folder cannot be created or written (read-only, full, no permission).
+    """
+    out_dir = Path(out_dir)
+    written = []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, fig in figures.items():
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=110)
+            atomic_write_bytes(out_dir / f"{name}.png", buf.getvalue())
+            written.append(out_dir / f"{name}.png")
+    except OSError as e:
+        raise JimuError(
+            f"cannot write the plots in {out_dir}: {e.strerror or e}; "
+            f"give {flag} DIR to write them elsewhere"
+        ) from None
     return written
 
 
-def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
-    """Print a run's event table, its resumes, time to ``target_acc`` and summary; write its plots.
+def plot_run(
+    run_dir: Path, events: list[dict[str, Any]], title: str, out_dir: Path | None = None
+) -> list[Path]:
+    """Write ``loss.png`` and ``accuracy.png`` (per logged epoch or admm iteration) into
+    ``out_dir`` (default: ``run_dir``).
 
-    Args:
-        run_dir: a run folder written by ``jimu train``.
-        plots: also write ``loss.png`` and ``accuracy.png`` into the folder.
-        target_acc: the test accuracy (a fraction) whose training time to reach is printed.
+    Returns:
+        the paths written.
 
     Raises:
-        JimuError: missing folder or ``events.jsonl``, or a damaged JSON file (named).
+        JimuError: the folder cannot be written (the message names it and ``--out``).
+    """
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir) or {}
+    unit = epoch_unit({**read_config(run_dir), **summary})
+    return save_figures(run_figures(events, title, unit), out_dir or run_dir)
+
+
+def _print_probe(run_dir: Path) -> None:
+    """Print the table of a ``jimu probe`` folder (it holds probe.json, no events)."""
+    from deepjimu.compress.cost import Prediction, format_predictions
+    from deepjimu.compress.probe import format_probe, read_probe
+
+    path = run_dir / "probe.json"
+    probe = read_probe(path)
+    print(f"{run_dir} is a probe's folder (jimu probe): no training events, only {path.name}")
+    print(format_probe(probe))
+    saved = _read_json(path)
+    predictions = saved.get("predictions")
+    if isinstance(predictions, list) and isinstance(saved.get("choice"), str):
+        try:
+            print(format_predictions([Prediction(**p) for p in predictions], saved["choice"]))
+        except TypeError as e:
+            raise JimuError(f"probe file {path} is damaged: {e}") from None
+
+
+def report(
+    run_dir: Path, plots: bool = True, target_acc: float = 0.9, out_dir: Path | None = None
+) -> None:
+    """Print a run's event table, its resumes, time to ``target_acc`` and summary; write its plots.
+
+    A probe's folder (``probe.json``, no ``events.jsonl``) prints the probe's table instead.
+
+    Args:
+        run_dir: a run folder written by ``jimu train`` (or ``jimu probe``).
+        plots: also write ``loss.png`` and ``accuracy.png``.
+        target_acc: the test accuracy (a fraction) whose training time to reach is printed.
+        out_dir: where the plots go (default: the run folder).
+
+    Raises:
+        JimuError: missing folder or ``events.jsonl``, a damaged JSON file (named), or a
+            plot folder that cannot be written (named, with ``--out``).
 
     Example:
         >>> report(Path("runs/ddp-digits-20250101-120000"))  # doctest: +SKIP
     """
     run_dir = Path(run_dir)
+    if (
+        run_dir.is_dir()
+        and (run_dir / "probe.json").exists()
+        and not (run_dir / "events.jsonl").exists()
+    ):
+        _print_probe(run_dir)
+        return
     events = read_events(run_dir)
     summary = read_summary(run_dir)
     title = run_title(run_dir, events, summary)
@@ -350,5 +462,5 @@ def report(run_dir: Path, plots: bool = True, target_acc: float = 0.9) -> None:
         print("summary:")
         print("\n".join(_summary_lines(summary)))
     if plots:
-        for path in plot_run(run_dir, events, title):
+        for path in plot_run(run_dir, events, title, out_dir):
             print(f"wrote {path}")

@@ -3,26 +3,49 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import deepjimu.bench
+from deepjimu.bench.markdown import write_markdown
 from deepjimu.bench.matrix import Cell, option_argv, plan, split_variants, train_config
-from deepjimu.bench.results import add_speedups, read_csv
-from deepjimu.bench.runner import error_line, measure, run_cell
+from deepjimu.bench.results import Target, add_speedups, read_csv
+from deepjimu.bench.runner import Outcome, error_line, measure, run_cell
 from deepjimu.bench.tune import tune_group, tuned_keys
 from deepjimu.cli import main
-from deepjimu.config import RunConfig
+from deepjimu.config import ConfigErrors, RunConfig
 from deepjimu.errors import JimuError
+from deepjimu.strategies import strategy_names
+from processes import start
 
 
-def test_plan_skips_impossible_combinations_only() -> None:
-    cells = plan(RunConfig(), ["local", "ddp", "nope"], [1, 2], ["mlp:16x1"])
+def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> None:
+    cells = plan(RunConfig(), ["local", "ddp"], [1, 2], ["mlp:16x1"])
     skipped = {c.label: c.skip for c in cells if c.skip}
     assert list(skipped) == ["local x2 mlp:16x1"]
     assert "at most 1 worker" in skipped["local x2 mlp:16x1"]  # type: ignore[operator]
     assert Cell("ddp", 2, "mlp:16x1").name == "ddp-w2-mlp-16x1"
+    with pytest.raises(ConfigErrors) as err:  # one line per bad configuration
+        plan(RunConfig(), ["nope", "local"], [1, 2], ["mlp:16x1"])
+    assert err.value.problems == [
+        f"nope x{w} mlp:16x1: unknown strategy 'nope' (known: {', '.join(strategy_names())})"
+        for w in (1, 2)
+    ]
+    # a value that runs nowhere is a mistake, not an impossible combination
+    _, lrs = split_variants({"lr": "0.1,-1"})
+    with pytest.raises(ConfigErrors) as err:
+        plan(RunConfig(), ["local", "ddp"], [1], ["mlp:16x1"], lrs)
+    assert err.value.problems == [
+        f"{s} x1 mlp:16x1 lr=-1: lr must be a positive number (lr: -1.0)" for s in ("local", "ddp")
+    ]
 
 
 def test_train_args_are_parsed_and_must_not_repeat_bench_flags() -> None:
@@ -157,50 +180,74 @@ def test_speedup_falls_back_to_local() -> None:
 
 
 def test_bench_end_to_end_records_failures_and_goes_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # nope x2 fails, local x2 is impossible, ddp x2 runs: one real run keeps this test short
-    argv = [
-        "bench",
-        "--bench-dir",
-        str(tmp_path),
-        "--name",
-        "tiny",
-        "--strategies",
-        "nope,local,ddp",
-    ]
-    argv += ["--workers", "2", "--models", "mlp:16x1", "--epochs", "2", "--target-acc", "0.2"]
+    # ddp fp32 dies (a stand-in: every configuration is valid), local x2 is impossible, ddp
+    # bf16 runs: one real run keeps this test short
+    real_run_cell = deepjimu.bench.run_cell
+
+    def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcome:
+        if name.endswith("precisionfp32"):
+            return Outcome("failed", "broken on purpose", 0.1)
+        return real_run_cell(cmd, log_dir, name, timeout)
+
+    monkeypatch.setattr(deepjimu.bench, "run_cell", run_cell)
+    argv = ["bench", "--bench-dir", str(tmp_path), "--name", "tiny", "--strategies", "local,ddp"]
+    argv += ["--workers", "2", "--models", "mlp:16x1", "--epochs", "2"]
     argv += ["--train-args", "--batch-size 128", "--precision", "fp32,bf16"]
     assert main(argv) == 2  # everything is written, then the failed configurations are named
     err = capsys.readouterr().err
     assert err == (
-        "error: 2 of 4 runs failed: nope x2 mlp:16x1 precision=fp32 (failed), "
-        "nope x2 mlp:16x1 precision=bf16 (failed); "
+        "error: 1 of 2 runs failed: ddp x2 mlp:16x1 precision=fp32 (failed); "
         f"their errors are in {tmp_path / 'tiny' / 'report.md'}\n"
     )
     out = tmp_path / "tiny"
     all_rows = read_csv(out / "results.csv")
-    bf16 = [r for r in all_rows if r["strategy"] == "ddp" and r["options"] == "precision=bf16"]
-    assert len(bf16) == 1 and bf16[0]["status"] == "ok", bf16
-    rows = {r["strategy"]: r for r in all_rows if r["options"] == "precision=fp32"}
-    assert list(rows) == ["nope", "local", "ddp"]
-    assert rows["nope"]["status"] == "failed"
-    assert "unknown strategy 'nope'" in rows["nope"]["error"]
-    assert rows["local"]["status"] == "skipped"
-    ddp = rows["ddp"]
-    assert ddp["status"] == "ok", ddp["error"]
+    assert [(r["strategy"], r["options"], r["status"]) for r in all_rows] == [
+        ("local", "precision=fp32", "skipped"),
+        ("local", "precision=bf16", "skipped"),
+        ("ddp", "precision=fp32", "failed"),
+        ("ddp", "precision=bf16", "ok"),
+    ]
+    assert all_rows[2]["error"] == "broken on purpose"
+    ddp = all_rows[3]
     assert (ddp["workers"], ddp["epochs"], ddp["speedup"]) == ("2", "2", "")  # no 1-worker baseline
     assert float(ddp["samples_per_s"]) > 0 and float(ddp["bytes_per_sample"]) > 0
     assert 0 < float(ddp["test_acc"]) <= 1 and float(ddp["peak_mem_mb"]) > 0
     assert Path(ddp["run_dir"], "summary.json").exists()
+    # no --target-acc: 95% of the best final accuracy, which the best run reaches
+    target = math.floor(95 * float(ddp["test_acc"]))
+    assert 0 < float(ddp["time_to_target_s"]) <= float(ddp["train_s"])
     md = (out / "report.md").read_text()
+    assert (
+        f"- time-to-accuracy target: {target}% test accuracy; 95% of the best final test "
+        f"accuracy, {float(ddp['test_acc']):.2%} (ddp x2 mlp:16x1 precision=bf16), rounded down"
+    ) in md
+    assert f"train s to {target}%" in md
     assert "## Skipped" in md and "local x2" in md.split("## Skipped")[1]
-    assert "## Failed" in md and "unknown strategy" in md
+    assert "## Failed" in md and "broken on purpose" in md
+    assert "No pipeline run" not in md  # none was asked for, so none is missed
     for name in ("throughput", "accuracy_time", "time_to_target", "comm_memory"):
         assert f"({name}.png)" in md
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert main(argv) == 2  # the folder holds results now
-    assert "already holds results" in capsys.readouterr().err
+    assert (
+        f"already holds results; pick another --name, or go on with: jimu bench --resume {out}"
+        in (capsys.readouterr().err)
+    )
+
+
+def test_every_configuration_is_checked_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--bench-dir", str(tmp_path), "--name", "b", "--strategies", "foo,local"]
+    assert main([*argv, "--workers", "1,2", "--models", "mlp:16x1"]) == 2
+    known = ", ".join(strategy_names())
+    assert capsys.readouterr().err == (
+        f"error: foo x1 mlp:16x1: unknown strategy 'foo' (known: {known})\n"
+        f"error: foo x2 mlp:16x1: unknown strategy 'foo' (known: {known})\n"
+    )
+    assert not (tmp_path / "b").exists()  # nothing ran, nothing was written
 
 
 def test_tune_runs_the_same_trials_for_each_strategy_then_the_matrix(tmp_path: Path) -> None:
@@ -226,3 +273,83 @@ def test_tune_runs_the_same_trials_for_each_strategy_then_the_matrix(tmp_path: P
     assert f"lr={chosen['lr']:g}" == row["tuned"]
     assert "## Tuning" in (out / "report.md").read_text()
     assert main([*argv[:4], "t2", *argv[5:], "--lr", "0.1"]) == 2  # --tune sets lr itself
+
+
+def _wait(check: Callable[[], bool], proc: subprocess.Popen[str], what: str) -> None:
+    deadline = time.time() + 180
+    while not check():
+        if proc.poll() is not None:
+            raise AssertionError(f"the bench ended before {what}: {proc.communicate()[1][-3000:]}")
+        assert time.time() < deadline, f"no {what} in 180 s"
+        time.sleep(0.05)
+
+
+def test_a_stopped_bench_writes_what_finished_and_resume_runs_only_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "b"
+    argv = ["bench", "--bench-dir", str(tmp_path), "--name", "b", "--strategies", "local"]
+    argv += ["--workers", "1", "--models", "mlp:16x1", "--epochs", "2", "--lr", "0.01,0.02,0.03"]
+    proc = start(argv)
+    names = [f"local-w1-mlp-16x1-lr{lr}" for lr in ("0.01", "0.02", "0.03")]
+    first = out / "runs" / names[0] / "summary.json"
+    _wait(lambda: (out / "runs" / names[1]).exists(), proc, "the second configuration")
+    os.kill(proc.pid, signal.SIGINT)  # Ctrl-C while the second configuration runs
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.splitlines()[-1] == (
+        f"error: stopped by SIGINT; 1 of 3 configurations finished, written to "
+        f"{out / 'report.md'} (go on with: jimu bench --resume {out})"
+    )
+    rows = read_csv(out / "results.csv")
+    assert [r["status"] for r in rows] == ["ok", "interrupted", "pending"]
+    assert rows[1]["error"] == "stopped by SIGINT"
+    md = (out / "report.md").read_text()
+    assert "## Not finished" in md and "lr=0.02: interrupted (stopped by SIGINT)" in md
+    assert f"jimu bench --resume {out}" in md and "lr=0.03: not run" in md
+    for name in ("throughput", "accuracy_time", "time_to_target", "comm_memory"):
+        assert f"({name}.png)" in md and (out / f"{name}.png").exists()
+    finished_at = first.stat().st_mtime_ns
+    # the record decides: a configuration other than the bench's is refused in one line
+    assert main(["bench", "--resume", str(out), "--epochs", "3"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --resume {out}: --epochs 3 differs from the bench's 2 ({out / 'bench.json'}); "
+        "a resumed bench runs the matrix it recorded\n"
+    )
+    assert main(["bench", "--resume", str(out), "--timeout", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert "bench b: 2 runs (1 finished before, read back)" in printed
+    assert (
+        "[1/2] local x1 mlp:16x1 lr=0.02" in printed
+        and "[2/2] local x1 mlp:16x1 lr=0.03" in printed
+    )
+    assert first.stat().st_mtime_ns == finished_at  # read back, not run again
+    rows = read_csv(out / "results.csv")
+    assert [(r["options"], r["status"]) for r in rows] == [
+        (f"lr={lr}", "ok") for lr in ("0.01", "0.02", "0.03")
+    ]
+    best = max(rows, key=lambda r: float(r["test_acc"]))
+    assert best["time_to_target_s"]  # the target is chosen from every row, the read-back one too
+    md = (out / "report.md").read_text()
+    assert "## Not finished" not in md and md.count("| local | 1 | mlp:16x1 | lr=") == 3
+    assert main(["bench", "--resume", str(tmp_path)]) == 2  # not a bench folder
+    assert capsys.readouterr().err.startswith(f"error: --resume {tmp_path}: ")
+
+
+def test_the_report_misses_a_pipeline_plot_only_when_a_pipeline_was_asked_for(
+    tmp_path: Path,
+) -> None:
+    setup = {"name": "b", "command": "jimu bench", "dataset": "digits", "seed": 0, "epochs": 2,
+             "target": Target(0.9, "set with --target-acc"), "train_args": "", "host": "h",
+             "date": "d", "elapsed_s": 1.0}  # fmt: skip
+    plot = [tmp_path / "throughput.png"]
+
+    def report(*strategies: str) -> str:
+        rows = [{"strategy": s, "workers": 2, "model": "m", "status": "failed", "error": "x",
+                 "log": "l"} for s in strategies]  # fmt: skip
+        rows.append({"strategy": "ddp", "workers": 2, "model": "m", "status": "ok"})
+        write_markdown(tmp_path / "report.md", rows, setup, plot)
+        return (tmp_path / "report.md").read_text()
+
+    assert "No pipeline run finished" in report("pipeline")
+    assert "No pipeline run finished" not in report("local")

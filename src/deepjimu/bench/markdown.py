@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from deepjimu.bench.results import options_text
+from deepjimu.atomic import atomic_write_text
+from deepjimu.bench.results import Target, options_text, three_figures
 from deepjimu.bench.tune import Tuning
 from deepjimu.report import format_bytes
 
@@ -24,6 +25,10 @@ def _num(value: Any, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, spec)
 
 
+def _secs(value: Any) -> str:
+    return "-" if value is None else three_figures(value)
+
+
 def _row_cells(r: dict[str, Any], with_options: bool) -> list[str]:
     speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f} (over {r['speedup_base']})"
     bubble = "-"
@@ -36,13 +41,13 @@ def _row_cells(r: dict[str, Any], with_options: bool) -> list[str]:
         r["model"],
         *([options] if with_options else []),
         str(r.get("epochs") or "-"),
-        _num(r.get("train_s"), ".1f"),
-        _num(r.get("fit_s"), ".1f"),
-        _num(r.get("wall_s"), ".1f"),
+        _secs(r.get("train_s")),
+        _secs(r.get("fit_s")),
+        _secs(r.get("wall_s")),
         _num(r.get("samples_per_s"), ".0f"),
         speedup,
         _num(r.get("test_acc"), ".2%"),
-        _num(r.get("time_to_target_s"), ".1f"),
+        _secs(r.get("time_to_target_s")),
         "-" if r.get("bytes_per_sample") is None else format_bytes(r["bytes_per_sample"]),
         _num(r.get("peak_mem_mb"), ".0f"),
         bubble,
@@ -88,30 +93,35 @@ def write_markdown(
     plots: list[Path],
     tunings: list[Tuning] | None = None,
 ) -> None:
-    """Write ``report.md``.
+    """Write ``report.md`` (atomically).
 
     Args:
         path: where to write it (the bench folder's ``report.md``).
-        rows: every result row, including skipped and failed ones.
+        rows: every result row, including skipped, failed, interrupted and pending ones.
         setup: what all runs share: ``name``, ``command``, ``dataset``, ``seed``, ``epochs``,
-            ``target_acc``, ``train_args``, ``host``, ``date``, ``elapsed_s``.
+            ``target`` (a :class:`~deepjimu.bench.results.Target`), ``train_args``, ``host``,
+            ``date``, ``elapsed_s``; ``resumed`` (the ``--resume`` command, when this part of
+            the bench was a resume) and ``interrupted`` (the signal's line, when it was stopped).
         plots: the PNG files (in the same folder) to embed.
         tunings: the ``--tune`` trials and choices, if the bench tuned.
     """
-    target = setup["target_acc"]
+    target: Target = setup["target"]
+    pct = "the target" if target.acc is None else f"{target.acc:.0%}"
     lines = [
         f"# deepjimu bench `{setup['name']}`",
         "",
         f"- command: `{setup['command']}`",
-        f"- date: {setup['date']}; host: {setup['host']}; bench took {setup['elapsed_s']:.0f} s",
+        f"- date: {setup['date']}; host: {setup['host']}; bench took {setup['elapsed_s']:.0f} s"
+        + (f" (the part resumed with `{setup['resumed']}`)" if setup.get("resumed") else ""),
         f"- dataset: {setup['dataset']}, seed {setup['seed']}, "
         f"epochs: {setup['epochs'] or 'each strategy default'}, "
         f"extra train flags: `{setup['train_args'] or 'none'}`",
+        f"- time-to-accuracy target: {pct} test accuracy; {target.why}",
         "- every configuration ran in its own `jimu train` process, one after the other",
-        "",
-        "## Results",
-        "",
     ]
+    if setup.get("interrupted"):
+        lines.append(f"- **interrupted**: {setup['interrupted']}")
+    lines += ["", "## Results", ""]
     ok = [r for r in rows if r["status"] == "ok"]
     with_options = any(r.get("options") or r.get("tuned") for r in rows)
     header = [
@@ -126,7 +136,7 @@ def write_markdown(
         "samples/s",
         "speedup",
         "test acc",
-        f"train s to {target:.0%}",
+        f"train s to {pct}",
         "sent/sample",
         "peak MiB/worker",
         "idle / bubble",
@@ -140,9 +150,9 @@ def write_markdown(
         "`jimu train` process, start-up included.",
         "- *speedup*: throughput over that of the same strategy and model with 1 worker; "
         "where that run does not exist or failed, over `local` with 1 worker.",
-        f"- *train s to {target:.0%}*: training time (evaluation excluded, so a strategy that "
+        f"- *train s to {pct}*: training time (evaluation excluded, so a strategy that "
         f"evaluates more often is not penalised) until the first event whose test accuracy "
-        f"reaches {target:.0%}; `-` when it was not reached.",
+        f"reaches {pct}; `-` when it was not reached.",
         "- *sent/sample*: bytes sent by all ranks (the payload each rank handed to torch.distributed) "
         "per training sample processed.",
         "- *idle / bubble*: pipeline runs only: measured idle fraction / (n-1)/(m+n-1).",
@@ -157,7 +167,7 @@ def write_markdown(
             + f": {r['error']}"
             for r in skipped
         ]
-    failed = [r for r in rows if r["status"] not in ("ok", "skipped")]
+    failed = [r for r in rows if r["status"] in ("failed", "timeout")]
     if failed:
         lines += ["", "## Failed", ""]
         lines += _table(
@@ -167,10 +177,20 @@ def write_markdown(
                 for r in failed
             ],
         )
+    missing = [r for r in rows if r["status"] in ("interrupted", "pending")]
+    if missing:
+        lines += ["", "## Not finished", ""]
+        lines += [
+            f"- {r['strategy']} x{r['workers']} {r['model']} {r.get('options') or ''}".rstrip()
+            + (f": interrupted ({r['error']})" if r["status"] == "interrupted" else ": not run")
+            for r in missing
+        ]
+        lines += ["", f"Run them with `jimu bench --resume {path.parent}`."]
     if plots:
         lines += ["", "## Plots", ""]
         for p in plots:
             lines += [f"### {_PLOT_TEXT.get(p.stem, p.stem)}", "", f"![{p.stem}]({p.name})", ""]
-        if not any(p.stem == "pipeline_bubble" for p in plots):
+        asked = any(r["strategy"] == "pipeline" and r["status"] != "skipped" for r in rows)
+        if asked and not any(p.stem == "pipeline_bubble" for p in plots):
             lines += ["No pipeline run finished, so there is no idle-fraction plot."]
-    path.write_text("\n".join(lines).rstrip() + "\n")
+    atomic_write_text(path, "\n".join(lines).rstrip() + "\n")

@@ -211,29 +211,17 @@ def train_config(train_argv: Sequence[str], base: dict[str, object]) -> RunConfi
     return dataclasses.replace(load_config(flag_values(args)), **base)  # type: ignore[arg-type]
 
 
-def _skip_reason(cfg: RunConfig, plain: RunConfig) -> str | None:
-    """Why ``cfg`` cannot run, when the matrix made it impossible; else None.
-
-    A combination is impossible when its config is invalid but the same strategy and model
-    are valid without the cell's own dimensions (``plain``: the strategy's default worker
-    count, no varied options): ``local`` with 2 workers, more stages than blocks, admm with
-    ``--optimizer kfac``. Any other problem is a failure of the run, which the run itself
-    will report.
-    """
+def _problems(cfg: RunConfig) -> list[str] | None:
+    """What ``jimu train`` would refuse in ``cfg`` (the same validation); None when it is valid."""
     from deepjimu.validation import validate  # it loads the registries, and with them torch
 
     try:
         validate(cfg)
-        return None
     except ConfigErrors as e:
-        here = e.problems
+        return e.problems
     except Exception:  # e.g. a strategy module that does not import: the run will say so
         return None
-    try:
-        validate(plain)
-    except Exception:
-        return None
-    return "; ".join(here)
+    return None
 
 
 def plan(
@@ -245,19 +233,43 @@ def plan(
 ) -> list[Cell]:
     """Every cell of strategies x models x variants x workers, in that nesting order, with skips.
 
+    Every cell's config is validated as ``jimu train`` validates it, before anything runs.
+    A cell is an impossible combination, skipped, when its config is invalid but the
+    strategy and model are valid without the cell's own dimensions (the strategy's default
+    worker count, no varied options) and each of its varied option values runs in some
+    other cell: ``local`` with 2 workers, more stages than blocks, admm with ``--optimizer
+    kfac`` next to ddp. Any other invalid cell (an unknown strategy, a bad value) is a
+    mistake of the bench's options.
+
+    Raises:
+        ConfigErrors: one line per bad configuration, naming it and what is wrong.
+
     Example:
         >>> [c.label for c in plan(RunConfig(), ["local"], [1, 2], ["mlp:16x1"]) if c.skip]
         ['local x2 mlp:16x1']
     """
-    cells = []
+    checked: list[tuple[Cell, list[str] | None]] = []
+    plain_ok: dict[tuple[str, str], bool] = {}
     for strategy in strategies:
         for model in models:
             plain = dataclasses.replace(base, strategy=strategy, workers=None, model=model)
+            plain_ok[strategy, model] = _problems(plain) is None
             for options in variants:
                 typed = {k: coerce(k, v, "flag") for k, v in options}
                 for w in workers:
                     cfg = dataclasses.replace(
                         base, strategy=strategy, workers=w, model=model, **typed
                     )
-                    cells.append(Cell(strategy, w, model, options, _skip_reason(cfg, plain)))
+                    checked.append((Cell(strategy, w, model, options), _problems(cfg)))
+    runs = {o for cell, problems in checked if problems is None for o in cell.options}
+    cells, bad = [], []
+    for cell, problems in checked:
+        if problems is None:
+            cells.append(cell)
+        elif plain_ok[cell.strategy, cell.model] and runs.issuperset(cell.options):
+            cells.append(dataclasses.replace(cell, skip="; ".join(problems)))
+        else:
+            bad.append(f"{cell.label}: {'; '.join(problems)}")
+    if bad:
+        raise ConfigErrors(bad)
     return cells

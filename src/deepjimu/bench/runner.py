@@ -107,7 +107,7 @@ def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcom
     return Outcome("ok", "", wall)
 
 
-def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
+def measure(run_dir: Path, target_acc: float | None = None) -> dict[str, Any]:
     """The bench figures of a finished run folder.
 
     Returns:
@@ -116,7 +116,8 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
         ``time_to_target_s`` (``train_s`` of the first event whose test accuracy reaches
         ``target_acc``: evaluation is not counted, so a strategy that evaluates more often
         is not penalised), ``wall_to_target_s`` (``time_s`` of that event: seconds since
-        the workers started, set-up and evaluations included), ``bytes_sent``,
+        the workers started, set-up and evaluations included; both None without a target),
+        ``bytes_sent``,
         ``bytes_per_sample`` (bytes sent by all ranks per
         training sample processed), ``peak_mem_mb`` (max over ranks and events),
         ``idle_frac`` and ``bubble_theory`` (pipeline only; None when absent).
@@ -133,7 +134,9 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
     bytes_sent = finite_number(summary.get("bytes_sent"))
     if bytes_sent is None:
         bytes_sent = sum(finite_number(e.get("bytes_sent")) or 0.0 for e in events)
-    to_target, wall_to_target = train_time_to(events, target_acc)
+    to_target, wall_to_target = (
+        train_time_to(events, target_acc) if target_acc is not None else (None, None)
+    )
     mems = [m for e in [summary, *events] for m in e.get("peak_mem_mb_per_rank") or []]
     return {
         "epochs": summary.get("epochs"),

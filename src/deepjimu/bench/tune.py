@@ -65,7 +65,7 @@ def tuned_keys(strategies: Sequence[str], base: RunConfig, trials: int) -> set[s
         try:
             space = get_strategy(s).tune_space(dataclasses.replace(base, strategy=s), trials)
         except JimuError:
-            continue  # an unknown strategy fails as a run, with its own line
+            continue  # an unknown strategy: the matrix plan names it, one line per configuration
         for setting in space:
             keys |= set(setting)
     return keys
