@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from deepjimu.checkpoint import load_file
 from deepjimu.config import RunConfig
 from deepjimu.data.tensors import save_tensors, tensors_file
 from deepjimu.errors import JimuError
@@ -140,7 +141,7 @@ def fit(
         found = latest_checkpoint(folder)
         if summary is None or found is None:
             raise JimuError(f"fit: the run in {folder} left no summary or final checkpoint")
-        model.load_state_dict(torch.load(found[0] / "model.pt", weights_only=True))
+        model.load_state_dict(load_file(found[0] / "model.pt"))
         return Fitted(summary, model, folder if run_dir is not None or resume else None)
 
 
@@ -155,7 +156,7 @@ def _check_same_tensors(
     path = tensors_file(data_dir)
     if not path.exists():
         raise ValueError(f"resume: {path} is missing; resume a run folder that fit wrote")
-    saved = torch.load(path, weights_only=True)
+    saved = load_file(path, "tensors file")
     test_x, test_y = test if test is not None else (x[:0], y[:0])
     given = {
         "train_x": x.float(),
