@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from deepjimu.atomic import atomic_write_text
+from deepjimu.atomic import append_whole, atomic_write_text
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.comm import sum_by_kind
 from deepjimu.counters import Counters
@@ -149,8 +149,7 @@ class EventLog:
             event["resumed"], self._resume_note = self._resume_note, None
         if not self.is_main:
             return event
-        with open(self.path, "a") as f:
-            f.write(json.dumps(event) + "\n")
+        append_whole(self.path, json.dumps(event) + "\n")
         if self._bar is not None:
             post = {
                 k: f"{event[k]:.4f}"
