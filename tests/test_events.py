@@ -62,3 +62,13 @@ def test_every_rank_reports_and_rank_0_alone_writes(rank: int, world: int, tmp: 
     Bookkeeping(world).barrier()
     lines = (Path(tmp) / "events.jsonl").read_text().splitlines()
     assert [json.loads(x)["bytes_sent"] for x in lines] == [event["bytes_sent"]]
+
+
+def test_the_progress_bar_starts_once(tmp_path: Path, capsys) -> None:
+    log = EventLog(tmp_path, True, False, Counters(torch.device("cpu")), Bookkeeping(1))
+    log.progress(3, "local")
+    log.progress_at(0)  # a run from the start: the bar is already there
+    assert capsys.readouterr().err.count("0/3") == 1
+    log.progress_at(2)  # a resumed run: the bar moves on
+    assert "2/3" in capsys.readouterr().err
+    log.close()

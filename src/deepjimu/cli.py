@@ -163,5 +163,5 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(
         f"{s['strategy']} x{s['workers']} on {s['dataset']} ({s['model']}): "
         f"test_acc {acc:.4f}, train_acc {s.get('train_acc') or 0:.4f}, "
-        f"{s['epochs']} epochs in {s['time_s']:.1f} s (training {s.get('train_s') or 0:.1f} s)"
+        f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} in {s['time_s']:.1f} s (training {s.get('train_s') or 0:.1f} s)"
     )

@@ -111,7 +111,7 @@ class EventLog:
 
     def progress_at(self, n: int) -> None:
         """Move the progress bar to ``n`` (after a resume)."""
-        if self._bar is not None:
+        if self._bar is not None and n != self._bar.n:  # tqdm drew n = 0 as it started
             self._bar.n = n
             self._bar.refresh()
 
