@@ -381,3 +381,20 @@ def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(
         "warning: 3 workers on 2 cores take turns on them, each slower than alone; "
         "--workers 2 gives each worker a core\n"
     )
+
+
+def test_a_probe_runs_in_a_folder_named_as_a_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepjimu import launch
+
+    seen = []
+
+    def workers(cfg: RunConfig, out_dir: Path, plan: object, job: str, factory: object) -> dict:
+        seen.append((out_dir, job))
+        return {"probe": {}, "choice": "none", "text": ""}
+
+    monkeypatch.setattr(launch, "_run_workers", workers)
+    launch.probe(RunConfig(strategy="local", workers=2, quiet=True, runs_dir=str(tmp_path)))
+    ((out_dir, job),) = seen
+    assert re.fullmatch(r"probe-ddp-digits-\d{8}-\d{6}", out_dir.name) and job == "probe"
