@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo test lint bench clean install dev
+.PHONY: demo test lint bench claims clean install dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ test: lint
 
 bench: $(VENV)/.installed
 	$(BIN)/jimu bench
+
+# every figure of README.md and BENCHMARKS.md measured again (benchmarks/claims.toml);
+# `make test` runs the --quick subset
+claims: $(VENV)/.installed
+	$(BIN)/python benchmarks/claims.py
 
 clean:
 	rm -rf $(VENV) runs bench .pytest_cache .ruff_cache

@@ -165,7 +165,7 @@ def _row(run_dir: Path, option: str, probe_path: Path) -> dict[str, Any]:
     measured = summary.get("step_s")
     return {
         "option": option if option != "auto" else f"auto -> {summary.get('compress')}",
-        "s_per_epoch": sum(e["train_s"] for e in events) / summary["epochs"],
+        "s_per_epoch": summary["train_s"] / summary["epochs"],
         "bytes_per_step": last["bytes_sent_per_rank"][0] / (last["step"] - prev_step),
         "test_acc": summary.get("test_acc"),
         "predicted_s": predicted,

@@ -7,9 +7,12 @@
 (the ``--`` keeps torchrun's own parser from reading ``--nu`` as its ``--numa-binding``.)
 
 It prints one JSON line (the iterations, the objective and residual of the last one, the
-train and test accuracy), which equals what ``jimu train --strategy admm --dataset digits
---model mlp:32x2 --rho 1 --nu 1 --epochs 20 --workers W`` reports (the model holds the
-readout of the iterate, ``--admm-readout auto``, as jimu train evaluates it).
+train and test accuracy), which equals what ``jimu train --strategy admm --workers W``
+reports on digits: its defaults are jimu train's, read from where jimu train reads them
+(``RunConfig``'s fields, the strategy's iterations, and ``PdADMM``'s own defaults, which are
+the admm strategy's for MLPs), and each flag below is the jimu train flag of the same name
+(``--iterations``: ``--epochs``, ``--momentum``: ``--admm-momentum``). The model holds the
+readout of the iterate, ``--admm-readout auto``, as jimu train evaluates it.
 """
 
 from __future__ import annotations
@@ -24,19 +27,22 @@ import torch
 import torch.distributed as dist
 
 from deepjimu import PdADMM
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
+from deepjimu.strategies.admm.strategy import AdmmStrategy
 
 
 def main() -> None:
+    train = RunConfig()  # jimu train's defaults, where jimu train reads them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--model", default="mlp:32x2")
-    parser.add_argument("--rho", type=float, default=1.0)
-    parser.add_argument("--nu", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--momentum", type=float, default=0.5)
+    parser.add_argument("--iterations", type=int, default=AdmmStrategy.default_epochs)
+    parser.add_argument("--model", default=train.model)
+    parser.add_argument("--rho", type=float, default=train.rho)
+    parser.add_argument("--nu", type=float, default=train.nu)
+    parser.add_argument("--seed", type=int, default=train.seed)
+    parser.add_argument("--momentum", type=float, help="default: PdADMM's, jimu train's for MLPs")
     args = parser.parse_args()
     if args.workers > 1 and "RANK" not in os.environ:  # start the ranks: torchrun, this script
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -50,7 +56,8 @@ def main() -> None:
     data = load_dataset("digits", DataOptions(seed=args.seed))
     model = build_model(args.model, data.feature_shape, data.num_classes, seed=args.seed)
 
-    admm = PdADMM(model, rho=args.rho, nu=args.nu, momentum=args.momentum, group=group)
+    given = {"momentum": args.momentum} if args.momentum is not None else {}
+    admm = PdADMM(model, rho=args.rho, nu=args.nu, group=group, **given)
     admm.init(data.train_x)
     for _ in range(args.iterations):
         result = admm.step(data.train_x, data.train_y)  # the weights are now in `model`

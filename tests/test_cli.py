@@ -19,7 +19,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     ("argv", "expected"),
     [
         (["train", "--wokers", "2"], "unrecognized arguments: --wokers 2"),
-        (["train", "--workers", "two"], "flag: workers must be a int (got 'two')"),
+        (["train", "--workers", "two"], "flag: workers must be a whole number (got 'two')"),
         (["train", "--strategy", "nope"], "unknown strategy 'nope'"),
         (["train", "--strategy", "local", "--lr", "-1"], "lr must be a positive number (lr: -1.0)"),
         (["train", "--config", "missing.toml"], "config file missing.toml does not exist"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from deepjimu.cli import main
 from deepjimu.config import ConfigErrors, RunConfig, coerce, load_config, read_toml
 from deepjimu.errors import JimuError
 from deepjimu.validation import validate
@@ -32,8 +34,8 @@ def test_validate_fills_strategy_defaults() -> None:
         ({"epochs": 0}, "epochs must be >= 1"),
         ({"batch_size": 0}, "batch-size must be >= 1"),
         ({"model": "mlp:abc"}, "unknown model spec 'mlp:abc'"),
-        ({"quantize": 4}, "quantize must be 0, 8 or 16"),
-        ({"rho": 0.0}, "rho must be a positive number"),
+        ({"strategy": "admm", "quantize": 4}, "quantize must be 0, 8 or 16"),
+        ({"strategy": "admm", "rho": 0.0}, "rho must be a positive number"),
         (
             {"strategy": "local", "workers": 2},
             "strategy local runs on at most 1 worker(s) (workers: 2)",
@@ -52,14 +54,28 @@ def test_validate_fills_strategy_defaults() -> None:
             "strategy pipeline does not support --precision bf16 (supported: fp32, tf32)",
         ),
         # kfac (issue 12)
-        ({"kfac_damping": 0.0}, "kfac-damping must be a positive number (kfac-damping: 0.0)"),
-        ({"kfac_inv_every": 0}, "kfac-inv-every must be >= 1 (kfac-inv-every: 0)"),
-        ({"kfac_factor_every": 0}, "kfac-factor-every must be >= 1 (kfac-factor-every: 0)"),
-        ({"kfac_kl_clip": -1.0}, "kfac-kl-clip must be >= 0"),
-        ({"kfac_factor_decay": 1.0}, "kfac-factor-decay must be in [0, 1)"),
+        (
+            {"optimizer": "kfac", "kfac_damping": 0.0},
+            "kfac-damping must be a positive number (kfac-damping: 0.0)",
+        ),
+        (
+            {"optimizer": "kfac", "kfac_inv_every": 0},
+            "kfac-inv-every must be >= 1 (kfac-inv-every: 0)",
+        ),
+        (
+            {"optimizer": "kfac", "kfac_factor_every": 0},
+            "kfac-factor-every must be >= 1 (kfac-factor-every: 0)",
+        ),
+        ({"optimizer": "kfac", "kfac_kl_clip": -1.0}, "kfac-kl-clip must be >= 0"),
+        ({"optimizer": "kfac", "kfac_factor_decay": 1.0}, "kfac-factor-decay must be in [0, 1)"),
         (
             {"strategy": "admm", "optimizer": "kfac"},
-            "optimizer kfac runs with strategy local or ddp (strategy: admm)",
+            "--optimizer applies to strategies local, ddp, model-parallel, pipeline; "
+            "strategy admm is not one",
+        ),
+        (
+            {"strategy": "pipeline", "workers": 2, "optimizer": "kfac"},
+            "--optimizer kfac applies to strategies local, ddp; strategy pipeline is not one",
         ),
         (
             {"strategy": "ddp", "workers": 2, "optimizer": "kfac", "kfac_grad_workers": 0.25},
@@ -73,10 +89,13 @@ def test_validate_fills_strategy_defaults() -> None:
             {"strategy": "ddp", "workers": 3, "optimizer": "kfac", "kfac_grad_workers": 2 / 3},
             "kfac-grad-workers times workers must be a whole divisor of workers",
         ),
-        ({"split": "full"}, "split must be one of public, random (got 'full')"),
-        ({"graph_hops": -1}, "graph-hops must be >= 0 (graph-hops: -1)"),
-        ({"sbm_degree": 0.0}, "sbm-degree must be > 0 and below synthetic-n - 1"),
-        ({"sbm_homophily": 1.5}, "sbm-homophily must be in [0, 1] (sbm-homophily: 1.5)"),
+        ({"dataset": "cora", "split": "full"}, "split must be one of public, random (got 'full')"),
+        ({"dataset": "cora", "graph_hops": -1}, "graph-hops must be >= 0 (graph-hops: -1)"),
+        ({"dataset": "sbm", "sbm_degree": 0.0}, "sbm-degree must be > 0 and below synthetic-n - 1"),
+        (
+            {"dataset": "sbm", "sbm_homophily": 1.5},
+            "sbm-homophily must be in [0, 1] (sbm-homophily: 1.5)",
+        ),
         (
             {"model": "gcn"},
             "model gcn needs a graph data set (citeseer, cora, pubmed, sbm; dataset: digits)",
@@ -111,10 +130,16 @@ def test_coerce_types_and_errors() -> None:
     assert coerce("lr", "1e-3", "flag") == 1e-3
     assert coerce("classes", "0,1,7", "flag") == [0, 1, 7]
     assert coerce("quiet", "yes", "flag") is True
-    with pytest.raises(JimuError, match=r"flag: workers must be a int \(got 'two'\)"):
+    with pytest.raises(JimuError, match=r"flag: workers must be a whole number \(got 'two'\)"):
         coerce("workers", "two", "flag")
-    with pytest.raises(JimuError, match="epochs must be a int"):
+    with pytest.raises(JimuError, match="epochs must be a whole number"):
         coerce("epochs", 2.5, "run.toml")
+    with pytest.raises(JimuError, match="lr must be a number"):
+        coerce("lr", "fast", "flag")
+    with pytest.raises(JimuError, match="quiet must be true or false"):
+        coerce("quiet", "maybe", "flag")
+    with pytest.raises(JimuError, match="classes must be a list of whole numbers"):
+        coerce("classes", "a,b", "flag")
 
 
 def test_toml_flat_and_tables(tmp_path: Path) -> None:
@@ -131,7 +156,7 @@ def test_toml_errors_name_the_file_and_key(tmp_path: Path) -> None:
         read_toml(p)
     assert e.value.problems == [
         f"{p}: unknown option 'width'",
-        f"{p}: workers must be a int (got 'two')",
+        f"{p}: workers must be a whole number (got 'two')",
     ]
     p.write_text("strategy = \n")
     with pytest.raises(JimuError, match="is not valid TOML"):
@@ -152,14 +177,19 @@ def test_toml_errors_name_the_file_and_key(tmp_path: Path) -> None:
         ({"compress": "qsgd:16"}, "bits must be in 2..8 (compress: qsgd:16)"),
         (
             {"strategy": "admm", "compress": "fp16"},
-            "strategy admm has no gradient all-reduce to compress or replace; --compress and "
-            "--local-sgd need ddp (compress: fp16, local-sgd: 0)",
+            "--compress applies to strategy ddp; strategy admm is not one",
         ),
-        ({"strategy": "pipeline", "local_sgd": 4}, "strategy pipeline has no gradient all-reduce"),
-        ({"strategy": "local", "compress": "auto"}, "strategy local has no gradient all-reduce"),
+        (
+            {"strategy": "pipeline", "local_sgd": 4},
+            "--local-sgd applies to strategy ddp; strategy pipeline is not one",
+        ),
+        ({"strategy": "local", "compress": "auto"}, "--compress applies to strategy ddp;"),
         ({"compress": "fp16", "local_sgd": 4}, "local-sgd and compress cannot be combined"),
         ({"compress": "powersgd", "compress_start": 1}, "compress-start must be >= 2 for powersgd"),
-        ({"compress_start": -1}, "compress-start must be >= 0 (compress-start: -1)"),
+        (
+            {"compress": "topk", "compress_start": -1},
+            "compress-start must be >= 0 (compress-start: -1)",
+        ),
         ({"local_sgd": -2}, "local-sgd must be >= 0 (local-sgd: -2)"),
     ],
 )
@@ -186,3 +216,16 @@ def test_compress_options_that_are_fine() -> None:
         assert validate(RunConfig(strategy="ddp", **changes)).compress == changes.get(
             "compress", "none"
         )
+
+
+def test_the_sample_toml_loads_and_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/run.toml (the README's --config line) is a valid config that trains."""
+    sample = Path(__file__).parents[1] / "examples" / "run.toml"
+    values = read_toml(sample)
+    assert values["strategy"] == "admm" and values["val_fraction"] == 0.1  # tables flattened
+    argv = ["train", "--config", str(sample), "--epochs", "1", "--workers", "1"]
+    assert main([*argv, "--quiet", "--runs-dir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "sample" / "config.json").read_text())
+    assert (saved["model"], saved["epochs"], saved["workers"]) == ("mlp:128x2", 1, 1)
+    assert saved["given"]["rho"] == str(sample) and saved["given"]["epochs"] == "flag"
+    assert "admm x1 on digits (mlp:128x2)" in capsys.readouterr().out

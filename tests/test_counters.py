@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from deepjimu.counters import Counters
@@ -28,11 +29,26 @@ def test_training_time_splits_into_compute_and_wait() -> None:
         c.stats.wait_s += 0.01  # as if Comm had waited 10 ms inside the block
     with c.evaluation():
         time.sleep(0.01)
-    interval = c.interval()
-    assert interval.train_s >= 0.03 and 0.01 <= interval.eval_s < 0.03
+    interval = c.interval(samples=7)
+    assert interval.train_s >= 0.03 and 0.01 <= interval.clocks["eval_s"] < 0.03
     _, _, compute, wait = interval.delta
     assert wait == 0.01 and abs(compute + wait - interval.train_s) < 1e-9
-    assert c.interval().train_s == 0.0, "each interval starts from zero"
+    again = c.interval()
+    assert (again.train_s, again.samples) == (0.0, 0), "each interval starts from zero"
+    assert again.clocks["train_s"] == interval.clocks["train_s"] and again.samples_total == 7
+
+
+def test_clocks_never_count_a_second_twice() -> None:
+    c = Counters(torch.device("cpu"))
+    c.begin_fit()
+    with c.training():
+        time.sleep(0.01)
+    with c.evaluation():
+        time.sleep(0.01)
+    clocks = c.clocks()
+    assert clocks["train_s"] + clocks["eval_s"] <= clocks["fit_s"] <= clocks["time_s"]
+    with c.training(), pytest.raises(RuntimeError, match="do not nest"), c.evaluation():
+        pass
 
 
 def test_state_and_go_on_continue_the_counts_and_clocks() -> None:
@@ -40,7 +56,7 @@ def test_state_and_go_on_continue_the_counts_and_clocks() -> None:
     c.comm.count(sent=8, recv=2, kind="x")
     c.interval()
     c.comm.count(sent=1)
-    c.train_s = 0.5
+    c.train_s += 0.5
     c.begin_fit()
     again = Counters(torch.device("cpu"))
     again.go_on(c.state(), time_s=100.0, fit_s=50.0)
@@ -48,6 +64,7 @@ def test_state_and_go_on_continue_the_counts_and_clocks() -> None:
     assert again.elapsed() >= 100.0 and again.fit_s() == 50.0
     interval = again.interval()
     assert interval.delta[:2] == [1.0, 0.0] and interval.train_s == 0.5
+    assert interval.clocks["train_s"] == 0.5
     fresh = Counters(torch.device("cpu"))
     fresh.go_on(None, time_s=7.0, fit_s=3.0)  # a checkpoint without counters: only the clocks
     assert fresh.stats.bytes_sent == 0 and fresh.elapsed() >= 7.0

@@ -20,25 +20,28 @@ from deepjimu.events import EventLog, merge_event
 from distributed import distributed_test
 
 
-def _report(rank: int, **kw: object) -> dict:
+def _report(rank: int, clocks: tuple[float, ...] = (0.0,) * 4, **kw: object) -> dict:
     base = {"metrics": {}, "delta": [0.0] * 4, "kinds": {}, "mem": 1.0, "samples": 0}
-    return {**base, "train": 0.0, "eval": 0.0, **kw}
+    readings = dict(zip(("time_s", "fit_s", "train_s", "eval_s"), clocks, strict=True))
+    return {**base, "train": 0.0, "clocks": readings, "samples_total": 0, **kw}
 
 
 def test_merge_takes_each_metric_from_the_lowest_rank_that_has_it() -> None:
     gathered = [
-        _report(0, metrics={"loss": None, "test_acc": 0.5}, delta=[10, 1, 0.2, 0.1], samples=40, train=0.4),
-        _report(1, metrics={"loss": torch.tensor(1.25), "x": float("nan")}, delta=[5, 2, 0.3, 0.05],
-                kinds={"a": 5}, train=0.5, eval=0.1),
+        _report(0, (12.3456789, 10.0, 4.0, 1.0), metrics={"loss": None, "test_acc": 0.5},
+                delta=[10, 1, 0.2, 0.1], samples=40, train=0.5, samples_total=400),
+        _report(1, (12.5, 10.2, 4.5, 1.1), metrics={"loss": torch.tensor(1.25), "x": float("nan")},
+                delta=[5, 2, 0.3, 0.05], kinds={"a": 5}, train=0.6, samples_total=400),
     ]  # fmt: skip
-    event = merge_event(3, 1, 12.3456789, gathered)
+    event = merge_event(3, 1, gathered)
     assert (event["step"], event["epoch"], event["time_s"]) == (3, 1, 12.345679)
     assert (event["loss"], event["test_acc"], event["x"]) == (1.25, 0.5, "nan")
     assert (event["bytes_sent"], event["bytes_recv"]) == (15, 3)
     assert event["bytes_sent_per_rank"] == [10, 5] and event["bytes_sent_by_kind"] == {"a": 5}
     assert (event["compute_s"], event["wait_s"]) == (0.3, 0.1), "the critical path: the largest"
-    assert (event["train_s"], event["eval_s"]) == (0.5, 0.1), "the slowest rank's"
-    assert event["samples_per_s"] == 80.0  # rank 0's samples over the slowest training time
+    clocks = [event[k] for k in ("time_s", "fit_s", "train_s", "eval_s", "samples")]
+    assert clocks == [12.345679, 10.0, 4.0, 1.0, 400], "one clock: rank 0's readings"
+    assert event["samples_per_s"] == 80.0  # rank 0's samples over its training time
     assert event["val_acc"] is None and not math.isnan(event["peak_mem_mb_per_rank"][0])
 
 

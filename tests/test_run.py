@@ -96,13 +96,16 @@ def test_log_merges_metrics_and_counts_bytes(tmp_path: Path) -> None:
         0.25,
     )
     assert (event["samples_per_s"], event["train_s"], event["eval_s"]) == (100.0, 0.5, 0.25)
+    assert event["samples"] == 50
     with run.training():
         time.sleep(0.02)
     with run.evaluation():
         time.sleep(0.01)
-    event = run.log(4, 2, samples=0)
+    event = run.log(4, 2, samples=10)
     assert event["bytes_sent"] == 0, "events hold the interval's bytes, not the running total"
-    assert event["train_s"] >= 0.02 and 0.01 <= event["eval_s"] < 0.02
+    # the clocks are readings since the run began; throughput is the interval's
+    assert event["train_s"] >= 0.52 and 0.26 <= event["eval_s"] < 0.5
+    assert event["samples"] == 60 and event["samples_per_s"] <= 10 / 0.02
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert len(lines) == 2
 
@@ -124,7 +127,7 @@ def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
     run = Run(cfg, tmp_path)
     for step in (1, 2):
         run.comm.count(sent=100, recv=100)
-        run.counters.train_s = 0.5
+        run.counters.train_s += 0.5
         run.log(step, step, samples=10)
     run.comm.count(sent=7, recv=7)  # traffic after the last event, before the checkpoint
     run.begin_fit()
@@ -145,6 +148,7 @@ def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
     event = again.log(3, 3, samples=10)
     # the bytes since the last kept event: those before the checkpoint and those after
     assert event["bytes_sent"] == 8 and event["time_s"] >= ckpt.time_s
+    assert (event["train_s"], event["samples"]) == (1.0, 30), "the clocks go on too"
     assert event["resumed"] == {"step": 2, "epoch": 2, "by": "--resume", "events_dropped": 1}
     assert again.stats.bytes_sent == 208, "the counters go on from the checkpoint's"
     assert again.save_checkpoint(2, 2, model, {}) == again.checkpoint_dir / "step-00000002"
@@ -194,8 +198,11 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(
     ref_summary = json.loads((uninterrupted(strategy, workers) / "summary.json").read_text())
     assert (summary["epochs"], summary["steps"]) == (ref_summary["epochs"], ref_summary["steps"])
     assert summary["bytes_sent"] == ref_summary["bytes_sent"] == sum(e["bytes_sent"] for e in got)
-    assert summary["train_s"] == pytest.approx(sum(e["train_s"] for e in got), abs=1e-3)
-    assert summary["time_s"] > before["fit_s"]
+    clocks = ("time_s", "fit_s", "train_s", "eval_s", "samples")
+    assert [summary[k] for k in clocks] == [got[-1][k] for k in clocks], "the last event's"
+    assert summary["time_s"] > before["time_s"] and summary["samples"] == ref_summary["samples"]
+    for e in [*got, summary]:  # one clock: its parts never exceed it
+        assert e["train_s"] + e["eval_s"] <= e["fit_s"] <= e["time_s"], e
     # and the same weights as a run that was never interrupted
     full, resumed_params = params(uninterrupted(strategy, workers)), params(run)
     assert full.keys() == resumed_params.keys()

@@ -1,4 +1,4 @@
-"""The worker's parts: device choice, run folders, error records (and when none can be written), throughput."""
+"""The worker's parts that need no run: device choice, run folders, error records (and when none can be written)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from deepjimu import worker
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.worker import (
-    _mean_throughput,
     default_run_name,
     error_dir,
     pick_device,
@@ -42,16 +41,6 @@ def test_run_folders_are_the_resumed_one_or_named_under_runs_dir(tmp_path: Path)
         r"ddp-mnist-\d{8}-\d{6}", default_run_name(RunConfig(strategy="ddp", dataset="mnist"))
     )
     assert run_dir_of(RunConfig(runs_dir=str(tmp_path))).parent == tmp_path
-
-
-def test_mean_throughput_weighs_each_event_by_its_training_time() -> None:
-    events = [
-        {"samples_per_s": 100.0, "train_s": 1.0},
-        {"samples_per_s": 400.0, "train_s": 3.0},
-        {"samples_per_s": None, "train_s": 5.0},  # an event without training
-    ]
-    assert _mean_throughput(events) == pytest.approx(1300 / 4)
-    assert _mean_throughput([]) == 0.0
 
 
 @pytest.mark.parametrize("report", [True, False])

@@ -1,4 +1,21 @@
-"""deepjimu: train one network with every way of splitting it over workers, and measure."""
+"""deepjimu: train one network with every way of splitting it over workers, and measure.
+
+The Python API (``help(deepjimu.fit)``, ``help(deepjimu.PdADMM)`` for the whole of each):
+
+    fit(strategy, model_factory, x, y, ...)
+        train ``model_factory()`` on your tensors or numpy arrays with any strategy
+        (``local``, ``ddp``, ``model-parallel``, ``pipeline``, ``admm``), through the real
+        engine: workers, run folder, checkpoints. Returns a :class:`Fitted`.
+    Fitted
+        what ``fit`` returns: ``summary``, the trained ``model``, ``run_dir``.
+    PdADMM(model, rho, nu, ...)
+        pdADMM on your own ``nn.Sequential`` MLP in your own loop: ``init(x)``, then one
+        ``step(x, y)`` per iteration; serial, or one block of layers per rank of a group.
+    JimuError
+        the one error type for a user's mistake (its message is one line).
+
+The command line is ``jimu`` (``jimu train --help``).
+"""
 
 from typing import Any
 
@@ -12,8 +29,14 @@ _LAZY = {"PdADMM": "deepjimu.api.admm", "fit": "deepjimu.api.fit", "Fitted": "de
 
 
 def __getattr__(name: str) -> Any:
+    """The API's names (fit, Fitted, PdADMM), imported when first used."""
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'deepjimu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names and the API's, so that help(deepjimu) documents fit and PdADMM."""
+    return sorted({*globals(), *_LAZY})

@@ -10,6 +10,7 @@ import enum
 __all__ = [
     "Choice",
     "Device",
+    "Family",
     "GraphFeatures",
     "KfacMethod",
     "OmpWait",
@@ -63,6 +64,23 @@ class Precision(Choice):
     FP32 = "fp32"
     TF32 = "tf32"
     BF16 = "bf16"
+
+
+class Family(Choice):
+    """The kind of a data set, named by its registry entry: options and defaults key on it.
+
+    ``tensors`` is the caller's own data (``deepjimu.fit``), whose kind only the caller knows.
+    """
+
+    IMAGES = "images"
+    TABULAR = "tabular"
+    GRAPH = "graph"
+    TENSORS = "tensors"
+
+    @property
+    def noun(self) -> str:
+        """As in "graph data": ``image``, ``tabular``, ``graph`` or ``tensor``."""
+        return {"images": "image", "tensors": "tensor"}.get(self.value, self.value)
 
 
 class Split(Choice):

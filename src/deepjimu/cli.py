@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from deepjimu.choices import OmpWait
-from deepjimu.config import RunConfig, add_options, flag_values, load_config, read_toml
+from deepjimu.config import RunConfig, add_options, flag_values, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.leave import leave
 from deepjimu.rundir import saved_config
@@ -58,19 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The RunConfig of ``jimu train`` flags (defaults < --config file < flags; --resume loads the run's)."""
+    """The RunConfig of ``jimu train`` flags (defaults < --config file < flags; --resume loads the run's).
+
+    Its ``given`` names the options of the file and the flags (not the resumed run's saved
+    ones): only those are refused where they do not apply.
+    """
     flags = flag_values(args)
+    from_file = read_toml(args.config) if args.config else {}
+    given = {k: str(args.config) for k in from_file} | {k: "flag" for k in flags}
     if flags.get("resume"):
         # the run's own options; launch.train then refuses what its checkpoint contradicts
         base = dict(saved_config(Path(flags["resume"])))
-        base.update(read_toml(args.config) if args.config else {})  # only the file's own keys
+        base.update(from_file)
         base.update(flags)
         base["name"], base["runs_dir"] = (
             Path(flags["resume"]).name,
             str(Path(flags["resume"]).parent),
         )
-        return RunConfig.from_dict(base)
-    return load_config(flags, args.config)
+        return RunConfig.from_dict({**base, "given": given})
+    return RunConfig(**{**from_file, **flags}, given=given)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +106,7 @@ def _command(args: argparse.Namespace) -> int:
         plan = _torchrun_thread_plan(cfg)
         from deepjimu.launch import train  # loads torch, and with it OpenMP
 
+        _print_family_defaults(cfg)
         summary = train(cfg, plan)
         if summary is not None:
             _print_summary(summary)
@@ -158,10 +166,31 @@ def _torchrun_thread_plan(cfg: RunConfig) -> ThreadPlan | None:
     return plan
 
 
+def _print_family_defaults(cfg: RunConfig) -> None:
+    """Rank 0 names what its data family's table sets (``defaults for graph data: ...``).
+
+    Only for a run that validates: a bad one ends in its error line alone.
+    """
+    if cfg.quiet or os.environ.get("RANK", "0") != "0":
+        return
+    from deepjimu.validation import defaults_line, validate
+
+    if under_torchrun():  # as launch validates it
+        cfg = dataclasses.replace(cfg, workers=int(os.environ["WORLD_SIZE"]))
+    try:
+        validate(cfg)
+    except JimuError:
+        return
+    line = defaults_line(cfg)
+    if line is not None:
+        print(line, flush=True)
+
+
 def _print_summary(s: dict[str, Any]) -> None:
     acc = s.get("test_acc")
     print(
         f"{s['strategy']} x{s['workers']} on {s['dataset']} ({s['model']}): "
         f"test_acc {acc:.4f}, train_acc {s.get('train_acc') or 0:.4f}, "
-        f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} in {s['time_s']:.1f} s (training {s.get('train_s') or 0:.1f} s)"
+        f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} in {s['fit_s']:.1f} s (training {s['train_s']:.1f} s, "
+        f"evaluation {s['eval_s']:.1f} s; {s['time_s']:.1f} s since the start)"
     )

@@ -10,9 +10,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from deepjimu import defaults
+from deepjimu.applies import EVERYWHERE, Applies, Condition
 from deepjimu.choices import (
     Choice,
     Device,
+    Family,
     GraphFeatures,
     KfacMethod,
     OmpWait,
@@ -31,17 +34,59 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "DEFAULT_LR",
+    "GRADIENT_STRATEGIES",
     "ConfigErrors",
     "RunConfig",
     "add_options",
+    "applies_of",
     "field_kind",
     "flag_values",
+    "given_options",
     "load_config",
     "option_fields",
+    "option_label",
 ]
 
 # per --optimizer, when --lr is not given
 DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
+
+
+# where options apply (deepjimu.applies): one declaration per field, next to its help
+GRADIENT_STRATEGIES = ("local", "ddp", "model-parallel", "pipeline")
+_GRADIENT = Applies(strategies=GRADIENT_STRATEGIES)
+_PIPELINE = Applies(strategies=("pipeline",))
+_ADMM = Applies(strategies=("admm",))
+_ADMM_BATCH = Applies(
+    strategies=("admm",),
+    when=Condition("--admm-batch > 0", lambda c: c.admm_batch > 0, ("admm_batch",)),
+)
+_KFAC = Applies(
+    strategies=("local", "ddp"),
+    when=Condition("--optimizer kfac", lambda c: c.optimizer == Optimizer.KFAC, ("optimizer",)),
+)
+_DDP = Applies(strategies=("ddp",))
+
+
+def _ddp_compress(*kinds: str) -> Applies:
+    """ddp with one of these compressors (``auto`` may pick any of them)."""
+    names = (*kinds, "auto")
+    text = f"{', '.join(names[:-1])} or {names[-1]}"
+    return Applies(
+        strategies=("ddp",),
+        when=Condition(
+            f"--compress {text}", lambda c: c.compress.split(":")[0] in names, ("compress",)
+        ),
+    )
+
+
+_GRAPH = Applies(data=(Family.GRAPH,))
+_PLANETOID = Applies(data=("cora", "citeseer", "pubmed"))
+_SYNTHETIC = Applies(data=("synthetic", "sbm"))
+_SBM = Applies(data=("sbm",))
+# the data sets whose files --download fetches (digits comes with scikit-learn)
+_FETCHED = Applies(
+    data=("mnist", "fashion-mnist", "kmnist", "cifar10", "cora", "citeseer", "pubmed")
+)
 
 
 def _opt(
@@ -49,16 +94,19 @@ def _opt(
     help: str,
     choices: tuple[str, ...] | None = None,
     commas: bool = False,
+    applies: Applies = EVERYWHERE,
     **kw: Any,
 ) -> Any:
     # choices: the values of a plain str option; a Choice default brings its enum's instead.
     # commas: a value of this option may itself contain commas (not a list of values)
+    # applies: where the option applies (a run elsewhere refuses it when given)
     kind = type(default) if isinstance(default, Choice) else None
     meta = {
         "help": help,
         "choices": kind.spellings() if kind else choices,
         "enum": kind,
         "commas": commas,
+        "applies": applies,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta, **kw)
@@ -72,7 +120,9 @@ class RunConfig:
     ``None`` means "the strategy's default" for ``workers``, ``epochs`` and ``lr``;
     :func:`deepjimu.validation.validate` fills them in. An option with a closed set of values
     holds its :mod:`~deepjimu.choices` member; a spelling outside the set stays a string,
-    for validation to name.
+    for validation to name. Each option's metadata says where it applies
+    (:mod:`deepjimu.applies`); ``given``, not an option, names those the user gave
+    (:func:`given_options`).
     """
 
     # what and where
@@ -101,35 +151,70 @@ class RunConfig:
     )
     # data
     data_dir: str = _opt("data", "folder with dataset files")
-    download: bool = _opt(False, "fetch missing dataset files (checksums verified)")
-    data_url: str | None = _opt(None, "base URL of a mirror for --download")
-    val_fraction: float = _opt(0.1, "fraction of the training set held out for validation")
-    downsample: int = _opt(1, "average-pool images by this factor per side (2: 28x28 -> 14x14)")
+    download: bool = _opt(
+        False, "fetch missing dataset files (checksums verified)", applies=_FETCHED
+    )
+    data_url: str | None = _opt(None, "base URL of a mirror for --download", applies=_FETCHED)
+    val_fraction: float = _opt(
+        0.1,
+        "fraction of the training set held out for validation",
+        # Planetoid's public and random splits have their own validation nodes
+        applies=Applies(data=(Family.IMAGES, Family.TABULAR, Family.TENSORS, "sbm")),
+    )
+    downsample: int = _opt(
+        1,
+        "average-pool images by this factor per side (2: 28x28 -> 14x14)",
+        applies=Applies(data=(Family.IMAGES, Family.TENSORS)),
+    )
     classes: list[int] | None = _opt(None, "keep only these classes, e.g. 0,1")
     normalize: bool = _opt(False, "standardise features with the training mean and std")
-    synthetic_n: int = _opt(10000, "synthetic: number of samples (train + test)")
-    synthetic_features: int = _opt(196, "synthetic: number of input features")
-    synthetic_classes: int = _opt(10, "synthetic: number of classes")
+    synthetic_n: int = _opt(10000, "number of samples (train + test)", applies=_SYNTHETIC)
+    synthetic_features: int = _opt(196, "number of input features", applies=_SYNTHETIC)
+    synthetic_classes: int = _opt(10, "number of classes", applies=_SYNTHETIC)
     # graphs (issue 10): Planetoid split, graph features, stochastic block model
     split: Split = _opt(
         Split.PUBLIC,
-        "planetoid: public split (20 per class / 500 / 1,000) or random (same sizes, by --seed)",
+        "Planetoid's public split (20 per class / 500 / 1,000) or random (same sizes, by --seed)",
+        applies=_PLANETOID,
     )
-    graph_hops: int = _opt(2, "graphs: propagation steps K (features A_hat^k X, k <= K)")
+    graph_hops: int = _opt(2, "propagation steps K (features A_hat^k X, k <= K)", applies=_GRAPH)
     graph_features: GraphFeatures = _opt(
         GraphFeatures.LAST,
-        "graphs: last (A_hat^K X, as SGC) or concat ([X, A_hat X, ..., A_hat^K X], as pdADMM-G)",
+        "last (A_hat^K X, as SGC) or concat ([X, A_hat X, ..., A_hat^K X], as pdADMM-G)",
+        applies=_GRAPH,
     )
-    graph_row_norm: bool = _opt(True, "graphs: scale each node's features to sum 1 first")
-    sbm_degree: float = _opt(10.0, "sbm: average node degree (nodes: --synthetic-n)")
-    sbm_homophily: float = _opt(0.8, "sbm: fraction of edges inside a class")
+    graph_row_norm: bool = _opt(True, "scale each node's features to sum 1 first", applies=_GRAPH)
+    sbm_degree: float = _opt(10.0, "average node degree (nodes: --synthetic-n)", applies=_SBM)
+    sbm_homophily: float = _opt(0.8, "fraction of edges inside a class", applies=_SBM)
     # optimisation (gradient strategies)
     epochs: int | None = _opt(None, "passes over the training data (admm: iterations)")
-    batch_size: int = _opt(64, "global mini-batch size (split over data-parallel workers)")
-    optimizer: Optimizer = _opt(Optimizer.ADAM, "optimizer of gradient strategies")
-    lr: float | None = _opt(None, "learning rate (default: 1e-3 adam, 0.05 sgd and kfac)")
-    momentum: float = _opt(0.9, "SGD momentum")
-    weight_decay: float = _opt(0.0, "L2 weight decay")
+    batch_size: int = _opt(
+        64, "global mini-batch size (split over data-parallel workers)", applies=_GRADIENT
+    )
+    optimizer: Optimizer = _opt(
+        Optimizer.ADAM,
+        "optimizer of gradient strategies",
+        applies=Applies(
+            strategies=GRADIENT_STRATEGIES,
+            values=(("kfac", Applies(strategies=("local", "ddp"))),),
+        ),
+    )
+    lr: float | None = _opt(
+        None, "learning rate (default: 1e-3 adam, 0.05 sgd and kfac)", applies=_GRADIENT
+    )
+    momentum: float = _opt(
+        0.9,
+        "SGD momentum",
+        applies=Applies(
+            strategies=GRADIENT_STRATEGIES,
+            when=Condition(
+                "--optimizer sgd or kfac",
+                lambda c: c.optimizer in (Optimizer.SGD, Optimizer.KFAC),
+                ("optimizer",),
+            ),
+        ),
+    )
+    weight_decay: float = _opt(0.0, "L2 weight decay", applies=_GRADIENT)
     # checkpoints and logging
     checkpoint_every: int = _opt(0, "save a checkpoint every K epochs (0: only at the end)")
     resume: str | None = _opt(None, "run folder to resume from")
@@ -141,108 +226,149 @@ class RunConfig:
         "(under torchrun: give torchrun's own --max-restarts)",
     )
     # pipeline
-    schedule: Schedule = _opt(Schedule.GPIPE, "pipeline schedule")
-    microbatches: int = _opt(4, "pipeline micro-batches per mini-batch")
-    balance: str = _opt("time", "stage split: time, size or N,N,...", commas=True)
+    schedule: Schedule = _opt(Schedule.GPIPE, "pipeline schedule", applies=_PIPELINE)
+    microbatches: int = _opt(4, "micro-batches per mini-batch", applies=_PIPELINE)
+    balance: str = _opt(
+        "time",
+        "stage split: time, size or N,N,... (admm: time and size both split by its cost estimate)",
+        commas=True,
+        applies=Applies(strategies=("model-parallel", "pipeline", "admm")),
+    )
     # admm
-    rho: float = _opt(1.0, "admm: penalty of the p = q coupling")
-    nu: float = _opt(1.0, "admm: weight of the layer equations")
-    quantize: int = _opt(0, "admm: bits of exchanged activations (0 off, 8 or 16)")
-    admm_batch: int = _opt(0, "admm: mini-batch size (0: full batch)")
+    rho: float = _opt(1.0, "penalty of the p = q coupling", applies=_ADMM)
+    nu: float = _opt(1.0, "weight of the layer equations", applies=_ADMM)
+    quantize: int = _opt(0, "bits of exchanged activations (0 off, 8 or 16)", applies=_ADMM)
+    admm_batch: int = _opt(0, "mini-batch size (0: full batch)", applies=_ADMM)
     admm_inner: int = _opt(
         0,
-        "admm: iterations per mini-batch (0: twice the number of layers, 4 times for MLPs of 8 "
+        "iterations per mini-batch (0: twice the number of layers, 4 times for MLPs of 8 "
         "layers or more; 1 per visit with admm-aux keep)",
+        applies=_ADMM_BATCH,
     )
-    rho_growth: float = _opt(1.0, "admm: multiply rho by this when the residual stalls")
+    rho_growth: float = _opt(1.0, "multiply rho by this when the residual stalls", applies=_ADMM)
     admm_tau: float = _opt(
-        1.0, "admm: proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)"
+        1.0,
+        "proximal weight of each (W, b) step on ||W - W_old||^2 (larger: slower W)",
+        applies=_ADMM,
     )
     admm_ridge: float | None = _opt(
         None,
-        "admm: relative ridge of every (W, b) step, the ridge of input noise with this "
+        "relative ridge of every (W, b) step, the ridge of input noise with this "
         "fraction of the layer's mean input variance (0: off; default 0.01 for MLPs, "
         "0 for CNNs)",
+        applies=_ADMM,
     )
     admm_momentum: float | None = _opt(
         None,
-        "admm: extrapolate every variable but p by this fraction of its last change (0: off; "
+        "extrapolate every variable but p by this fraction of its last change (0: off; "
         "default 0.7 for MLPs, 0.5 for CNNs)",
+        applies=_ADMM,
     )
     admm_sweeps: int | None = _opt(
         None,
-        "admm: backward Gauss-Seidel sweeps after each forward start, which carry the labels "
+        "backward Gauss-Seidel sweeps after each forward start, which carry the labels "
         "to every layer at once (sequential across workers; 0: off; default 1 for MLPs, "
         "0 for CNNs)",
+        applies=_ADMM,
     )
     admm_init: str = _opt(
         "auto",
-        "admm: start from a forward pass of the model's weights (forward), or first scale each "
+        "start from a forward pass of the model's weights (forward), or first scale each "
         "layer to the first layer's pre-activation RMS on the data (scaled), or each hidden "
         "layer to unit-RMS activations, same network function (unit); auto: unit for CNNs, "
         "scaled for MLPs of 8 layers or more, else forward",
         choices=("auto", "forward", "scaled", "unit"),
+        applies=_ADMM,
     )
     admm_memory: float | None = _opt(
         None,
-        "admm mini-batch: each (W, b) step solves over all batches seen, older ones weighted "
+        "each (W, b) step solves over all batches seen, older ones weighted "
         "by this decay per batch (0: the current batch only; default 0.8 for MLPs, 0 for CNNs)",
+        applies=_ADMM_BATCH,
     )
     admm_aux: str = _opt(
         "auto",
-        "admm mini-batch: keep each batch's auxiliary variables between visits in files under "
+        "keep each batch's auxiliary variables between visits in files under "
         "TMPDIR, every (W, b) step exact over all samples, the other batches as last visited "
         "(keep; MLPs; a resumed run restarts them from the checkpointed weights), or restart "
         "them from a forward pass at every visit (restart); auto: keep for MLPs without "
         "admm-memory where TMPDIR has room (on a tmpfs, which is memory, a tenth of the "
         "available memory), else restart",
         choices=("auto", "restart", "keep"),
+        applies=_ADMM_BATCH,
     )
     admm_readout: str = _opt(
         "auto",
-        "admm: the network evaluated and saved: the iterate's own weights (iterate), the "
+        "the network evaluated and saved: the iterate's own weights (iterate), the "
         "classifier (last) or every layer (all) refitted by least squares on the inputs the "
         "network's forward pass produces to the iterate's targets z; auto: of the three, the "
         "one with the lowest training loss (full batch and kept mini-batches; restarted "
         "mini-batches use the iterate)",
         choices=("auto", "iterate", "last", "all"),
+        applies=_ADMM,
     )
     # admm on CNNs (issue 13)
-    admm_cg_iters: int = _opt(50, "admm: cap on the conjugate-gradient iterations of a conv p-step")
+    admm_cg_iters: int = _opt(
+        50, "cap on the conjugate-gradient iterations of a conv p-step", applies=_ADMM
+    )
     # kfac (issue 12): --optimizer kfac, K-FAC-preconditioned SGD with momentum (KAISA)
-    kfac_factor_every: int = _opt(1, "kfac: steps between factor updates (A, G all-reduced)")
-    kfac_inv_every: int = _opt(10, "kfac: steps between decompositions of the factors")
-    kfac_damping: float = _opt(0.1, "kfac: damping gamma added to each factor")
-    kfac_kl_clip: float = _opt(0.001, "kfac: bound on the step's KL estimate (0: no clipping)")
-    kfac_factor_decay: float = _opt(0.95, "kfac: running-average weight of the old factors")
+    kfac_factor_every: int = _opt(
+        1, "steps between factor updates (A, G all-reduced)", applies=_KFAC
+    )
+    kfac_inv_every: int = _opt(10, "steps between decompositions of the factors", applies=_KFAC)
+    kfac_damping: float = _opt(0.1, "damping gamma added to each factor", applies=_KFAC)
+    kfac_kl_clip: float = _opt(
+        0.001, "bound on the step's KL estimate (0: no clipping)", applies=_KFAC
+    )
+    kfac_factor_decay: float = _opt(
+        0.95, "running-average weight of the old factors", applies=_KFAC
+    )
     kfac_grad_workers: float = _opt(
         1.0,
-        "kfac: fraction F of workers preconditioning each layer, 1/workers (MEM-OPT) to 1 (COMM-OPT)",
+        "fraction F of workers preconditioning each layer, 1/workers (MEM-OPT) to 1 (COMM-OPT)",
+        applies=_KFAC,
     )
     kfac_method: KfacMethod = _opt(
-        KfacMethod.EIGEN, "kfac: eigen decompositions or damped inverses"
+        KfacMethod.EIGEN, "eigen decompositions or damped inverses", applies=_KFAC
     )
     # ddp: gradient compression and local SGD (deepjimu.compress)
     compress: str = _opt(
         "none",
-        "ddp: gradient compression: none, fp16, bf16, powersgd[:RANK], topk[:RATIO], "
+        "gradient compression: none, fp16, bf16, powersgd[:RANK], topk[:RATIO], "
         "qsgd[:BITS], or auto (probe the link, let the cost model pick)",
+        applies=_DDP,
     )
     compress_start: int | None = _opt(
         None,
-        "ddp: plain all-reduce steps before powersgd, topk or qsgd start "
+        "plain all-reduce steps before powersgd, topk or qsgd start "
         "(default: a tenth of the run's steps, at least 2)",
+        applies=_ddp_compress("powersgd", "topk", "qsgd"),
     )
     error_feedback: bool = _opt(
-        True, "ddp powersgd, topk: add what compression left out to the next step's gradient"
+        True,
+        "add what compression left out to the next step's gradient",
+        applies=_ddp_compress("powersgd", "topk"),
     )
-    warm_start: bool = _opt(True, "ddp powersgd: start each step from the last step's P and Q")
+    warm_start: bool = _opt(
+        True,
+        "start each step from the last step's P and Q",
+        applies=_ddp_compress("powersgd"),
+    )
     local_sgd: int = _opt(
-        0, "ddp: local SGD, average the models every H steps instead of the gradients (0: off)"
+        0,
+        "local SGD, average the models every H steps instead of the gradients (0: off)",
+        applies=_DDP,
     )
     local_sgd_warmup: int | None = _opt(
-        None, "ddp local SGD: plain all-reduce steps first (default: a tenth of the run's steps)"
+        None,
+        "plain all-reduce steps first (default: a tenth of the run's steps)",
+        applies=Applies(
+            strategies=("ddp",),
+            when=Condition("--local-sgd > 0", lambda c: c.local_sgd > 0, ("local_sgd",)),
+        ),
     )
+    # not an option: which options the user gave (given_options), and where
+    given: dict[str, str] | None = field(default=None, compare=False, metadata={"option": False})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -270,8 +396,35 @@ class ConfigErrors(JimuError):
 
 
 def option_fields() -> list[dataclasses.Field[Any]]:
-    """The fields of :class:`RunConfig`, in declaration order (they become the CLI flags)."""
-    return list(fields(RunConfig))
+    """The options of :class:`RunConfig`, in declaration order (they become the CLI flags)."""
+    return [f for f in fields(RunConfig) if f.metadata.get("option", True)]
+
+
+def applies_of(name: str) -> Applies:
+    """Where option ``name`` applies (its declaration)."""
+    return {f.name: f for f in option_fields()}[name].metadata["applies"]  # type: ignore[no-any-return]
+
+
+def given_options(cfg: RunConfig) -> dict[str, str]:
+    """The options the user gave for ``cfg``, each with where: ``flag``, ``fit`` or a TOML file.
+
+    The CLI and :func:`deepjimu.fit` record them in ``cfg.given``; for a RunConfig built
+    in Python without it, every option whose value differs from its default counts as
+    given (by ``flag``).
+    """
+    if cfg.given is not None:
+        return dict(cfg.given)
+    own = RunConfig().to_dict()
+    return {f.name: "flag" for f in option_fields() if getattr(cfg, f.name) != own[f.name]}
+
+
+def option_label(name: str, source: str) -> str:
+    """How a refusal names option ``name`` given by ``source``: ``--graph-hops``,
+    ``fit keyword graph_hops`` or ``run.toml: graph-hops``."""
+    if source == "fit":
+        return f"fit keyword {name}"
+    flag = name.replace("_", "-")
+    return f"--{flag}" if source == "flag" else f"{source}: {flag}"
 
 
 def add_options(
@@ -282,7 +435,7 @@ def add_options(
     Flags that are not given stay out of the namespace (``argparse.SUPPRESS``), so
     :func:`flag_values` returns only what the user said.
     """
-    defaults = RunConfig().to_dict()
+    own = RunConfig().to_dict()
     for f in option_fields():
         if f.name in exclude:
             continue
@@ -290,13 +443,16 @@ def add_options(
         help_text = f.metadata.get("help", "")
         if f.metadata.get("choices"):
             help_text += f" ({'|'.join(f.metadata['choices'])})"
+        by_family = defaults.help_text(f.name)  # the family table's, where it sets one
+        default = f"default: {own[f.name]}" + (f"; {by_family}" if by_family else "")
+        help_text += f" ({_where(f.metadata['applies'])}{default})"
         if field_kind(f) == "bool":
             parser.add_argument(
                 flag,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS,
-                help=f"{help_text} (default: {f.default})",
+                help=help_text,
             )
         else:
             parser.add_argument(
@@ -304,8 +460,18 @@ def add_options(
                 dest=f.name,
                 default=argparse.SUPPRESS,
                 metavar=f.name.upper(),
-                help=f"{help_text} (default: {defaults[f.name]})",
+                help=help_text,
             )
+
+
+def _where(applies: Applies) -> str:
+    """The start of a flag's help parenthesis: ``for strategy admm; `` (nothing: everywhere)."""
+    if applies.everywhere:
+        return ""
+    text = applies.text()
+    for value, stricter in applies.values:
+        text += f"{'; ' if text else ''}{value}: {stricter.text()}"
+    return f"for {text}; "
 
 
 def flag_values(args: argparse.Namespace, source: str = "flag") -> dict[str, Any]:
@@ -343,7 +509,7 @@ def coerce(name: str, value: Any, source: str) -> Any:
     Raises:
         JimuError: one line naming the source, the field and the bad value.
     """
-    f = {f.name: f for f in fields(RunConfig)}[name]
+    f = {f.name: f for f in option_fields()}[name]
     kind = field_kind(f)
     if value is None:
         return None
@@ -372,10 +538,19 @@ def coerce(name: str, value: Any, source: str) -> Any:
             raise ValueError
         return value
     except (TypeError, ValueError):
-        want = {"list[int]": "a list of integers"}.get(kind, f"a {kind}")
+        want = _KIND_WORDS[kind]
         raise JimuError(
             f"{source}: {name.replace('_', '-')} must be {want} (got {value!r})"
         ) from None
+
+
+_KIND_WORDS = {
+    "bool": "true or false",
+    "int": "a whole number",
+    "float": "a number",
+    "list[int]": "a list of whole numbers",
+    "str": "text",
+}
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -401,7 +576,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
             flat.update(value)
         else:
             flat[key] = value
-    known = {f.name for f in fields(RunConfig)}
+    known = {f.name for f in option_fields()}
     out: dict[str, Any] = {}
     problems = []
     for key, value in flat.items():

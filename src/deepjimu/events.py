@@ -12,6 +12,7 @@ import torch
 
 from deepjimu.atomic import append_whole, atomic_write_text
 from deepjimu.bookkeeping import Bookkeeping
+from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
 from deepjimu.counters import Counters
 from deepjimu.memory import peak_memory_mb
@@ -20,23 +21,22 @@ from deepjimu.report import read_event_log
 __all__ = ["EventLog", "merge_event"]
 
 
-def merge_event(
-    step: int, epoch: int, time_s: float, gathered: list[dict[str, Any]]
-) -> dict[str, Any]:
+def merge_event(step: int, epoch: int, gathered: list[dict[str, Any]]) -> dict[str, Any]:
     """One event from every rank's report of the interval (pure: no I/O, no collectives).
 
     Each report holds the rank's ``metrics``, its :class:`~deepjimu.counters.Interval` as
-    ``delta`` / ``kinds`` / ``train`` / ``eval``, its peak memory ``mem`` and ``samples``.
-    A metric is taken from the lowest rank that gives it a value that is not None. Bytes
-    are summed over ranks, ``compute_s`` / ``wait_s`` are the largest per-rank values (the
-    critical path), ``train_s`` / ``eval_s`` the slowest rank's (ranks start an epoch at
-    slightly different times), and ``samples_per_s`` is rank 0's samples over ``train_s``.
+    ``delta`` / ``kinds`` / ``train`` / ``samples`` / ``clocks`` / ``samples_total``, and
+    its peak memory ``mem``. A metric is taken from the lowest rank that gives it a value
+    that is not None. The clocks (:data:`~deepjimu.clocks.CLOCKS`) are rank 0's readings,
+    one clock for the whole run, so ``train_s + eval_s <= fit_s <= time_s``; ``samples``
+    is rank 0's training samples so far and ``samples_per_s`` its samples of the interval
+    over its training time of the interval. Bytes are the interval's, summed over ranks;
+    ``compute_s`` / ``wait_s`` the interval's largest per-rank values (the critical path).
 
     Returns:
         the event: the keys every strategy shares, then the merged metrics.
     """
-    train_s = max(g["train"] for g in gathered)
-    eval_s = max(g["eval"] for g in gathered)
+    main = gathered[0]
     merged: dict[str, Any] = {}
     for g in gathered:
         for k, v in g["metrics"].items():
@@ -46,14 +46,13 @@ def merge_event(
     event: dict[str, Any] = {
         "step": step,
         "epoch": epoch,
-        "time_s": round(time_s, 6),
+        **{k: round(main["clocks"][k], 6) for k in CLOCKS},
         "loss": None,
         "train_acc": None,
         "val_acc": None,
         "test_acc": None,
-        "samples_per_s": round(gathered[0]["samples"] / train_s, 3) if train_s else None,
-        "train_s": round(train_s, 6),
-        "eval_s": round(eval_s, 6),
+        "samples": main["samples_total"],
+        "samples_per_s": round(main["samples"] / main["train"], 3) if main["train"] else None,
         "bytes_sent": int(sum(per_rank[0])),
         "bytes_recv": int(sum(per_rank[1])),
         "bytes_sent_by_kind": sum_by_kind([g["kinds"] for g in gathered]),
@@ -126,25 +125,28 @@ class EventLog:
 
         Each rank passes what it knows (e.g. the last pipeline stage passes ``loss``);
         :func:`merge_event` says how the reports combine. Byte, compute and wait figures
-        are this interval's (``*_per_rank`` per rank); ``samples`` is the number of training
-        samples processed since the last event (rank 0's), so ``samples_per_s`` is training
-        throughput. The first event after :meth:`note_resumed` carries ``resumed``.
+        are this interval's (``*_per_rank`` per rank); the clocks and ``samples`` are
+        readings since the run began. ``samples`` (the argument) is the number of training
+        samples processed since the last event (rank 0's), so ``samples_per_s`` is the
+        interval's training throughput. The first event after :meth:`note_resumed` carries
+        ``resumed``.
 
         Returns:
             the event, on every rank (only rank 0 writes it).
         """
-        interval = self.counters.interval()
+        interval = self.counters.interval(samples)
         report = {
             "metrics": metrics,
             "delta": interval.delta,
             "kinds": interval.kinds,
             "mem": peak_memory_mb(self.counters.device),
-            "samples": samples,
+            "samples": interval.samples,
             "train": interval.train_s,
-            "eval": interval.eval_s,
+            "clocks": interval.clocks,
+            "samples_total": interval.samples_total,
         }
         gathered = self.bookkeeping.gather_objects(report)
-        event = merge_event(step, epoch, self.counters.elapsed(), gathered)
+        event = merge_event(step, epoch, gathered)
         if self._resume_note is not None:
             event["resumed"], self._resume_note = self._resume_note, None
         if not self.is_main:

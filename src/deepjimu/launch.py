@@ -13,7 +13,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from deepjimu.worker import (
     spawned_worker,
     worker_main,
 )
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["probe", "train"]
 
@@ -108,13 +111,14 @@ def _start(
                     f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
                     f"instead (max-restarts: {cfg.max_restarts})"
                 )
-            cfg = validate(dataclasses.replace(cfg, workers=world), _blocks(model_factory))
+            cfg = validate(dataclasses.replace(cfg, workers=world), _model(model_factory))
             if cfg.resume:
                 check_resume(cfg)
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
             return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
-        cfg = validate(cfg, _blocks(model_factory))
+        model = _model(model_factory)
+        cfg = validate(cfg, model)
         assert cfg.workers is not None
         if cfg.resume:
             check_resume(cfg)
@@ -124,7 +128,7 @@ def _start(
         check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
         # read (and download) the data once here, so bad files fail before any worker starts
         data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-        _check_machine(cfg, plan, data, model_factory is None)
+        _check_machine(cfg, plan, data, model)
         out_dir = run_dir_of(cfg, job)
         with lock_run_dir(out_dir):
             if not cfg.resume:
@@ -135,13 +139,15 @@ def _start(
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
 
 
-def _check_machine(cfg: RunConfig, plan: ThreadPlan, data: DataSplits, spec_model: bool) -> None:
+def _check_machine(
+    cfg: RunConfig, plan: ThreadPlan, data: DataSplits, model: nn.Module | None
+) -> None:
     """Before any worker starts: refuse more workers than the memory holds, and say once
     when they outnumber the cores (they run, each slower).
 
     The memory a worker takes is estimated (:func:`deepjimu.memory.worker_bytes`) from the
-    data and, where ``cfg.model`` is a spec, the model, built on the meta device (shapes
-    without memory); a factory's model counts only in the measured base.
+    data and the model: the factory's (``model``), else ``cfg.model``'s, built on the meta
+    device (shapes without memory).
 
     Raises:
         JimuError: the workers would take more than their share of the available memory.
@@ -155,19 +161,18 @@ def _check_machine(cfg: RunConfig, plan: ThreadPlan, data: DataSplits, spec_mode
             file=sys.stderr,
             flush=True,
         )
-    model_bytes = 0
-    if spec_model:
+    if model is None:
         with torch.device("meta"):
             model = build_model(cfg.model, data.feature_shape, data.num_classes)
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     splits = (data.train_x, data.train_y, data.val_x, data.val_y, data.test_x, data.test_y)
     data_bytes = sum(t.numel() * t.element_size() for t in splits)
     check_workers_fit(cfg.workers, worker_bytes(model_bytes, data_bytes), available_memory())
 
 
-def _blocks(model_factory: ModelFactory | None) -> int | None:
-    """The block count of the factory's model (what validation checks the workers against)."""
-    return len(model_factory()) if model_factory is not None else None
+def _model(model_factory: ModelFactory | None) -> nn.Sequential | None:
+    """The factory's model, for validation to check (its blocks, what the strategy trains)."""
+    return model_factory() if model_factory is not None else None
 
 
 def _run_workers(

@@ -155,15 +155,13 @@ def train_time_to(
     """(training seconds, seconds since the start) until the test accuracy first reaches
     ``target_acc``; (None, None) if it never does.
 
-    Training seconds are the summed ``train_s`` of the events up to that one: evaluation,
+    Training seconds are that event's ``train_s``, the run's training clock: evaluation,
     logging and checkpoints are not counted.
     """
-    train_s = 0.0
     for e in events:
-        train_s += finite_number(e.get("train_s")) or 0.0
         acc = finite_number(e.get("test_acc"))
         if acc is not None and acc >= target_acc:
-            return train_s, finite_number(e.get("time_s"))
+            return finite_number(e.get("train_s")), finite_number(e.get("time_s"))
     return None, None
 
 
@@ -198,12 +196,14 @@ def _fmt(value: Any, spec: str) -> str:
 def table(events: list[dict[str, Any]]) -> str:
     """A fixed-width text table of ``events``, one row per event.
 
-    Columns: epoch, time (s since the run started), loss, train / val / test accuracy,
-    training samples/s, bytes sent (all ranks), compute and wait seconds (slowest rank).
+    Columns: epoch, the clocks ``time_s`` (since the run started) and ``train_s`` (in
+    training steps), loss, train / val / test accuracy, training samples/s, bytes sent
+    (all ranks), compute and wait seconds (slowest rank).
     """
     header = (
         "epoch",
         "time_s",
+        "train_s",
         "loss",
         "train",
         "val",
@@ -218,7 +218,8 @@ def table(events: list[dict[str, Any]]) -> str:
         rows.append(
             (
                 str(e.get("epoch", "-")),
-                _fmt(e.get("time_s"), ".1f"),
+                _fmt(e.get("time_s"), ".2f"),
+                _fmt(e.get("train_s"), ".2f"),
                 _fmt(e.get("loss"), ".4f"),
                 *(_fmt(e.get(k), ".4f") for k in _ACC_SPLITS),
                 _fmt(e.get("samples_per_s"), ".0f"),

@@ -7,49 +7,66 @@ registry, the registries need only config.py's types, and this module asks both.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
-from deepjimu.choices import Device, Optimizer, Precision
+from deepjimu.choices import Device, Family, Optimizer, Precision
 from deepjimu.config import (
     DEFAULT_LR,
     ConfigErrors,
     RunConfig,
+    applies_of,
     basic_problems,
+    given_options,
     kfac_worker_problems,
+    option_fields,
+    option_label,
 )
-from deepjimu.data import GRAPH_DATASETS, dataset_names
+from deepjimu.data import dataset_family, dataset_names, datasets_of
+from deepjimu.defaults import describe, table_defaults
 from deepjimu.errors import JimuError
 from deepjimu.models import count_blocks, parse_spec
-from deepjimu.strategies import get_strategy
+from deepjimu.strategies import get_strategy, strategy_names
 
-__all__ = ["validate"]
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["defaults_line", "family_defaults", "validate"]
 
 
-def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
+def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
     """Check every field and fill the strategy's defaults; the result is what workers run.
 
     Args:
         cfg: the options.
-        blocks: the block count of the model, when a Python factory builds it (``cfg.model``
-            is then its ``factory:`` spec, which says nothing of its shape); without it such
-            a run is refused (the factory is not at hand: a CLI resume of a ``fit`` run).
+        model: the model, when a Python factory builds it (``cfg.model`` is then its
+            ``factory:`` spec, which says nothing of its shape): the strategy counts its
+            blocks, or refuses it (``Strategy.model_blocks``); without it such a run is
+            refused (the factory is not at hand: a CLI resume of a ``fit`` run).
 
     Returns:
-        a new RunConfig with ``workers``, ``epochs`` and ``lr`` set.
+        a new RunConfig with the data family's defaults (:mod:`deepjimu.defaults`),
+        ``workers``, ``epochs`` and ``lr`` set, and ``given`` (:func:`given_options`).
 
     Raises:
         ConfigErrors: one line per bad field (unknown strategy or dataset, workers < 1,
-            more workers than blocks for a strategy that splits the model, ...).
+            more workers than blocks for a strategy that splits the model, an option given
+            for a run where it does not apply, ...).
     """
-    problems = basic_problems(cfg)
+    given = given_options(cfg)
+    cfg = dataclasses.replace(cfg, **family_defaults(cfg))
+    misplaced = _misplaced(cfg, given)
+    # an option that does not apply is refused as such, its value not judged too
+    own = RunConfig().to_dict()
+    problems = basic_problems(dataclasses.replace(cfg, **{k: own[k] for k in misplaced}))
+    problems.extend(misplaced.values())
     if cfg.dataset not in dataset_names():
         problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
-    n_blocks = 0
+    n_blocks, factory = 0, False
     try:
-        if parse_spec(cfg.model).kind != "factory":
+        factory = parse_spec(cfg.model).kind == "factory"
+        if not factory:
             n_blocks = count_blocks(cfg.model)
-        elif blocks is not None:
-            n_blocks = blocks
-        else:
+        elif model is None:
             problems.append(_needs_its_factory(cfg))
     except JimuError as e:
         problems.append(str(e))
@@ -58,6 +75,11 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
     except JimuError as e:
         problems.append(str(e))
         raise ConfigErrors(problems) from None
+    if factory and model is not None:
+        try:
+            n_blocks = strategy.model_blocks(model)
+        except JimuError as e:
+            problems.append(f"model {cfg.model}: {e}")
     workers = cfg.workers if cfg.workers is not None else strategy.default_workers
     if strategy.max_workers is not None and workers > strategy.max_workers:
         problems.append(
@@ -73,18 +95,9 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
             f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
             f"(supported: {', '.join(strategy.precisions)})"
         )
-    if (cfg.compress != "none" or cfg.local_sgd) and not strategy.reduces_gradients:
-        problems.append(
-            f"strategy {cfg.strategy} has no gradient all-reduce to compress or replace; "
-            f"--compress and --local-sgd need ddp (compress: {cfg.compress}, local-sgd: {cfg.local_sgd})"
-        )
     if cfg.precision == Precision.TF32 and cfg.device == Device.CPU:
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
     # kfac (issue 12)
-    if cfg.optimizer == Optimizer.KFAC and not strategy.supports_kfac:
-        problems.append(
-            f"optimizer kfac runs with strategy local or ddp (strategy: {cfg.strategy})"
-        )
     if cfg.optimizer == Optimizer.KFAC and workers >= 1:
         problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
     # graphs (issue 10): a graph model takes the whole graph, in one process
@@ -94,10 +107,10 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
                 f"model {cfg.model} trains on the whole graph: only --strategy local runs it "
                 f"(strategy: {cfg.strategy})"
             )
-        if cfg.dataset not in GRAPH_DATASETS:
+        if dataset_family(cfg.dataset) != Family.GRAPH:
             problems.append(
-                f"model {cfg.model} needs a graph data set ({', '.join(sorted(GRAPH_DATASETS))}; "
-                f"dataset: {cfg.dataset})"
+                f"model {cfg.model} needs a graph data set "
+                f"({', '.join(datasets_of(Family.GRAPH))}; dataset: {cfg.dataset})"
             )
     if not problems:
         problems.extend(strategy.problems(cfg, n_blocks))
@@ -105,7 +118,68 @@ def validate(cfg: RunConfig, blocks: int | None = None) -> RunConfig:
         raise ConfigErrors(problems)
     lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
     epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
-    return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr)
+    return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr, given=given)
+
+
+def _misplaced(cfg: RunConfig, given: dict[str, str]) -> dict[str, str]:
+    """The options the user gave for a run where they do not apply (their declaration,
+    :mod:`deepjimu.applies`), each with its line, e.g. ``--graph-hops applies to graph data
+    sets (...); dataset digits is not one``. Nothing while the strategy is unknown (its
+    own line names it)."""
+    if cfg.strategy not in strategy_names():
+        return {}
+    known = {f.name for f in option_fields()}
+    out = {}
+    for name, source in given.items():
+        why = _misfit(name, cfg) if name in known else None
+        if why is not None:
+            out[name] = option_label(name, source) + why
+    return out
+
+
+def _misfit(name: str, cfg: RunConfig) -> str | None:
+    """`` applies to ...; ... is not one`` when option ``name`` (or its value) does not apply
+    to ``cfg``; None when it does."""
+    family = dataset_family(cfg.dataset)
+    applies = applies_of(name)
+    value = getattr(cfg, name)
+    for where, label in ((applies, ""), (applies.of_value(value), f" {value}")):
+        why = where.refusal(cfg, family) if where is not None else None
+        if where is not None and why is not None:
+            return f"{label} applies to {where.text(datasets_of)}; {why}"
+    return None
+
+
+def family_defaults(cfg: RunConfig) -> dict[str, Any]:
+    """What the table of ``cfg``'s data family sets for this run (:mod:`deepjimu.defaults`).
+
+    Only options that the user did not give, that still hold their own default and that
+    apply to the run; nothing for a resumed run, whose saved options stand.
+
+    Example:
+        >>> family_defaults(RunConfig(dataset="digits"))
+        {}
+    """
+    family = dataset_family(cfg.dataset)
+    if family is None or cfg.resume:
+        return {}
+    given = given_options(cfg)
+    own = RunConfig().to_dict()
+    table = {
+        k: v
+        for k, v in table_defaults(family, cfg.strategy).items()
+        if k not in given and getattr(cfg, k) == own[k] and v != own[k]
+    }
+    candidate = dataclasses.replace(cfg, **table)
+    return {k: v for k, v in table.items() if _misfit(k, candidate) is None}
+
+
+def defaults_line(cfg: RunConfig) -> str | None:
+    """``defaults for graph data: model mlp:256x2, epochs 50``: what the family's table sets
+    for ``cfg`` (None: nothing)."""
+    chosen = family_defaults(cfg)
+    family = dataset_family(cfg.dataset)
+    return describe(family, chosen) if chosen and family is not None else None
 
 
 def _needs_its_factory(cfg: RunConfig) -> str:

@@ -19,6 +19,7 @@ from torch import nn
 
 from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.choices import Device
+from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
@@ -377,9 +378,7 @@ def _train(
         "steps": result.steps,
         "seed": cfg.seed,
         "device": str(device),
-        "time_s": round(run.fit_s(), 4),
-        "train_s": round(sum(e.get("train_s") or 0.0 for e in events), 4),
-        "eval_s": round(sum(e.get("eval_s") or 0.0 for e in events), 4),
+        **{k: last[k] for k in CLOCKS},  # the run's clocks at its last event
         "loss": last.get("loss"),
         "train_acc": last.get("train_acc"),
     }
@@ -388,7 +387,10 @@ def _train(
     summary |= best_validation(events)
     summary.update(
         {
-            "samples_per_s": round(_mean_throughput(events), 3),
+            "samples": last["samples"],
+            "samples_per_s": round(last["samples"] / last["train_s"], 3)
+            if last["train_s"]
+            else 0.0,
             "bytes_sent": int(sum(t[0] for t in totals)),
             "bytes_recv": int(sum(t[1] for t in totals)),
             "bytes_sent_by_kind": sum_by_kind([g[1] for g in gathered]),
@@ -421,11 +423,3 @@ def _probe(
     write_probe(probe, out_dir / "probe.json", predictions, choice)
     text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
     return {"probe": probe.to_dict(), "choice": choice, "text": text}
-
-
-def _mean_throughput(events: list[dict[str, Any]]) -> float:
-    """Training samples per second over the whole run: total samples / total training time."""
-    events = [e for e in events if e.get("samples_per_s")]
-    samples = sum(e["samples_per_s"] * e["train_s"] for e in events if e.get("train_s"))
-    seconds = sum(e["train_s"] for e in events if e.get("train_s"))
-    return samples / seconds if seconds else 0.0

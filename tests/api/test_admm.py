@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -23,6 +24,20 @@ def _mlp(widths: tuple[int, ...] = (6, 8, 7, 3), seed: int = 0) -> nn.Sequential
     for i, (a, b) in enumerate(itertools.pairwise(widths)):
         layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(widths) - 2 else [])
     return nn.Sequential(*layers)
+
+
+class _Residual(nn.Module):
+    """A container whose forward is not the chain of its children."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.lin(x)
+
+
+_SHARED = nn.Linear(4, 4)
 
 
 def _data(n: int = 40, d: int = 6, k: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +59,13 @@ def _data(n: int = 40, d: int = 6, k: int = 3) -> tuple[torch.Tensor, torch.Tens
         (nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.ReLU()), "module 2 is ReLU()"),
         (nn.Sequential(nn.Linear(4, 8), nn.ReLU()), "the last module 1 is a ReLU"),
         (nn.Sequential(nn.Linear(4, 3, bias=False)), "a bias in every Linear; module 0"),
-        (nn.Sequential(nn.Conv2d(1, 2, 3)), "module 0 is Conv2d"),
+        (
+            nn.Sequential(nn.Conv2d(1, 2, 3)),
+            "module 0 is Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1)): CNNs train with "
+            "jimu train --strategy admm --model cnn:C1-C2-...",
+        ),
+        (nn.Sequential(_Residual(), nn.ReLU(), nn.Linear(4, 3)), "module 0 is a _Residual"),
+        (nn.Sequential(_SHARED, nn.ReLU(), _SHARED), "module 2 repeats one"),
         (nn.Sequential(nn.Flatten(0), nn.Linear(4, 3)), "flattens from dim 1"),
     ],
 )
@@ -58,6 +79,45 @@ def test_accepts_flatten_first_and_nested_blocks() -> None:
         nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 3))
     )
     assert [m.out_features for m in admm_linears(model)] == [8, 3]
+
+
+def test_accepts_one_relu_module_used_twice() -> None:
+    relu = nn.ReLU()
+    model = nn.Sequential(nn.Linear(4, 8), relu, nn.Linear(8, 8), relu, nn.Linear(8, 3))
+    assert [m.out_features for m in admm_linears(model)] == [8, 8, 3]
+
+
+def test_takes_numpy_arrays_and_float64_as_their_float32_tensors() -> None:
+    """What a PyTorch user passes: converted to the model's dtype, the same iterates."""
+    x, y = _data()
+    ref, got = PdADMM(_mlp()), PdADMM(_mlp())
+    for _ in range(2):
+        expected = ref.step(x, y)
+        result = got.step(x.double().numpy(), y.numpy().astype(np.int16))
+    assert result == expected
+    for a, b in zip(ref.model.parameters(), got.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("y", "message"),
+    [
+        (
+            torch.zeros(40),
+            r"y: labels must be class indices of an integer dtype \(dtype: torch.float32\)",
+        ),
+        (
+            torch.arange(40) % 5,
+            r"labels go up to 4, the model has 3 outputs: class indices must be below",
+        ),
+    ],
+)
+def test_refuses_labels_that_are_not_class_indices_of_the_model(
+    y: torch.Tensor, message: str
+) -> None:
+    x, _ = _data()
+    with pytest.raises(ValueError, match=message):
+        PdADMM(_mlp()).step(x, y)
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,19 @@
-"""fit: the user's tensors and model factory through the real engine, equal to ``jimu train``."""
+"""fit: the user's tensors and model factory through the real engine, equal to ``jimu train``;
+admm on a factory's flat MLP; what a PyTorch user passes; one line for what fit cannot take."""
 
 from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from user_models import flat_mlp, no_flatten, small_cnn, tanh_mlp
 
 from deepjimu import fit
 from deepjimu.cli import main
@@ -17,6 +23,8 @@ from deepjimu.data.digits import load_digits_raw
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.models import build_model
+from deepjimu.rundir import latest_checkpoint
+from processes import env
 
 
 def _digits() -> tuple[torch.Tensor, ...]:
@@ -99,3 +107,167 @@ def test_a_fit_run_is_resumed_through_fit_and_refused_by_the_cli(tmp_path: Path,
     assert resumed.run_dir == tmp_path / "part" and resumed.summary["epochs"] == 3
     for a, b in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
         assert torch.equal(a, b)  # as if never interrupted
+
+
+def test_fit_admm_trains_the_users_flat_mlp_alike_on_one_and_two_workers(tmp_path: Path) -> None:
+    """Transparency: 2 workers give 1 worker's weights; the model returned holds them, under
+    the model's own keys (admm groups the flat Sequential's own modules into layers)."""
+    x, y, xt, yt = _digits()
+    common = {"test": (xt, yt), "epochs": 4, "threads": 1}  # one thread each: same rounding
+    fitted = {
+        w: fit("admm", flat_mlp, x, y, workers=w, run_dir=tmp_path / f"w{w}", **common)
+        for w in (1, 2)
+    }
+    one, two = fitted[1], fitted[2]
+    assert one.summary["train_acc"] > 0.8 and one.summary["test_acc"] > 0.8  # chance: 0.1
+    assert one.summary["admm_blocks"] == [2] and two.summary["admm_blocks"] == [1, 1]
+    for key in ("loss", "train_acc", "test_acc"):
+        assert two.summary[key] == pytest.approx(one.summary[key], rel=1e-5), key
+    for (k1, a), (k2, b) in zip(
+        one.model.state_dict().items(), two.model.state_dict().items(), strict=True
+    ):
+        assert k1 == k2 and torch.allclose(a, b, rtol=1e-4, atol=1e-5), k1
+    saved = torch.load(latest_checkpoint(tmp_path / "w2")[0] / "model.pt", weights_only=True)
+    assert list(saved) == ["1.weight", "1.bias", "3.weight", "3.bias"]
+    torch.manual_seed(0)  # the start every worker drew (seed 0)
+    start = flat_mlp()
+    assert not torch.allclose(start[1].weight, two.model[1].weight)  # trained, not the start
+    with torch.no_grad():
+        acc = (two.model(xt).argmax(1) == yt).double().mean().item()
+    assert acc == pytest.approx(two.summary["test_acc"], abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (
+            tanh_mlp,
+            "model factory:user_models.tanh_mlp: admm needs [Flatten,] Linear, ReLU, ..., "
+            "Linear; module 2 is Tanh() (expected ReLU)",
+        ),
+        (
+            small_cnn,
+            "model factory:user_models.small_cnn: admm trains MLPs ([Flatten,] Linear, ReLU, "
+            "..., Linear); module 0 is Conv2d(1, 4, kernel_size=(3, 3), stride=(1, 1), "
+            "padding=(1, 1)): CNNs train with jimu train --strategy admm --model cnn:C1-C2-... "
+            "(e.g. cnn:16-32)",
+        ),
+    ],
+)
+def test_fit_admm_refuses_a_model_it_cannot_train_in_one_line(
+    factory, message: str, tmp_path: Path
+) -> None:
+    x, y = torch.rand(20, 1, 8, 8), torch.randint(0, 10, (20,))
+    with pytest.raises(JimuError) as e:
+        fit("admm", factory, x, y, workers=1, run_dir=tmp_path / "r")
+    assert str(e.value) == message
+    assert not (tmp_path / "r").exists()  # refused before any worker started: nothing left
+
+
+def test_fit_takes_numpy_arrays_and_float64_tensors_as_their_float32_tensors() -> None:
+    x, y, xt, yt = _digits()
+    factory = functools.partial(build_model, "mlp:16x1", tuple(x.shape[1:]), 10)
+    common = {"workers": 1, "epochs": 1}
+    ref = fit("local", factory, x, y, test=(xt, yt), **common)
+    got = fit(
+        "local",
+        factory,
+        x.double().numpy(),
+        y.numpy().astype(np.uint8),
+        test=(xt.double(), yt.int()),
+        **common,
+    )
+    for key in ("loss", "train_acc", "test_acc"):
+        assert got.summary[key] == ref.summary[key], key
+
+
+@pytest.mark.parametrize(
+    ("factory", "x", "y", "message"),
+    [
+        (
+            flat_mlp,
+            torch.rand(20, 1, 8, 8),
+            torch.randint(0, 10, (20,)).double(),
+            "y: labels must be class indices of an integer dtype (dtype: torch.float64); pass "
+            "whole numbers as integers, e.g. y.long() (torch) or y.astype(int) (numpy)",
+        ),
+        (
+            flat_mlp,
+            torch.rand(20, 1, 8, 8),
+            torch.arange(20),
+            "labels go up to 19, the model has 10 outputs: class indices must be below the "
+            "model's outputs (labels: 0..19, outputs: 10)",
+        ),
+        (
+            no_flatten,
+            torch.rand(20, 1, 8, 8),
+            torch.randint(0, 10, (20,)),
+            "the model fails on one sample of x (shape (1, 8, 8)): RuntimeError: mat1 and mat2 "
+            "shapes cannot be multiplied (8x8 and 64x32); add nn.Flatten() first in the model "
+            "or pass x.flatten(1)",
+        ),
+        (
+            flat_mlp,
+            [["a"] * 64] * 20,
+            torch.randint(0, 10, (20,)),
+            "x must be a torch.Tensor or a numpy array of numbers (got list)",
+        ),
+    ],
+)
+def test_fit_says_in_one_line_what_it_cannot_take(
+    factory, x, y, message: str, tmp_path: Path
+) -> None:
+    """Before any worker starts or any file is written."""
+    with pytest.raises(ValueError) as e:
+        fit("ddp", factory, x, y, workers=2, run_dir=tmp_path / "r")
+    assert str(e.value) == message
+    assert not (tmp_path / "r").exists()
+
+
+_SCRIPT = """
+    import torch
+    from torch import nn
+    import deepjimu
+
+    def make_model():
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    fitted = deepjimu.fit("ddp", make_model, x, y, workers=2, epochs=1)
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_fit_refuses_a_factory_of_a_main_without_a_file_in_one_line(how: str) -> None:
+    """A notebook, an interactive session, a script read on stdin: the spawned workers
+    cannot import the factory; say so, not in 30 lines of the workers' tracebacks."""
+    code = textwrap.dedent(_SCRIPT)
+    args, stdin = (["-"], code) if how == "stdin" else (["-c", code], None)
+    r = subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, env=env(),
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == (
+        "ValueError: model_factory must be importable by the worker processes: define "
+        "make_model in a module file and import it from there (a function of a notebook, of "
+        "an interactive session or of a script read on stdin cannot be imported)"
+    )
+    assert "spawn" not in r.stderr  # no worker started
+
+
+def test_fit_outside_a_main_guard_stops_each_worker_in_one_line(tmp_path: Path) -> None:
+    """Each spawned worker runs the script again; one that reaches fit says what to do."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(_SCRIPT))
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env(), timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 1
+    line = (
+        "error: deepjimu.fit was called again by a worker process as it imported your "
+        'script: call fit under `if __name__ == "__main__":`'
+    )
+    assert r.stderr.count(line) == 2  # one per worker
+    assert "spawn_main" not in r.stderr  # not multiprocessing's traceback

@@ -47,7 +47,7 @@ def test_comma_lists_of_one_value_options_become_matrix_dimensions() -> None:
     assert fixed == (("balance", "2,2"), ("classes", "0,1"), ("quiet", "true"))
     assert len(variants) == 4 and variants[0] == (("lr", "0.1"), ("precision", "fp32"))
     assert option_argv(fixed) == ["--balance", "2,2", "--classes", "0,1", "--quiet"]
-    with pytest.raises(JimuError, match=r"lr must be a float \(got 'x'\)"):
+    with pytest.raises(JimuError, match=r"lr must be a number \(got 'x'\)"):
         split_variants({"lr": "0.1,x"})
     cells = plan(RunConfig(), ["local"], [1], ["mlp:16x1"], variants[:1])
     assert cells[0].name == "local-w1-mlp-16x1-lr0.1-precisionfp32"
@@ -113,13 +113,14 @@ def test_run_cell_times_out_and_records_failures(tmp_path: Path) -> None:
 def _fake_run(d: Path, strategy: str, workers: int, extra: dict[str, object]) -> Path:
     d.mkdir(parents=True)
     events = [
-        {"epoch": e, "time_s": 2.0 * e, "train_s": 1.0, "samples_per_s": 100.0,
+        {"epoch": e, "time_s": 2.0 * e, "train_s": 1.0 * e, "samples": 100 * e, "samples_per_s": 100.0,
          "test_acc": acc, "bytes_sent": 50, "peak_mem_mb_per_rank": [10.0 * e] * workers, **extra}
         for e, acc in ((1, 0.5), (2, 0.92), (3, 0.95))
     ]  # fmt: skip
     (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    summary = {"strategy": strategy, "workers": workers, "epochs": 3, "time_s": 3.5,
-               "samples_per_s": 100.0, "test_acc": 0.95, "bytes_sent": 150}  # fmt: skip
+    summary = {"strategy": strategy, "workers": workers, "epochs": 3, "time_s": 6.0, "fit_s": 5.0,
+               "train_s": 3.0, "eval_s": 1.0, "samples": 300, "samples_per_s": 100.0,
+               "test_acc": 0.95, "bytes_sent": 150}  # fmt: skip
     (d / "summary.json").write_text(json.dumps(summary))
     (d / "config.json").write_text(json.dumps({"microbatches": 4}))
     return d

@@ -9,7 +9,16 @@ import pytest
 import torch
 from datafiles import IdxSet
 
-from deepjimu.data import DataOptions, DataSplits, dataset_names, load_dataset
+from deepjimu.choices import Family
+from deepjimu.data import (
+    GRAPH_DATASETS,
+    DataOptions,
+    DataSplits,
+    dataset_family,
+    dataset_names,
+    datasets_of,
+    load_dataset,
+)
 from deepjimu.errors import JimuError
 
 
@@ -26,6 +35,17 @@ def test_registry_names() -> None:
     )
     with pytest.raises(JimuError, match="unknown dataset 'nope'"):
         load_dataset("nope")
+
+
+def test_every_data_set_names_its_family() -> None:
+    assert {n: dataset_family(n) for n in dataset_names()} == {
+        **dict.fromkeys(["cifar10", "digits", "fashion-mnist", "kmnist", "mnist"], Family.IMAGES),
+        "synthetic": Family.TABULAR,
+        **dict.fromkeys(["citeseer", "cora", "pubmed", "sbm"], Family.GRAPH),
+        "tensors": Family.TENSORS,
+    }
+    assert datasets_of(Family.GRAPH) == sorted(GRAPH_DATASETS)
+    assert dataset_family("nope") is None
 
 
 def test_downsample_28_to_14(data_dir: Path, idx_set: IdxSet) -> None:

@@ -12,11 +12,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from deepjimu.comm import Comm, CommStats
+from deepjimu.config import RunConfig
+from deepjimu.data.tensors import as_labels, as_samples
 from deepjimu.errors import JimuError
 from deepjimu.strategies.admm.blocks import MLP_DEFAULTS, AdmmParams, LayerBlock, auto_init
 from deepjimu.strategies.admm.driver import (
@@ -29,58 +32,12 @@ from deepjimu.strategies.admm.driver import (
 )
 from deepjimu.strategies.admm.health import readout_failed, solve_failed
 from deepjimu.strategies.admm.layers import DenseOp
+from deepjimu.strategies.admm.model import admm_linears
 from deepjimu.strategies.partition import parse_balance, partition
 
 __all__ = ["AdmmStep", "PdADMM", "admm_linears"]
 
-
-def admm_linears(model: nn.Sequential) -> list[nn.Linear]:
-    """The Linear layers of ``model`` after checking that it is the MLP pdADMM assumes.
-
-    pdADMM's layer equations are ``z_l = W_l p_l + b_l`` and ``q_l = relu(z_l)``, so the
-    leaf modules (nested ``nn.Sequential`` blocks are read in order) must be an optional
-    ``Flatten`` first, then ``Linear`` (with bias) and ``ReLU`` alternating, ending with a
-    ``Linear``: a Tanh, a Sigmoid or a Dropout would be trained as if it were a ReLU, or
-    not at all.
-
-    Args:
-        model: the user's ``nn.Sequential``.
-
-    Returns:
-        the ``nn.Linear`` of every layer, in order.
-
-    Raises:
-        ValueError: naming the first module that breaks the pattern, e.g.
-            ``PdADMM needs [Flatten,] Linear, ReLU, ..., Linear; module 1.1 is Tanh()``.
-
-    Example:
-        >>> len(admm_linears(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))))
-        2
-    """
-    if not isinstance(model, nn.Sequential):
-        raise ValueError(f"PdADMM needs an nn.Sequential (model: {type(model).__name__})")
-    leaves = [(name, m) for name, m in model.named_modules() if not list(m.children())]
-    pattern = "[Flatten,] Linear, ReLU, ..., Linear"
-    if leaves and isinstance(leaves[0][1], nn.Flatten):
-        if leaves[0][1].start_dim != 1 or leaves[0][1].end_dim != -1:
-            raise ValueError(f"PdADMM flattens from dim 1; module {leaves[0][0]} is {leaves[0][1]}")
-        leaves = leaves[1:]
-    if not leaves:
-        raise ValueError(f"PdADMM needs {pattern}; the model has no layers")
-    linears: list[nn.Linear] = []
-    for i, (name, m) in enumerate(leaves):
-        want: type[nn.Module] = nn.Linear if i % 2 == 0 else nn.ReLU
-        if type(m) is not want:
-            raise ValueError(
-                f"PdADMM needs {pattern}; module {name} is {m} (expected {want.__name__})"
-            )
-        if isinstance(m, nn.Linear):
-            if m.bias is None:
-                raise ValueError(f"PdADMM needs a bias in every Linear; module {name} is {m}")
-            linears.append(m)
-    if isinstance(leaves[-1][1], nn.ReLU):
-        raise ValueError(f"PdADMM needs {pattern}; the last module {leaves[-1][0]} is a ReLU")
-    return linears
+_TRAIN = RunConfig()  # jimu train's defaults, which PdADMM's are
 
 
 @dataclass(frozen=True)
@@ -113,9 +70,13 @@ class PdADMM:
     right each iteration, and writes back only its own layers; rank 0 alone needs ``x``,
     the last rank alone needs ``y``, the others may pass None.
 
+    The defaults of ``rho``, ``nu``, ``bits``, ``tau`` and of the MLP options below are
+    ``jimu train --strategy admm``'s.
+
     Args:
         model: ``[Flatten,] Linear, ReLU, ..., Linear`` (see :func:`admm_linears`), on the
-            device the iterations run on.
+            device the iterations run on. CNNs train with ``jimu train --strategy admm
+            --model cnn:C1-C2-...``.
         rho: penalty of the coupling p_{l+1} = q_l.
         nu: weight of the layer equations.
         bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
@@ -152,11 +113,11 @@ class PdADMM:
     def __init__(
         self,
         model: nn.Sequential,
-        rho: float = 1.0,
-        nu: float = 1.0,
-        bits: int = 0,
+        rho: float = _TRAIN.rho,
+        nu: float = _TRAIN.nu,
+        bits: int = _TRAIN.quantize,
         *,
-        tau: float = 1.0,
+        tau: float = _TRAIN.admm_tau,
         ridge: float = float(MLP_DEFAULTS["ridge"]),
         sweeps: int = int(MLP_DEFAULTS["sweeps"]),
         momentum: float = float(MLP_DEFAULTS["momentum"]),
@@ -209,26 +170,28 @@ class PdADMM:
         self._n = 0
 
     # ---- the user's calls ----------------------------------------------------------------------
-    def init(self, x: Tensor | None) -> None:
+    def init(self, x: Tensor | np.ndarray | None) -> None:
         """Collective: start every variable from a forward pass of the model's weights on ``x``.
 
-        Rank 0 of the group passes the samples (a batch of N rows, flattened from dim 1),
-        the others None; rank 0 sends N to the others, and each rank takes its block of
-        layers (the partition of ``balance``, else of the estimated cost for N samples).
+        Rank 0 of the group passes the samples (a batch of N rows, flattened from dim 1: a
+        tensor or a numpy array of any real dtype, computed in the model's), the others
+        None; rank 0 sends N to the others, and each rank takes its block of layers (the
+        partition of ``balance``, else of the estimated cost for N samples).
         Calling it again restarts from the model's current weights, on new samples.
 
         Raises:
             ValueError: ``x`` missing on rank 0, or its features do not fit the first Linear.
         """
+        rows: Tensor | None = None
         if self.rank == 0:
             if x is None:
                 raise ValueError("rank 0 owns the first layer: init(x) needs the samples x")
-            x = x.to(self.device).flatten(1)
-            if x.shape[1] != self.widths[0]:
+            rows = self._samples(x)
+            if rows.shape[1] != self.widths[0]:
                 raise ValueError(
-                    f"x has {x.shape[1]} features per sample, the first Linear takes {self.widths[0]}"
+                    f"x has {rows.shape[1]} features per sample, the first Linear takes {self.widths[0]}"
                 )
-        n = torch.tensor([len(x) if x is not None and self.rank == 0 else 0])
+        n = torch.tensor([len(rows) if rows is not None else 0])
         if self.group is not None:
             dist.broadcast(n, group=self.group, group_src=0)
         n_samples = int(n.item())
@@ -245,25 +208,29 @@ class PdADMM:
         mode = auto_init(ops) if self.init_mode == "auto" else self.init_mode
         scale = mode == "scaled" and self.block is None
         self.block = self._new_block(lo, hi)
-        init_blocks_forward(self.block, x, n_samples, self.exchange, self.rank, self.world, scale)
+        init_blocks_forward(
+            self.block, rows, n_samples, self.exchange, self.rank, self.world, scale
+        )
         self._sweeps_due = self.sweeps
-        self._x, self._n = x, n_samples
+        self._x, self._n = rows, n_samples
         self._write_back()
 
-    def step(self, x: Tensor | None, y: Tensor | None) -> AdmmStep:
+    def step(self, x: Tensor | np.ndarray | None, y: Tensor | np.ndarray | None) -> AdmmStep:
         """Collective: one pdADMM iteration, then the new weights written into the model.
 
         Args:
             x: the samples given to :meth:`init` (rank 0; others may pass None). A first
                 call without :meth:`init` initialises from ``x``.
-            y: the labels, class indices [N] (the last rank; others may pass None).
+            y: the labels, class indices [N] of any integer dtype, below the model's outputs
+                (the last rank; others may pass None).
 
         Returns:
             the iteration count, the objective and the primal residual of the whole group.
 
         Raises:
-            ValueError: ``y`` missing on the last rank, or ``x`` other than the samples of
-                :meth:`init` (full-batch pdADMM: call :meth:`init` for new samples).
+            ValueError: ``y`` missing on the last rank or not class indices below the
+                model's outputs, or ``x`` other than the samples of :meth:`init` (full-batch
+                pdADMM: call :meth:`init` for new samples).
             JimuError: a factorisation failed (nu / rho too large).
         """
         if self.block is None:
@@ -272,7 +239,7 @@ class PdADMM:
             x is not None
             and x is not self._x
             and self._x is not None
-            and not torch.equal(x.to(self.device).flatten(1), self._x)
+            and not torch.equal(self._samples(x), self._x)
         ):
             raise ValueError(
                 "step(x, y) takes the samples given to init(x) (full-batch pdADMM); "
@@ -283,7 +250,12 @@ class PdADMM:
         if block.hi == self.L:
             if y is None:
                 raise ValueError(f"rank {self.rank} owns the last layer: step(x, y) needs y")
-            y = y.to(self.device)
+            y = as_labels(y).to(self.device)
+            if len(y) and int(y.max()) >= self.widths[-1]:
+                raise ValueError(
+                    f"labels go up to {int(y.max())}, the model has {self.widths[-1]} outputs: "
+                    f"class indices must be below the last Linear's out_features"
+                )
         else:
             y = None
         try:
@@ -368,6 +340,11 @@ class PdADMM:
         self._write_back()
 
     # ---- internals -----------------------------------------------------------------------------
+    def _samples(self, x: Tensor | np.ndarray) -> Tensor:
+        """``x`` as the layers compute it: the model's dtype and device, flat rows."""
+        dtype = self.linears[0].weight.dtype
+        return as_samples(x, "x", dtype).to(self.device).flatten(1)
+
     def _new_block(self, lo: int, hi: int) -> LayerBlock:
         """Layers lo..hi-1, starting from the model's current weights."""
         W = [self.linears[l].weight.detach().clone() for l in range(lo, hi)]

@@ -37,7 +37,7 @@ def _row_cells(r: dict[str, Any], with_options: bool) -> list[str]:
         *([options] if with_options else []),
         str(r.get("epochs") or "-"),
         _num(r.get("train_s"), ".1f"),
-        _num(r.get("time_s"), ".1f"),
+        _num(r.get("fit_s"), ".1f"),
         _num(r.get("wall_s"), ".1f"),
         _num(r.get("samples_per_s"), ".0f"),
         speedup,
@@ -136,7 +136,7 @@ def write_markdown(
     lines += [
         "",
         "- *train s*: time in training steps (`summary.json` `train_s`); *fit s*: the whole "
-        "fit, evaluations and checkpoints included (`time_s`); *wall s*: the whole "
+        "fit, evaluations and checkpoints included (`fit_s`); *wall s*: the whole "
         "`jimu train` process, start-up included.",
         "- *speedup*: throughput over that of the same strategy and model with 1 worker; "
         "where that run does not exist or failed, over `local` with 1 worker.",

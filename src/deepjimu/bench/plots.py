@@ -114,11 +114,10 @@ def _accuracy_time(
             events = read_events(Path(r["run_dir"]))
         except JimuError:
             continue
-        pts, train_s = [], 0.0
+        pts = []
         for e in events:
-            train_s += finite_number(e.get("train_s")) or 0.0
-            acc = finite_number(e.get("test_acc"))
-            if acc is not None:
+            train_s, acc = finite_number(e.get("train_s")), finite_number(e.get("test_acc"))
+            if train_s is not None and acc is not None:
                 pts.append((train_s, 100 * acc))
         if not pts:
             continue

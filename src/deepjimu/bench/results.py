@@ -21,6 +21,7 @@ COLUMNS = (
     "error",
     "epochs",
     "time_s",
+    "fit_s",
     "train_s",
     "eval_s",
     "wall_s",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.bench.matrix import Cell
+from deepjimu.clocks import CLOCKS
 from deepjimu.errors import JimuError
 from deepjimu.report import finite_number, read_config, read_events, read_summary, train_time_to
 
@@ -110,13 +111,13 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
     """The bench figures of a finished run folder.
 
     Returns:
-        ``epochs``, ``time_s`` (the workers' fit time), ``train_s`` and ``eval_s`` (its
-        training and evaluation parts), ``samples_per_s``, ``test_acc`` (final),
-        ``time_to_target_s`` (training time, the summed ``train_s`` of the events up to the
-        first whose test accuracy reaches ``target_acc``: evaluation is not counted, so a
-        strategy that evaluates more often is not penalised), ``wall_to_target_s``
-        (``time_s`` of that event: seconds since the workers started, set-up and evaluations
-        included), ``bytes_sent``, ``bytes_per_sample`` (bytes sent by all ranks per
+        ``epochs``, the run's clocks ``time_s``, ``fit_s``, ``train_s`` and ``eval_s``
+        (:data:`deepjimu.clocks.CLOCKS`), ``samples_per_s``, ``test_acc`` (final),
+        ``time_to_target_s`` (``train_s`` of the first event whose test accuracy reaches
+        ``target_acc``: evaluation is not counted, so a strategy that evaluates more often
+        is not penalised), ``wall_to_target_s`` (``time_s`` of that event: seconds since
+        the workers started, set-up and evaluations included), ``bytes_sent``,
+        ``bytes_per_sample`` (bytes sent by all ranks per
         training sample processed), ``peak_mem_mb`` (max over ranks and events),
         ``idle_frac`` and ``bubble_theory`` (pipeline only; None when absent).
 
@@ -128,10 +129,7 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
     if summary is None:
         raise JimuError(f"{Path(run_dir) / 'summary.json'} does not exist")
     config = read_config(run_dir)
-    samples = sum(
-        (finite_number(e.get("samples_per_s")) or 0.0) * (finite_number(e.get("train_s")) or 0.0)
-        for e in events
-    )
+    samples = finite_number(summary.get("samples")) or 0.0
     bytes_sent = finite_number(summary.get("bytes_sent"))
     if bytes_sent is None:
         bytes_sent = sum(finite_number(e.get("bytes_sent")) or 0.0 for e in events)
@@ -139,9 +137,7 @@ def measure(run_dir: Path, target_acc: float) -> dict[str, Any]:
     mems = [m for e in [summary, *events] for m in e.get("peak_mem_mb_per_rank") or []]
     return {
         "epochs": summary.get("epochs"),
-        "time_s": finite_number(summary.get("time_s")),
-        "train_s": finite_number(summary.get("train_s")),
-        "eval_s": finite_number(summary.get("eval_s")),
+        **{k: finite_number(summary.get(k)) for k in CLOCKS},
         "samples_per_s": finite_number(summary.get("samples_per_s")),
         "test_acc": finite_number(summary.get("test_acc")),
         "time_to_target_s": to_target,

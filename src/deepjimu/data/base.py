@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepjimu.choices import GraphFeatures, Split
+from deepjimu.choices import Family, GraphFeatures, Split
 from deepjimu.errors import JimuError
 
 if TYPE_CHECKING:
@@ -22,7 +22,9 @@ __all__ = [
     "DataOptions",
     "DataSplits",
     "RawData",
+    "dataset_family",
     "dataset_names",
+    "datasets_of",
     "load_dataset",
     "register_dataset",
 ]
@@ -157,13 +159,19 @@ class DataSplits:
 
 Loader = Callable[[DataOptions], RawData]
 _REGISTRY: dict[str, Loader] = {}
+_FAMILY: dict[str, Family] = {}
 
 
-def register_dataset(name: str) -> Callable[[Loader], Loader]:
-    """Decorator: make ``loader`` available as ``--dataset name``."""
+def register_dataset(name: str, family: Family) -> Callable[[Loader], Loader]:
+    """Decorator: make ``loader`` available as ``--dataset name``, a data set of ``family``.
+
+    The family decides which options apply to the data set and which defaults it gets
+    (:mod:`deepjimu.defaults`).
+    """
 
     def deco(loader: Loader) -> Loader:
         _REGISTRY[name] = loader
+        _FAMILY[name] = family
         return loader
 
     return deco
@@ -172,6 +180,16 @@ def register_dataset(name: str) -> Callable[[Loader], Loader]:
 def dataset_names() -> list[str]:
     """Registered dataset names, sorted."""
     return sorted(_REGISTRY)
+
+
+def dataset_family(name: str) -> Family | None:
+    """The family of data set ``name`` (None: no such data set)."""
+    return _FAMILY.get(name)
+
+
+def datasets_of(family: Family) -> list[str]:
+    """The registered data sets of ``family``, sorted."""
+    return sorted(n for n, f in _FAMILY.items() if f == family)
 
 
 def load_dataset(name: str, opts: DataOptions | None = None) -> DataSplits:

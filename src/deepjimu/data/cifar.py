@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.data.download import extract_tar, fetch
 from deepjimu.data.safepickle import RestrictedUnpickler, numpy_globals
@@ -22,7 +23,7 @@ NUM_CLASSES = 10
 _PIXELS = 3 * 32 * 32
 
 
-@register_dataset("cifar10")
+@register_dataset("cifar10", Family.IMAGES)
 def load_cifar10(opts: DataOptions) -> RawData:
     """50,000 train / 10,000 test images, float32 ``[N, 3, 32, 32]`` in [0, 1], labels 0..9.
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 
 __all__ = ["load_digits_raw"]
 
 
-@register_dataset("digits")
+@register_dataset("digits", Family.IMAGES)
 def load_digits_raw(opts: DataOptions) -> RawData:
     """1,797 images, 1 x 8 x 8, pixels / 16; a stratified 80/20 train/test split with ``opts.seed``.
 

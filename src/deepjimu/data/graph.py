@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepjimu.choices import GraphFeatures
+from deepjimu.choices import Family, GraphFeatures
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.memory import peak_memory_mb
 
@@ -226,7 +226,7 @@ def register_graph_dataset(
             return raw
 
         GRAPH_DATASETS.add(name)
-        register_dataset(name)(rows)
+        register_dataset(name, Family.GRAPH)(rows)
         return loader
 
     return deco

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 from deepjimu.data.download import fetch
 from deepjimu.errors import JimuError, one_line
@@ -135,4 +136,4 @@ def _locate(name: str, folder: Path, base: str, opts: DataOptions) -> Path:
 
 
 for _name in DATASETS:
-    register_dataset(_name)(functools.partial(load_idx, _name))
+    register_dataset(_name, Family.IMAGES)(functools.partial(load_idx, _name))

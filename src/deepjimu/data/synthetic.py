@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, register_dataset
 
 __all__ = ["load_synthetic"]
 
 
-@register_dataset("synthetic")
+@register_dataset("synthetic", Family.TABULAR)
 def load_synthetic(opts: DataOptions) -> RawData:
     """``synthetic_n`` training and ``synthetic_n // 5`` test samples of ``synthetic_features``.
 

@@ -54,11 +54,9 @@ class Strategy(ABC):
     rows); ``needs_group`` (a process group even for one worker, as DDP wants);
     ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
     supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
-    do not depend on the activations' dtype); ``supports_kfac``: ``--optimizer kfac`` works
-    (its optimizer sees the whole model, and ranks hold replicas of it);
-    ``reduces_gradients``: it all-reduces gradients, so ``--compress`` and ``--local-sgd``
-    apply; ``graph_models``: it trains models that take the whole graph (``gcn``, fed from
-    ``DataSplits.graph``).
+    do not depend on the activations' dtype); ``graph_models``: it trains models that take
+    the whole graph (``gcn``, fed from ``DataSplits.graph``). Which options a strategy reads
+    is declared with the options (:mod:`deepjimu.applies`).
     """
 
     name: ClassVar[str]
@@ -69,8 +67,6 @@ class Strategy(ABC):
     needs_group: ClassVar[bool] = False
     max_workers: ClassVar[int | None] = None
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.TF32)
-    supports_kfac: ClassVar[bool] = False
-    reduces_gradients: ClassVar[bool] = False
     graph_models: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
@@ -80,6 +76,16 @@ class Strategy(ABC):
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
         """Strategy-specific config problems, one line each (checked before workers start)."""
         return []
+
+    @classmethod
+    def model_blocks(cls, model: nn.Sequential) -> int:
+        """How many blocks the strategy cuts ``model``, a Python factory's, into (checked
+        before workers start, as a spec's ``count_blocks``; default: its children).
+
+        Raises:
+            JimuError: a model the strategy cannot train, in one line naming the module.
+        """
+        return len(model)
 
     def data_device(self, device: torch.device) -> torch.device:
         """Where the engine puts the data splits (default: the compute device)."""

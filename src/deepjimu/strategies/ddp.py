@@ -47,8 +47,6 @@ class DDPStrategy(GradientStrategy):
     shards_data = True
     needs_group = True
     precisions = tuple(Precision)
-    supports_kfac = True
-    reduces_gradients = True
 
     @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:

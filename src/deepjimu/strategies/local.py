@@ -25,7 +25,6 @@ class LocalStrategy(GradientStrategy):
     name = "local"
     max_workers = 1
     precisions = tuple(Precision)
-    supports_kfac = True
     graph_models = True
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:

@@ -185,6 +185,9 @@ class LayerBlock:
         # the readout's refitted weights and the last layer's plain input (readout_forward)
         self.refit_Wb: dict[int, tuple[Tensor, Tensor]] = {}
         self.last_Wb: tuple[Tensor, Tensor] | None = None
+        # the iterate's own (training loss, accuracy) at the last readout that ran its
+        # forward pass: what the health check judges, whichever readout is evaluated
+        self.iterate_fit: tuple[float, float] | None = None
         self.readout_features: Tensor | None = None
 
     @property
@@ -511,12 +514,16 @@ class LayerBlock:
         same least squares, on the features the iterate's own layers produce. ``all``: every
         layer refitted (:meth:`readout_forward`). ``auto``: of the three, the one whose
         forward pass has the lowest training loss (ties: the earlier one), so the readout
-        never fits the training set worse than the iterate.
+        never fits the training set worse than the iterate. Where the iterate's own forward
+        pass ran (``plain``), its training loss and accuracy go to :attr:`iterate_fit`.
         """
         assert self.hi == self.L
         last, op = self.L - 1, self.ops[self.L - 1]
         logits: dict[str, Tensor] = {}
+        self.iterate_fit = None
         if plain is not None:
+            accuracy = float((plain.argmax(1) == y).float().mean())
+            self.iterate_fit = (self.loss(plain, y), accuracy)
             features = self.readout_features
             assert features is not None
             self.last_Wb = op.solve_Wb(

@@ -48,8 +48,13 @@ class Learning:
     patience: int = 10
     losses: dict[int, float] = field(default_factory=dict)
 
-    def check(self, iteration: int, loss: float | None, train_acc: float | None) -> str | None:
-        """Record one logged iteration; a one-line finding if the run is not learning, else None."""
+    def check(
+        self, iteration: int, loss: float | None, train_acc: float | None, whose: str = ""
+    ) -> str | None:
+        """Record one logged iteration; a one-line finding if the run is not learning, else None.
+
+        ``whose`` names the network the figures are of in that line (e.g. "the iterate's ").
+        """
         if loss is None or train_acc is None or not math.isfinite(loss):
             return None
         self.losses[iteration] = loss
@@ -63,7 +68,7 @@ class Learning:
         if before - loss >= STALL * abs(before):
             return None
         return (
-            f"not learning: train accuracy {train_acc:.3f} at iteration {iteration} is near "
+            f"not learning: {whose}train accuracy {train_acc:.3f} at iteration {iteration} is near "
             f"chance ({self.chance:.3f}) and the loss barely moved since iteration {then} "
             f"({before:.4f} -> {loss:.4f})"
         )

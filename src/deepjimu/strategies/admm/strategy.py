@@ -42,6 +42,7 @@ from deepjimu.strategies.admm.health import (
 )
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
 from deepjimu.strategies.admm.layers import ConvOp, LayerOp, layer_ops
+from deepjimu.strategies.admm.model import admm_linears, layer_blocks
 from deepjimu.strategies.admm.store import room
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
@@ -59,7 +60,7 @@ __all__ = ["AdmmStrategy", "weight_layers"]
 
 
 def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
-    """The one ``nn.Linear`` or ``nn.Conv2d`` of each block of an ``mlp`` or ``cnn`` model."""
+    """The one ``nn.Linear`` or ``nn.Conv2d`` of each block (of :func:`layer_blocks`)."""
     out = []
     for i, block in enumerate(model):
         maps = [m for m in block.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
@@ -131,9 +132,18 @@ class AdmmStrategy(Strategy):
         return [{"rho": cfg.rho * f, "nu": cfg.nu * f} for f in log_grid(1.0, trials)]
 
     @classmethod
+    def model_blocks(cls, model: nn.Sequential) -> int:
+        """A factory's model is trained by the rule :class:`deepjimu.PdADMM` follows
+        (:func:`admm_linears`): one block per Linear."""
+        try:
+            return len(admm_linears(model, who="admm"))
+        except ValueError as e:
+            raise JimuError(str(e)) from None
+
+    @classmethod
     def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
         kind = parse_spec(cfg.model).kind
-        if kind not in ("mlp", "cnn"):
+        if kind not in ("mlp", "cnn", "factory"):  # a factory's: model_blocks checked it
             return [_refusal(cfg.model)]
         out = []
         if kind == "cnn" and cfg.admm_batch and cfg.admm_memory:  # asked for (default: none)
@@ -184,8 +194,10 @@ class AdmmStrategy(Strategy):
         assert cfg.epochs is not None
         # the blocks' W, b live on the device; the model holds them for evaluation and gathering
         model = model.to(run.device)
-        maps = weight_layers(model)
-        ops = layer_ops(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
+        # one linear map per block, the model's own modules: a factory's flat Sequential too
+        blocks = layer_blocks(model)
+        maps = weight_layers(blocks)
+        ops = layer_ops(blocks, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
         batch = cfg.admm_batch or len(data.train_y)
         # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
@@ -206,8 +218,8 @@ class AdmmStrategy(Strategy):
                 f"{self.plan.summary('admm')}, {mode}; per worker: cost share "
                 f"{[round(c, 2) for c in share]}, variables {[round(m, 1) for m in mib]} MiB"
             )
-        self.model, self.run, self.maps = model, run, maps
-        self.shapes = block_shapes(model, data.train_x[:1])
+        self.model, self.blocks, self.run, self.maps = model, blocks, run, maps
+        self.shapes = block_shapes(blocks, data.train_x[:1])
         # conv p-steps solved by CG: their iterations and cap hits go into the events
         self._cg = any(isinstance(op, ConvOp) and op.solver is PSolver.CG for op in ops)
         # the options left to their default take the model kind's (blocks.auto_defaults)
@@ -249,6 +261,7 @@ class AdmmStrategy(Strategy):
         # a resumed run's model is the checkpoint's readout of the checkpointed iterate
         resumed = run.resumed.rank_state if run.resumed is not None else None
         self._readout_choice = resumed.get("readout", "iterate") if resumed else "iterate"
+        self._iterate_fit: tuple[float, float] | None = None  # what the health check judges
         self._readout_stale = resumed is None  # the iterate moved since the last readout
         self._written = resumed is not None  # the model holds the current readout
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
@@ -459,6 +472,7 @@ class AdmmStrategy(Strategy):
             return
         self._readout_stale = False
         mode, run = self._readout_mode, self.run
+        self._iterate_fit = None
         if mode == "iterate":
             self._readout_choice = "iterate"
             return
@@ -474,7 +488,10 @@ class AdmmStrategy(Strategy):
                     )
             except torch.linalg.LinAlgError as e:
                 raise JimuError(readout_failed(e, "--admm-readout iterate")) from None
-        self._readout_choice = run.broadcast_object(choice, src=run.world - 1)
+        fit = self.block.iterate_fit if self.block.hi == self.block.L else None
+        self._readout_choice, self._iterate_fit = run.broadcast_object(
+            (choice, fit), src=run.world - 1
+        )
 
     def _write_back(self) -> None:
         """The readout's weights into the model, for evaluation and checkpoints (once per
@@ -496,7 +513,7 @@ class AdmmStrategy(Strategy):
         self._readout(self._y)  # training work, timed as such (before the evaluation)
         with run.evaluation():
             self._write_back()
-            metrics: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
+            metrics: dict[str, Any] = staged_metrics(self.blocks, self.plan, run, self.shapes, data)
             objective, residual = 0.0, 0.0
             if not cfg.admm_batch:
                 y = self.block_labels(data)
@@ -523,7 +540,12 @@ class AdmmStrategy(Strategy):
                 f"(rho: {self.block.params.rho}, nu: {self.block.params.nu}); "
                 f"last good checkpoint: {run.last_checkpoint_text()}"
             )
-        stuck = self.learning.check(done, event.get("loss"), event.get("train_acc"))
+        # the health of the iteration itself: a readout refitted on a stuck iterate can fit
+        # the training set well above chance while nothing learns
+        loss, acc, whose = event.get("loss"), event.get("train_acc"), ""
+        if self._iterate_fit is not None:
+            (loss, acc), whose = self._iterate_fit, "the iterate's "
+        stuck = self.learning.check(done, loss, acc, whose)
         if stuck:
             rho, nu = self.block.params.rho, cfg.nu
             raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
@@ -550,7 +572,8 @@ class AdmmStrategy(Strategy):
 
     def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
-        full = gather_model(self.model, self.plan, self.run)
+        # into rank 0's blocks, which are its model's modules: saved under the model's own keys
+        full = self.model if gather_model(self.blocks, self.plan, self.run) is not None else None
         state = {
             "block": self.block.state_dict(),
             "history": self.history,

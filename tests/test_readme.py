@@ -1,0 +1,225 @@
+"""README.md as a user reads it: every command block runs, and the error lines it shows are
+the ones the program prints.
+
+The blocks come from pytest-codeblocks' Markdown reader (``extract_from_file``). Each block
+runs in a folder of its own, the way a user runs it from a fresh checkout: ``data/`` holds
+small generated MNIST and Planetoid files (nothing is downloaded), ``examples/`` is the
+repository's. Commands run in the block's order:
+
+- ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
+  Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``; a bench
+  runs 1 epoch, 2 workers and, unless named, local and admm); nothing else changes.
+- ``python`` blocks: run as a script after :data:`PRELUDE`, which defines the ``model``,
+  ``x``, ``y``, ``x_test``, ``y_test`` that the README's snippets take as given.
+- ``text`` blocks with ``$`` lines are transcripts: each command runs exactly as shown and
+  its ``error:`` lines must equal the transcript's, with exit code 2 when it shows errors
+  (130 for "then Ctrl-C", where the checkpoint's step depends on the moment of the key).
+
+pytest-codeblocks' own runner is not used for the shell blocks: it runs a block as one
+script and compares stdout, while these need a shortened run per command and a check of
+stderr's error lines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pytest_codeblocks import extract_from_file
+
+from data.datafiles import make_idx_set
+from data.graphfiles import make_planetoid_set
+from processes import env
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+TIMEOUT = 600
+
+PRELUDE = """\
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+_digits = load_digits()
+x = torch.tensor(_digits.data[:1400] / 16, dtype=torch.float32)
+y = torch.tensor(_digits.target[:1400])
+x_test = torch.tensor(_digits.data[1400:] / 16, dtype=torch.float32)
+y_test = torch.tensor(_digits.target[1400:])
+model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a README block: where it is, how it runs, what it must print."""
+
+    line: int  # the block's first line in README.md
+    block: int  # the block's index
+    kind: str  # "shell", "python" or "transcript"
+    text: str  # the command as written (a python block: its code)
+    errors: tuple[str, ...] = ()  # a transcript's error lines
+
+    @property
+    def id(self) -> str:
+        first = self.text.splitlines()[0] if self.kind == "python" else self.text
+        return f"L{self.line}:{first[:60]}"
+
+
+def _shell_commands(code: str) -> list[str]:
+    """The commands of a bash block: continuation lines joined, comments and blank lines dropped."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            out.append(shlex.join(words))
+    return out
+
+
+def _transcript(code: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The ``$`` commands of a text block and the error lines shown after each."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in code.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:].strip(), []))
+        elif steps and line.startswith("error: "):
+            steps[-1][1].append(line)
+    return [(cmd, tuple(errs)) for cmd, errs in steps]
+
+
+def _steps() -> list[Step]:
+    steps = []
+    for i, block in enumerate(extract_from_file(README)):
+        if block.syntax == "bash":
+            steps += [Step(block.lineno, i, "shell", c) for c in _shell_commands(block.code)]
+        elif block.syntax == "python":
+            steps.append(Step(block.lineno, i, "python", block.code))
+        elif block.syntax == "text" and "\n$ " in "\n" + block.code:
+            steps += [Step(block.lineno, i, "transcript", c, e) for c, e in _transcript(block.code)]
+    return steps
+
+
+STEPS = _steps()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """One working folder per block, made when its first command runs."""
+    return {}
+
+
+def _folder(folders: dict[int, Path], step: Step, base: Path) -> Path:
+    if step.block not in folders:
+        folder = base / f"block{step.block}"
+        folder.mkdir()
+        make_idx_set(n_train=60, n_test=30).write(folder / "data" / "mnist")
+        make_planetoid_set("cora").write(folder / "data")
+        make_planetoid_set("citeseer").write(folder / "data")
+        shutil.copytree(ROOT / "examples", folder / "examples")
+        folders[step.block] = folder
+    return folders[step.block]
+
+
+def _argv(words: list[str]) -> list[str]:
+    """A command's program as this test's interpreter runs it."""
+    head = {
+        "jimu": [sys.executable, "-m", "deepjimu"],
+        "python": [sys.executable],
+        "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    }
+    return head.get(words[0], [words[0]]) + words[1:]
+
+
+def shorten(words: list[str]) -> list[str]:
+    """A tour command made short enough for the suite: fewer epochs, a smaller bench."""
+    sub = next((w for w in words if w in ("train", "bench", "probe", "report")), None)
+    if "--help" in words or sub not in ("train", "bench"):
+        return words
+    out = list(words)
+
+    def cap(flag: str, value: int) -> None:
+        if flag in out:
+            i = out.index(flag) + 1
+            out[i] = str(min(int(out[i]), value))
+        else:
+            out.extend([flag, str(value)])
+
+    if sub == "train":
+        cap("--epochs", 2)
+        out.append("--quiet")
+    else:
+        cap("--epochs", 1)
+        if "--workers" not in out:
+            out += ["--workers", "2"]
+        if "--strategies" not in out:
+            out += ["--strategies", "local,admm"]
+        if "--tune" in out:
+            out += ["--tune-trials", "2"]
+    return out
+
+
+def _run(
+    argv: list[str], cwd: Path, ctrl_c_after: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in ``cwd``; with ``ctrl_c_after``, press Ctrl-C once that file exists."""
+    if ctrl_c_after is None:
+        return subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True,
+                              timeout=TIMEOUT)  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=cwd, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    deadline = time.time() + TIMEOUT
+    while not ctrl_c_after.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to its foreground group
+    out, err = proc.communicate(timeout=TIMEOUT)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _digits_apart(lines: list[str]) -> list[str]:
+    return [re.sub(r"\d+", "#", line) for line in lines]
+
+
+@pytest.mark.parametrize("step", STEPS, ids=[s.id for s in STEPS])
+def test_readme_block(
+    step: Step, folders: dict[int, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    cwd = _folder(folders, step, tmp_path_factory.getbasetemp())
+    if step.kind == "python":
+        script = cwd / f"readme_L{step.line}.py"
+        script.write_text(PRELUDE + "\n" + step.text)
+        r = _run([sys.executable, script.name], cwd)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return
+    command, _, comment = step.text.partition(" #")
+    words = shlex.split(command)
+    if words[0] == "make":  # the suite itself (make test), or the tour's jimu train (make demo)
+        r = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert {"demo": "jimu train", "test": "pytest"}[words[1]] in r.stdout
+        return
+    if "--nnodes" in words and words[words.index("--nnodes") + 1] != "1":
+        pytest.skip("a multi-machine launch: needs the machines it names")
+    if step.kind == "shell":
+        r = _run(_argv(shorten(words)), cwd)
+        assert r.returncode == 0, f"{step.text}\n{r.stderr[-3000:]}"
+        return
+    ctrl_c = "Ctrl-C" in comment
+    name = words[words.index("--name") + 1] if "--name" in words else ""
+    latest = cwd / "runs" / name / "checkpoint" / "latest" if ctrl_c else None
+    r = _run(_argv(words), cwd, ctrl_c_after=latest)
+    printed = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    expected = list(step.errors)
+    if ctrl_c:  # the step of the last checkpoint is wherever the key came
+        assert r.returncode == 130, r.stderr[-3000:]
+        assert _digits_apart(printed) == _digits_apart(expected), r.stderr[-3000:]
+        return
+    assert r.returncode == (2 if expected else 0), r.stderr[-3000:]
+    assert printed == expected, r.stderr[-3000:]
