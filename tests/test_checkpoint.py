@@ -1,9 +1,11 @@
-"""Checkpoints: each rank's state back, the latest one only, and one line when a rank's file is elsewhere."""
+"""Checkpoints: each rank's state back, the latest one only, one line when a rank's file is elsewhere, damaged, or finds no room."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -15,11 +17,14 @@ from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
 from deepjimu.errors import JimuError
 from deepjimu.events import EventLog
+from disks import small_disk
 from distributed import distributed_test
 
 
 def _checkpointer(folder: Path, rank: int, world: int) -> Checkpointer:
     counters, book = Counters(torch.device("cpu")), Bookkeeping(world)
+    if rank == 0:  # as Run makes it
+        folder.mkdir(parents=True, exist_ok=True)
     events = EventLog(folder, rank == 0, True, counters, book)
     return Checkpointer(RunConfig(quiet=True), folder, rank, world, counters, events, book)
 
@@ -32,7 +37,7 @@ def _model() -> torch.nn.Module:
 @distributed_test(world_size=[1, 2, 3])
 def test_each_rank_gets_its_own_state_back(rank: int, world: int, tmp: str) -> None:
     ckpt = _checkpointer(Path(tmp), rank, world)
-    ckpt.counters.comm.count(sent=10 + rank)
+    ckpt.counters.stats.bytes_sent = 10 + rank  # (a count in a group of one counts nothing)
     for step in (2, 4):
         if step == 4 and rank == 0:  # what a write killed at step 3 leaves
             (ckpt.dir / ".tmp-step-00000003").mkdir()
@@ -102,3 +107,62 @@ def test_resume_without_the_rank_state_file_is_one_line(tmp_path: Path, capsys) 
     assert main(["train", "--resume", str(tmp_path / "r"), "--epochs", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: checkpoint: worker 0 cannot find {lost}; ") and "\n" not in err
+
+
+@distributed_test(world_size=[1, 2])
+def test_a_checkpoint_that_finds_no_room_keeps_the_last_one_and_leaves_nothing(
+    rank: int, world: int, tmp: str
+) -> None:
+    ckpt = _checkpointer(Path(tmp), rank, world)
+    last = ckpt.save(1, 1, _model() if rank == 0 else None, {"rank": rank})
+
+    def full(obj: object, path: Path) -> None:
+        if rank == world - 1:  # one rank's write fails: every rank stops, with its line
+            raise OSError(errno.ENOSPC, "No space left on device")
+        torch.save(obj, path)
+
+    with mock.patch("deepjimu.checkpoint._torch_save", full), pytest.raises(JimuError) as e:
+        ckpt.save(2, 2, _model() if rank == 0 else None, {"rank": rank})
+    msg = str(e.value)
+    assert msg.startswith(
+        f"checkpoint at step 2 not written: no space left on the disk of {ckpt.dir} ("
+    )
+    assert msg.endswith(
+        f"pick a --runs-dir on a disk with room (the last complete one, {last}, is kept)"
+    )
+    Bookkeeping(world).barrier()
+    assert sorted(p.name for p in ckpt.dir.iterdir()) == ["latest", last.name], "no debris"
+    loaded = ckpt.load()
+    assert loaded is not None and loaded.step == 1 and loaded.rank_state == {"rank": rank}
+
+
+def test_a_first_checkpoint_on_a_full_disk_leaves_no_folder(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        ckpt = _checkpointer(disk, 0, 1)
+        # the kernel's ENOSPC, which torch's writer hides behind "unexpected pos ..."
+        big = torch.nn.Linear(200, 200)  # 160 KB of weights
+        with pytest.raises(JimuError) as e:
+            ckpt.save(1, 1, big, {})
+        assert str(e.value).startswith(
+            f"checkpoint at step 1 not written: no space left on the disk of {ckpt.dir} ("
+        )
+        assert str(e.value).endswith("(no earlier checkpoint)")
+        assert not ckpt.dir.exists()
+
+
+@pytest.mark.parametrize("name", ["model.pt", "rank0.pt"])
+@pytest.mark.parametrize("content", [b"", bytes(range(256)) * 8], ids=["empty", "random"])
+def test_a_damaged_checkpoint_file_is_named_without_torchs_advice(
+    tmp_path: Path, name: str, content: bytes
+) -> None:
+    ckpt = _checkpointer(tmp_path, 0, 1)
+    damaged = ckpt.save(1, 1, _model(), {"rank": 0}) / name
+    damaged.write_bytes(content)
+    with pytest.raises(JimuError) as e:
+        ckpt.load()
+    assert str(e.value) == (
+        f"checkpoint file {damaged} is damaged (torch cannot read it); restore it from a "
+        "copy, or start the run again in a new folder"
+    )
+    # torch's own message advises weights_only=False: code execution from a tampered file
+    assert "weights_only" not in str(e.value)

@@ -144,3 +144,13 @@ def test_entry_leaves_by_deepjimu_leave_with_mains_code(monkeypatch: pytest.Monk
     monkeypatch.setattr(cli, "leave", left.append)
     cli.entry()
     assert left == [2]
+
+
+def test_the_summary_line_counts_one_epoch_as_one(capsys) -> None:
+    from deepjimu.cli import _print_summary
+
+    s = {"strategy": "local", "workers": 1, "dataset": "digits", "model": "mlp:8x1",
+         "test_acc": 0.5, "train_acc": 0.5, "epochs": 1, "time_s": 2.0, "fit_s": 1.0,
+         "train_s": 0.5, "eval_s": 0.25}  # fmt: skip
+    _print_summary(s)
+    assert ", 1 epoch in 1.0 s (training 0.5 s, " in capsys.readouterr().out

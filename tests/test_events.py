@@ -1,15 +1,21 @@
-"""The event log: metrics and counters merged over ranks, rank 0's file, a resumed history."""
+"""The event log: metrics and counters merged over ranks, rank 0's file, a resumed history, a full disk, the bar."""
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
+from deepjimu import atomic
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.counters import Counters
+from deepjimu.errors import JimuError
 from deepjimu.events import EventLog, merge_event
 from distributed import distributed_test
 
@@ -65,3 +71,36 @@ def test_every_rank_reports_and_rank_0_alone_writes(rank: int, world: int, tmp: 
     Bookkeeping(world).barrier()
     lines = (Path(tmp) / "events.jsonl").read_text().splitlines()
     assert [json.loads(x)["bytes_sent"] for x in lines] == [event["bytes_sent"]]
+
+
+def test_the_progress_bar_starts_once(tmp_path: Path, capsys) -> None:
+    log = EventLog(tmp_path, True, False, Counters(torch.device("cpu")), Bookkeeping(1))
+    log.progress(3, "local")
+    log.progress_at(0)  # a run from the start: the bar is already there
+    assert capsys.readouterr().err.count("0/3") == 1
+    log.progress_at(2)  # a resumed run: the bar moves on
+    assert "2/3" in capsys.readouterr().err
+    log.close()
+
+
+def test_an_event_that_finds_no_room_is_one_line_and_no_half_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = EventLog(tmp_path, True, True, Counters(torch.device("cpu")), Bookkeeping(1))
+    log.log(1, 1, loss=0.5)
+    before = (tmp_path / "events.jsonl").read_text()
+
+    class Full(io.FileIO):  # the disk fills up halfway through the line
+        def write(self, b: Any) -> int:
+            super().write(bytes(b)[: len(b) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(
+        atomic, "open", lambda path, mode, buffering: Full(path, "a"), raising=False
+    )
+    with pytest.raises(JimuError) as e:
+        log.log(2, 2, loss=0.25)
+    assert str(e.value).startswith(
+        f"cannot write {tmp_path / 'events.jsonl'}: no space left on the disk of {tmp_path} ("
+    )
+    assert (tmp_path / "events.jsonl").read_text() == before

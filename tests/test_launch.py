@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -18,6 +19,7 @@ from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.rundir import latest_checkpoint, lock_run_dir
+from disks import small_disk
 from processes import descendants, events, fault_flags, params, start, wait_for_epochs
 
 FAST = {"model": "mlp:64x2", "epochs": 8, "quiet": True, "lr": 3e-3}
@@ -278,3 +280,121 @@ def test_after_restarts_the_last_attempts_errors_explain_the_failure(tmp_path: P
     record(0, 0, "an error of the first attempt")  # rank 0 did not report again
     record(1, 1, "the error that ended the run")
     assert _failure_line(tmp_path, RuntimeError()) == "worker 1: the error that ended the run"
+
+
+@pytest.mark.parametrize("fills", ["the checkpoint", "the events"])
+def test_a_full_disk_is_one_line_naming_it_and_leaves_no_debris(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fills: str
+) -> None:
+    """Two workers on a 200 KB tmpfs: the final checkpoint (2.4 MB) finds no room, or with the
+    disk nearly full beforehand the first event and then every error record find none."""
+    spill = _private_tmpdir(tmp_path, monkeypatch)
+    with small_disk(tmp_path / "disk", "200k") as disk:
+        if fills == "the events":  # room for .lock and config.json alone (a 4 KB page each)
+            (disk / "filler").write_bytes(bytes(200 * 1024 - 8192))
+        run = disk / "r"
+        cfg = RunConfig(
+            strategy="ddp", workers=2, epochs=2, quiet=True, runs_dir=str(disk), name="r"
+        )
+        with pytest.raises(JimuError) as e:
+            train(cfg)
+        msg = str(e.value)
+        assert f"no space left on the disk of {run}" in msg and "\n" not in msg, msg
+        assert msg.endswith(
+            "(no earlier checkpoint)"
+            if fills == "the checkpoint"
+            else "pick a --runs-dir on a disk with room"
+        ), msg
+        assert not (run / ".errors").exists() and not (run / "checkpoint").exists()
+    assert not _left_behind(spill)
+
+
+def test_a_failed_worker_without_a_record_is_explained_by_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from deepjimu.launch import _failure_line
+    from deepjimu.worker import UNREPORTED_EXIT
+
+    failed = RuntimeError("ChildFailedError")
+    failed.failures = {1: SimpleNamespace(exitcode=UNREPORTED_EXIT)}  # type: ignore[attr-defined]
+    gone = tmp_path / "gone"
+    assert _failure_line(gone, failed) == (
+        f"run folder {gone} was removed while the run was going; start the run again"
+    )
+    assert not gone.exists(), "nothing written back into a removed folder"
+    head = f"worker 1 failed and could not write its error record in {tmp_path}"
+    free = shutil.disk_usage(tmp_path).free
+    if free >= 2**20:
+        assert _failure_line(tmp_path, failed).startswith(f"{head} (")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(free=0))
+    assert _failure_line(tmp_path, failed) == (
+        f"{head}: no space left on the disk of {tmp_path} (0 B free); free space there or "
+        "pick a --runs-dir on a disk with room"
+    )
+
+
+def test_a_new_run_in_a_failed_run_s_folder_shows_none_of_its_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "worker-errors.log").write_text("--- rank 0\nan old run's traceback")  # no events
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the worker runs in this process
+    cfg = RunConfig(strategy="local", model="mlp:16x1", epochs=1, quiet=True, omp_wait="passive",
+                    runs_dir=str(tmp_path), name="r")  # fmt: skip
+    assert train(cfg) is not None
+    assert not (run / "worker-errors.log").exists()
+    for name in ("config.json", "summary.json", "events.jsonl"):  # the user's umask, 022 here
+        assert (run / name).stat().st_mode & 0o777 == 0o666 & ~_umask(), name
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deepjimu import launch
+    from deepjimu.memory import WORKER_BYTES
+    from deepjimu.threads import plan_threads
+
+    monkeypatch.setattr(launch, "available_memory", lambda: 3 * WORKER_BYTES)
+    cfg = RunConfig(
+        strategy="ddp", workers=3, epochs=1, quiet=True, runs_dir=str(tmp_path), name="m"
+    )
+    with pytest.raises(JimuError) as e:
+        train(cfg, plan_threads(3, cores=2, busy=0))
+    assert re.fullmatch(
+        r"3 workers need about 9\d\d\.\d MB of memory \(3\d\d\.\d MB each: a process with torch "
+        r"loaded, the data and the model\), more than 80% of the 900\.0 MB available; give "
+        r"--workers 2 or fewer",
+        str(e.value),
+    ), str(e.value)
+    assert not (tmp_path / "m").exists(), "refused before the run folder exists"
+    # more workers than cores: said once, as a warning, before anything else
+    assert capsys.readouterr().err == (
+        "warning: 3 workers on 2 cores take turns on them, each slower than alone; "
+        "--workers 2 gives each worker a core\n"
+    )
+
+
+def test_a_probe_runs_in_a_folder_named_as_a_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepjimu import launch
+
+    seen = []
+
+    def workers(cfg: RunConfig, out_dir: Path, plan: object, job: str, factory: object) -> dict:
+        seen.append((out_dir, job))
+        return {"probe": {}, "choice": "none", "text": ""}
+
+    monkeypatch.setattr(launch, "_run_workers", workers)
+    launch.probe(RunConfig(strategy="local", workers=2, quiet=True, runs_dir=str(tmp_path)))
+    ((out_dir, job),) = seen
+    assert re.fullmatch(r"probe-ddp-digits-\d{8}-\d{6}", out_dir.name) and job == "probe"

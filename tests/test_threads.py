@@ -51,6 +51,8 @@ def test_env_and_record_name_what_the_workers_need() -> None:
     assert quiet.env()["OMP_WAIT_POLICY"] is None and quiet.matches({})
     assert plan.record()["busy_elsewhere"] == 1 and plan.record()["omp_wait"] == "passive"
     assert "1 other busy, oversubscribed: OpenMP wait passive" in plan.describe()
+    one = plan_threads(1, cores=1, environ=QUIET, busy=0).describe()
+    assert one.startswith("1 worker x 1 thread on 1 core:"), one
 
 
 @pytest.mark.parametrize("bad", [{"processes": 0}, {"threads": -1}, {"wait": "spin"}])

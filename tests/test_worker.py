@@ -1,14 +1,16 @@
-"""The worker's parts that need no run: device choice, run folders, error records."""
+"""The worker's parts that need no run: device choice, run folders, error records (and when none can be written)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from deepjimu import worker
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.worker import (
@@ -61,3 +63,57 @@ def test_a_failing_worker_leaves_its_error_for_the_launcher(
         record["message"].startswith("unknown strategy 'nope'")
         and "Traceback" in record["traceback"]
     )
+
+
+def test_a_probe_s_folder_is_named_as_a_probe(tmp_path: Path) -> None:
+    cfg = RunConfig(strategy="ddp", dataset="digits", runs_dir=str(tmp_path))
+    assert re.fullmatch(r"probe-ddp-digits-\d{8}-\d{6}", default_run_name(cfg, "probe"))
+    assert run_dir_of(cfg, "probe").name.startswith("probe-ddp-digits-")
+    assert run_dir_of(cfg).name.startswith("ddp-digits-")
+
+
+@pytest.mark.parametrize("why", ["folder removed", "disk full"])
+def test_an_error_record_that_cannot_be_written_leaves_nothing_and_is_noted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    monkeypatch.setattr(worker, "_unreported", False)
+    folder = tmp_path / "run"
+    if why == "disk full":
+        folder.mkdir()
+
+        def full(path: Path, text: str) -> None:
+            raise JimuError(f"cannot write {path}: no space left on the disk of {path.parent}")
+
+        monkeypatch.setattr(worker, "atomic_write_text", full)
+    worker._report(folder, 0, JimuError("checkpoint at step 2 not written"))
+    assert worker._unreported, "the worker leaves with UNREPORTED_EXIT"
+    if why == "folder removed":
+        assert not folder.exists(), "a removed run folder stays removed"
+    else:
+        assert list(folder.iterdir()) == [], "no empty .errors folder"
+
+
+def test_a_run_folder_removed_under_a_one_worker_run_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepjimu.launch import train
+    from deepjimu.run import Run
+
+    begin = Run.begin_fit
+
+    def removed(run: Run) -> None:  # the user's rm -rf, just as training starts
+        shutil.rmtree(run.out_dir)
+        begin(run)
+
+    monkeypatch.setattr(Run, "begin_fit", removed)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # so the worker runs in this process
+    folder = tmp_path / "r"
+    cfg = RunConfig(strategy="local", model="mlp:16x1", epochs=2, quiet=True, omp_wait="passive",
+                    runs_dir=str(tmp_path), name="r")  # fmt: skip
+    with pytest.raises(JimuError) as e:
+        train(cfg)
+    assert (
+        str(e.value)
+        == f"run folder {folder} was removed while the run was going; start the run again"
+    )
+    assert not folder.exists()

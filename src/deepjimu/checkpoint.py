@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import pickle
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from deepjimu.atomic import atomic_path, atomic_write_text
+from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
 from deepjimu.errors import JimuError
 from deepjimu.events import EventLog
-from deepjimu.rundir import latest_checkpoint
+from deepjimu.rundir import MORE_ROOM, latest_checkpoint
 
-__all__ = ["Checkpoint", "Checkpointer"]
+__all__ = ["Checkpoint", "Checkpointer", "load_file"]
 
 # every rank reads and writes the one run folder: across machines it must be shared
 _SHARED = (
@@ -89,8 +90,10 @@ class Checkpointer:
 
     def last_text(self) -> str:
         """Where the latest checkpoint is, or "none" (for error messages)."""
-        latest = self.dir / "latest"
-        return str(self.dir / latest.read_text().strip()) if latest.exists() else "none"
+        try:
+            return str(self.dir / (self.dir / "latest").read_text().strip())
+        except OSError:  # none yet, or the run folder is gone
+            return "none"
 
     def save(
         self,
@@ -118,24 +121,38 @@ class Checkpointer:
         if self.resumed is not None and self.resumed.step == step:
             return final
         counters = self.bookkeeping.gather_objects(self.counters.state())
-        if self.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.bookkeeping.barrier()
-        _torch_save_atomic(rank_state, tmp / f"rank{self.rank}.pt")
-        if self.is_main and model is not None:
-            _torch_save_atomic(_cpu_state(model), tmp / "model.pt")
-        self.bookkeeping.barrier()
+
+        def start() -> None:
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                # not parents=True: a run folder removed under the run must stay removed
+                self.dir.mkdir(exist_ok=True)
+                tmp.mkdir()
+
+        def states() -> None:
+            if not self.is_main:  # on a machine without the shared folder: a copy of its
+                tmp.mkdir(parents=True, exist_ok=True)  # own, which rank 0 finds missing below
+            _torch_save(rank_state, tmp / f"rank{self.rank}.pt")
+            if self.is_main and model is not None:
+                _torch_save(_cpu_state(model), tmp / "model.pt")
+
+        self._each(start, step, tmp, final)
+        self._each(states, step, tmp, final)
         lost = None  # (rank, path) of a state file missing where rank 0 looks
         if self.is_main:
             files = [(r, tmp / f"rank{r}.pt") for r in range(self.world)]
             lost = next(((r, str(f)) for r, f in files if not f.exists()), None)
         lost = self.bookkeeping.broadcast_object(lost)
         if lost is not None:
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise JimuError(
                 f"checkpoint: {lost[1]} is missing after worker {lost[0]} wrote it; {_SHARED}"
             )
-        if self.is_main:
+
+        def publish() -> None:
+            if not self.is_main:
+                return
             meta = {
                 "step": step,
                 "epoch": epoch,
@@ -146,7 +163,7 @@ class Checkpointer:
                 "counters": counters,
                 "config": self.cfg.to_dict(),
             }
-            atomic_write_text(tmp / "meta.json", json.dumps(meta))
+            (tmp / "meta.json").write_text(json.dumps(meta))
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
             atomic_write_text(self.dir / "latest", final.name)
@@ -154,8 +171,50 @@ class Checkpointer:
             for old in [*self.dir.glob("step-*"), *self.dir.glob(".tmp-step-*")]:
                 if old.name != final.name:
                     shutil.rmtree(old, ignore_errors=True)
-        self.bookkeeping.barrier()
+
+        self._each(publish, step, tmp, final)
         return final
+
+    def _each(self, write: Callable[[], None], step: int, tmp: Path, final: Path) -> None:
+        """Collective: this rank's part of writing checkpoint ``step``; if a rank's part
+        failed, every rank raises that rank's line, once rank 0 has removed what the
+        unfinished checkpoint left (``tmp``, or ``final`` where ``latest`` does not name it).
+
+        The files inside ``tmp`` need no atomic writes of their own: the folder is renamed
+        into place whole. So a full disk shows here as the OSError of the write itself.
+        """
+        failed = None
+        try:
+            write()
+        except OSError as e:
+            what = f"checkpoint at step {step} not written"
+            if no_space(e):
+                failed = str(space_error(self.dir, e, what, MORE_ROOM))
+            else:
+                failed = f"{what}: {e.filename or tmp}: {e.strerror or e}"
+        except JimuError as e:  # atomic_write_text of `latest`: no room for it
+            failed = f"checkpoint at step {step} not written: {e}"
+        failures = [f for f in self.bookkeeping.gather_objects(failed) if f is not None]
+        if not failures:
+            return
+        if self.is_main:
+            self._drop_unfinished(tmp, final)
+        last = self.last_text()
+        kept = (
+            f"the last complete one, {last}, is kept" if last != "none" else "no earlier checkpoint"
+        )
+        raise JimuError(f"{failures[0]} ({kept})")
+
+    def _drop_unfinished(self, tmp: Path, final: Path) -> None:
+        """Rank 0: remove what a checkpoint that failed left behind (no debris)."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        latest = self.dir / "latest"
+        with contextlib.suppress(OSError):
+            named = latest.read_text().strip() if latest.exists() else None
+            if named != final.name:
+                shutil.rmtree(final, ignore_errors=True)
+            if not any(self.dir.iterdir()):  # the run's first checkpoint failed
+                self.dir.rmdir()
 
     def load(self, run_dir: Path | None = None) -> Checkpoint | None:
         """Collective: the latest complete checkpoint of ``run_dir`` (default: this run), or None.
@@ -191,7 +250,8 @@ class Checkpointer:
         folder, meta = found
         if meta["world"] != self.world:
             raise JimuError(
-                f"checkpoint {folder} was written by {meta['world']} workers; "
+                f"checkpoint {folder} was written by {meta['world']} "
+                f"worker{'s' if meta['world'] != 1 else ''}; "
                 f"resume with --workers {meta['world']} (workers: {self.world})"
             )
         needs = (folder / "model.pt", folder / f"rank{self.rank}.pt")
@@ -201,13 +261,15 @@ class Checkpointer:
         for r, path in enumerate(missing):
             if path is not None:
                 raise JimuError(f"checkpoint: worker {r} cannot find {path}; {_SHARED}")
+        loaded = None
         try:
-            model_state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
-            rank_state = torch.load(
-                folder / f"rank{self.rank}.pt", map_location="cpu", weights_only=True
-            )
-        except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-            raise JimuError(f"checkpoint {folder} is damaged: {e}") from None
+            model_state = load_file(folder / "model.pt")
+            rank_state = load_file(folder / f"rank{self.rank}.pt")
+        except JimuError as e:
+            loaded = str(e)
+        damaged = [d for d in self.bookkeeping.gather_objects(loaded) if d is not None]
+        if damaged:  # every rank refuses, with the first damaged file's line
+            raise JimuError(damaged[0])
         counters = meta.get("counters")
         return Checkpoint(
             meta["step"],
@@ -256,9 +318,38 @@ class Checkpointer:
         )
 
 
-def _torch_save_atomic(obj: Any, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+def load_file(path: Path, what: str = "checkpoint file") -> Any:
+    """``torch.load`` of a file deepjimu wrote (``model.pt``, ``rank<r>.pt``, ``what`` in
+    the message): tensors and plain containers only (``weights_only``), on the CPU.
+
+    torch's own message for a file it cannot read advises ``weights_only=False``, which
+    would run whatever code a damaged or tampered file holds: it is never passed on.
+
+    Raises:
+        JimuError: the file is missing or damaged (named, with what to do).
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise JimuError(f"{what} {path} is missing") from None
+    except Exception:  # random bytes, a cut-short zip, a foreign pickle: all the same to the user
+        raise JimuError(
+            f"{what} {path} is damaged (torch cannot read it); restore it from a copy, or "
+            "start the run again in a new folder"
+        ) from None
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` into a new file, a failed write raised as the OSError that says why."""
+    with open(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            # torch's writer reports a failed write as "unexpected pos ..."; the OSError
+            # that says why (no space left, ...) is the context it was raised in
+            if isinstance(e.__context__, OSError):
+                raise e.__context__ from None
+            raise
 
 
 def _cpu_state(model: nn.Module) -> dict[str, Any]:

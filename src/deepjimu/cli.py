@@ -202,6 +202,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     print(
         f"{s['strategy']} x{s['workers']} on {s['dataset']} ({s['model']}): "
         f"test_acc {acc:.4f}, train_acc {s.get('train_acc') or 0:.4f}, "
-        f"{s['epochs']} epochs in {s['fit_s']:.1f} s (training {s['train_s']:.1f} s, "
+        f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} in {s['fit_s']:.1f} s "
+        f"(training {s['train_s']:.1f} s, "
         f"evaluation {s['eval_s']:.1f} s; {s['time_s']:.1f} s since the start)"
     )

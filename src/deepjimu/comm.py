@@ -69,7 +69,8 @@ class Comm:
     that a library sends: DDP's all-reduce buckets, pipelining's P2P ops), so
     ``bytes_sent`` / ``bytes_recv`` are the real payloads. For a collective the payload
     handed to it is counted once as sent and once as received; the wire traffic of the
-    collective's algorithm is not guessed.
+    collective's algorithm is not guessed. In a group of one rank nothing is counted:
+    nothing leaves the process.
 
     Example:
         >>> comm = Comm(CommStats())
@@ -79,12 +80,27 @@ class Comm:
     def __init__(self, stats: CommStats, group: dist.ProcessGroup | None = None) -> None:
         self.stats = stats
         self.group = group
+        self._world: int | None = None  # the group's size, once known (_alone)
 
     def _sync(self, t: Tensor) -> bool:
         return t.is_cuda
 
+    def _alone(self) -> bool:
+        """True if the Comm's group has one rank (no group at all: a count in a test)."""
+        if self._world is None:
+            if not dist.is_initialized():
+                return False
+            self._world = dist.get_world_size(self.group)
+        return self._world == 1
+
     def count(self, sent: int = 0, recv: int = 0, kind: str | None = None) -> None:
-        """Record bytes that a library moved on this rank's behalf (``kind``: an optional label)."""
+        """Record bytes that a library moved on this rank's behalf (``kind``: an optional label).
+
+        In a group of one rank nothing moves (a collective there is a local copy at most),
+        so nothing is counted.
+        """
+        if self._alone():
+            return
         self.stats.bytes_sent += sent
         self.stats.bytes_recv += recv
         self.stats.messages += 1
@@ -127,7 +143,8 @@ class Comm:
         Comm's own group.
         """
         mine = dist.get_rank() == src
-        self.count(sent=nbytes(t) if mine else 0, recv=0 if mine else nbytes(t), kind=kind)
+        if group is None or dist.get_world_size(group) > 1:
+            self.count(sent=nbytes(t) if mine else 0, recv=0 if mine else nbytes(t), kind=kind)
         work = dist.broadcast(
             t, src, group=group if group is not None else self.group, async_op=True
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from deepjimu.atomic import atomic_write_text
+from deepjimu.atomic import append_whole, atomic_write_text
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
@@ -110,7 +110,7 @@ class EventLog:
 
     def progress_at(self, n: int) -> None:
         """Move the progress bar to ``n`` (after a resume)."""
-        if self._bar is not None:
+        if self._bar is not None and n != self._bar.n:  # tqdm drew n = 0 as it started
             self._bar.n = n
             self._bar.refresh()
 
@@ -151,8 +151,7 @@ class EventLog:
             event["resumed"], self._resume_note = self._resume_note, None
         if not self.is_main:
             return event
-        with open(self.path, "a") as f:
-            f.write(json.dumps(event) + "\n")
+        append_whole(self.path, json.dumps(event) + "\n")
         if self._bar is not None:
             post = {
                 k: f"{event[k]:.4f}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -14,15 +15,21 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepjimu.atomic import atomic_write_text
+import torch
+
+from deepjimu.atomic import atomic_write_text, space_error
 from deepjimu.config import RunConfig
-from deepjimu.data import DataOptions, load_dataset
+from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.memory import available_memory, check_workers_fit, worker_bytes
+from deepjimu.models import build_model
 from deepjimu.precision import check_precision
-from deepjimu.rundir import check_new, check_resume, latest_checkpoint, lock_run_dir
+from deepjimu.report import format_bytes
+from deepjimu.rundir import MORE_ROOM, check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
 from deepjimu.validation import validate
 from deepjimu.worker import (
+    UNREPORTED_EXIT,
     ModelFactory,
     error_dir,
     pick_device,
@@ -35,6 +42,12 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["probe", "train"]
+
+# where a failed run's workers' tracebacks go
+_ERRORS_LOG = "worker-errors.log"
+# a disk with less free space than this could not hold a worker's error record (a few KB,
+# in whole blocks): a worker that could not write one found it full
+_FULL_BELOW = 2**20
 
 
 def train(
@@ -104,7 +117,8 @@ def _start(
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
             return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
-        cfg = validate(cfg, _model(model_factory))
+        model = _model(model_factory)
+        cfg = validate(cfg, model)
         assert cfg.workers is not None
         if cfg.resume:
             check_resume(cfg)
@@ -113,8 +127,9 @@ def _start(
         # tf32 on a CPU fail here, before the run folder exists
         check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
         # read (and download) the data once here, so bad files fail before any worker starts
-        load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-        out_dir = run_dir_of(cfg)
+        data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+        _check_machine(cfg, plan, data, model)
+        out_dir = run_dir_of(cfg, job)
         with lock_run_dir(out_dir):
             if not cfg.resume:
                 check_new(out_dir)
@@ -122,6 +137,37 @@ def _start(
                 return _run_workers(cfg, out_dir, plan, job, model_factory)
             except Interrupted as e:
                 raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
+
+
+def _check_machine(
+    cfg: RunConfig, plan: ThreadPlan, data: DataSplits, model: nn.Module | None
+) -> None:
+    """Before any worker starts: refuse more workers than the memory holds, and say once
+    when they outnumber the cores (they run, each slower).
+
+    The memory a worker takes is estimated (:func:`deepjimu.memory.worker_bytes`) from the
+    data and the model: the factory's (``model``), else ``cfg.model``'s, built on the meta
+    device (shapes without memory).
+
+    Raises:
+        JimuError: the workers would take more than their share of the available memory.
+    """
+    assert cfg.workers is not None
+    if cfg.workers > plan.cores:
+        print(
+            f"warning: {cfg.workers} workers on {plan.cores} core{'s' if plan.cores > 1 else ''} "
+            f"take turns on them, each slower than alone; --workers {plan.cores} gives each "
+            "worker a core",
+            file=sys.stderr,
+            flush=True,
+        )
+    if model is None:
+        with torch.device("meta"):
+            model = build_model(cfg.model, data.feature_shape, data.num_classes)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    splits = (data.train_x, data.train_y, data.val_x, data.val_y, data.test_x, data.test_y)
+    data_bytes = sum(t.numel() * t.element_size() for t in splits)
+    check_workers_fit(cfg.workers, worker_bytes(model_bytes, data_bytes), available_memory())
 
 
 def _model(model_factory: ModelFactory | None) -> nn.Sequential | None:
@@ -138,7 +184,9 @@ def _run_workers(
 ) -> dict[str, Any] | None:
     assert cfg.workers is not None
     cfg_dict = {**cfg.to_dict(), "download": False}
+    # an earlier run's errors (a failed run leaves them; a new run may reuse its name)
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
+    (out_dir / _ERRORS_LOG).unlink(missing_ok=True)
     if not cfg.quiet:
         print(f"threads: {plan.describe()}", flush=True)
     if cfg.workers == 1 and not cfg.max_restarts and plan.matches(os.environ):
@@ -231,9 +279,13 @@ def _failure_line(out_dir: Path, err: Exception) -> str:
     """One line naming the worker whose failure caused the others' and its error.
 
     Peers of a failed worker fail next with connection errors, so the cause is, in order:
-    a user error (JimuError) that a worker reported; a worker that died without reporting
-    (killed by a signal, out of memory); else the earliest reported error.
+    the run folder removed under the run; a user error (JimuError) that a worker reported;
+    a worker that died without reporting (killed by a signal, out of memory, or unable to
+    write its record: a full disk); else the earliest reported error. The records are
+    removed; their tracebacks go to ``worker-errors.log`` where the disk has room.
     """
+    if not out_dir.is_dir():  # nothing to read, and nothing to write back into it
+        return f"run folder {out_dir} was removed while the run was going; start the run again"
     found = []
     for f in error_dir(out_dir).glob("rank*.json"):
         try:
@@ -243,11 +295,15 @@ def _failure_line(out_dir: Path, err: Exception) -> str:
     # after restarts, only the last attempt's errors explain the failure
     last = max((r.get("attempt", 0) for r in found), default=0)
     records = {r["rank"]: r for r in found if r.get("attempt", 0) == last}
+    log: Path | None = None
     if records:
-        log = out_dir / "worker-errors.log"
         text = "\n".join(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))
-        atomic_write_text(log, text)
-        shutil.rmtree(error_dir(out_dir), ignore_errors=True)
+        try:
+            atomic_write_text(out_dir / _ERRORS_LOG, text)
+            log = out_dir / _ERRORS_LOG
+        except (OSError, JimuError):  # the line below says what matters
+            pass
+    shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     users = sorted((r for r in records.values() if r["user_error"]), key=lambda r: r["time"])
     if users:
         return f"worker {users[0]['rank']}: {_first_line(users[0]['message'])}"
@@ -255,12 +311,28 @@ def _failure_line(out_dir: Path, err: Exception) -> str:
     for rank, failure in sorted(failures.items()):
         if rank not in records:
             code = failure.exitcode
+            if code == UNREPORTED_EXIT:
+                return _unreported_line(rank, out_dir)
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             return f"worker {rank} died ({how}) without reporting an error"
     if not records:
         return f"a worker failed: {_first_line(str(err))}"
     first = min(records.values(), key=lambda r: r["time"])
-    return f"worker {first['rank']} failed: {_first_line(first['message'])} (tracebacks in {out_dir / 'worker-errors.log'})"
+    where = f" (tracebacks in {log})" if log is not None else ""
+    return f"worker {first['rank']} failed: {_first_line(first['message'])}{where}"
+
+
+def _unreported_line(rank: int, out_dir: Path) -> str:
+    """The line for a worker that failed and could not write its error record: from what
+    needs no record, the run folder's free space (a full disk is the usual cause)."""
+    head = f"worker {rank} failed and could not write its error record in {out_dir}"
+    try:
+        free = shutil.disk_usage(out_dir).free
+    except OSError:
+        return head
+    if free < _FULL_BELOW:
+        return str(space_error(out_dir, OSError(errno.ENOSPC, "full"), head, MORE_ROOM))
+    return f"{head} ({format_bytes(free)} free there)"
 
 
 def _first_line(text: str) -> str:

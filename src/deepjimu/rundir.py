@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from deepjimu.atomic import no_space, space_error
 from deepjimu.config import ConfigErrors, RunConfig
 from deepjimu.errors import JimuError
 
 __all__ = [
+    "MORE_ROOM",
     "RESUME_KEEPS",
     "check_new",
     "check_resume",
@@ -25,6 +27,9 @@ __all__ = [
     "lock_run_dir",
     "saved_config",
 ]
+
+# what to do when the run folder's disk has no room left (after "free space there or")
+MORE_ROOM = "pick a --runs-dir on a disk with room"
 
 # what a resumed run must share with its checkpoint: the state's shapes (strategy, workers,
 # model) and the data it was trained on (the split depends on the seed and the fractions)
@@ -147,7 +152,7 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
 
     Raises:
         JimuError: another process holds the lock (its pid is named), or the folder cannot
-            be created.
+            be created, or its disk has no room for the lock's few bytes.
     """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -163,8 +168,15 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
                 f"run folder {run_dir} is in use by another run (pid {holder}); "
                 "wait for it to end or pick another --name"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            if no_space(e):
+                raise space_error(
+                    run_dir, e, f"cannot start a run in {run_dir}", MORE_ROOM
+                ) from None
+            raise
         yield
     finally:
         os.close(fd)  # releases the lock

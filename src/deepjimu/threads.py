@@ -161,8 +161,9 @@ class ThreadPlan:
         over += ", oversubscribed" if self.oversubscribed else ""
         s = "s" if self.threads > 1 else ""
         w = "s" if self.processes > 1 else ""
+        c = "s" if self.cores > 1 else ""
         return (
-            f"{self.processes} worker{w} x {self.threads} thread{s} on {self.cores} cores{over}: "
+            f"{self.processes} worker{w} x {self.threads} thread{s} on {self.cores} core{c}{over}: "
             f"OpenMP wait {self.wait} ({self.source})"
         )
 

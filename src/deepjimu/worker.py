@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from deepjimu.atomic import atomic_write_text
+from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.choices import Device
 from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
@@ -29,7 +29,7 @@ from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
 from deepjimu.report import best_validation, read_events
 from deepjimu.run import Run
-from deepjimu.rundir import check_new, lock_run_dir
+from deepjimu.rundir import MORE_ROOM, check_new, lock_run_dir
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import accuracies
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
@@ -53,18 +53,27 @@ _TIMEOUT = datetime.timedelta(minutes=30)
 _LINGER_S = 0.5
 # key in torch elastic's job store: the run folder this torchrun job owns (see _claim)
 _CLAIM_KEY = "deepjimu/run_dir"
+# the exit code of a spawned worker that failed and could not write its error record (a
+# full disk, a removed run folder): sysexits' "cannot create output file". The launcher
+# then says what it can without the record (launch._failure_line)
+UNREPORTED_EXIT = os.EX_CANTCREAT
+# set in a worker whose error record could not be written (spawned_worker's exit code)
+_unreported = False
 
 
-def default_run_name(cfg: RunConfig) -> str:
-    """``<strategy>-<dataset>-<YYYYmmdd-HHMMSS>``."""
-    return f"{cfg.strategy}-{cfg.dataset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+def default_run_name(cfg: RunConfig, job: str = "train") -> str:
+    """``<strategy>-<dataset>-<YYYYmmdd-HHMMSS>``; a probe's ``probe-<strategy>-...``, so
+    that its folder (which holds only ``probe.json``) does not read as a run's."""
+    name = f"{cfg.strategy}-{cfg.dataset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    return f"probe-{name}" if job == "probe" else name
 
 
-def run_dir_of(cfg: RunConfig) -> Path:
-    """The run folder of ``cfg``: the one it resumes, else ``<runs-dir>/<name>``."""
+def run_dir_of(cfg: RunConfig, job: str = "train") -> Path:
+    """The run folder of ``cfg``: the one it resumes, else ``<runs-dir>/<name>`` (``job``:
+    ``train`` or ``probe``, for the default name)."""
     if cfg.resume:
         return Path(cfg.resume)
-    return Path(cfg.runs_dir) / (cfg.name or default_run_name(cfg))
+    return Path(cfg.runs_dir) / (cfg.name or default_run_name(cfg, job))
 
 
 def error_dir(out_dir: Path) -> Path:
@@ -125,16 +134,31 @@ def worker_main(
         return _work(cfg, folder, plan, job, model_factory)
     except BaseException as e:
         if folder is not None and report_errors:
-            record = {
-                "rank": rank,
-                "attempt": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
-                "time": time.time(),
-                "user_error": isinstance(e, JimuError),
-                "message": str(e) if isinstance(e, JimuError) else f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc(),
-            }
-            atomic_write_text(error_dir(folder) / f"rank{rank}.json", json.dumps(record))
+            _report(folder, rank, e)
         raise
+
+
+def _report(folder: Path, rank: int, e: BaseException) -> None:
+    """Write the error record of ``e`` for the launcher, or note that it could not be
+    written (:data:`UNREPORTED_EXIT`): never where the run folder itself is gone, which
+    would bring back a folder the user removed."""
+    global _unreported
+    record = {
+        "rank": rank,
+        "attempt": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
+        "time": time.time(),
+        "user_error": isinstance(e, JimuError),
+        "message": str(e) if isinstance(e, JimuError) else f"{type(e).__name__}: {e}",
+        "traceback": traceback.format_exc(),
+    }
+    errors = error_dir(folder)
+    try:
+        errors.mkdir(exist_ok=True)  # not parents: see above
+        atomic_write_text(errors / f"rank{rank}.json", json.dumps(record))
+    except (OSError, JimuError):
+        _unreported = True
+        with contextlib.suppress(OSError):
+            errors.rmdir()  # only if empty: no other worker's record in it
 
 
 def spawned_worker(
@@ -148,8 +172,8 @@ def spawned_worker(
     :mod:`deepjimu.leave` says (multiprocessing would end it with ``sys.exit``).
 
     After a signal the worker has unwound and leaves at once, with 128 + the signal (130
-    after Ctrl-C). After an error it has written its error record, and leaves with 1 after
-    :data:`_LINGER_S`: torch elastic reports only the first exit it sees, and a peer that
+    after Ctrl-C). After an error it has written its error record, and leaves with 1 (or
+    :data:`UNREPORTED_EXIT` where it could not write it) after :data:`_LINGER_S`: torch elastic reports only the first exit it sees, and a peer that
     died without a word (SIGKILL, the out-of-memory killer) must be that one, so that
     the launcher can say how it died. After a summary the worker returns it to torch
     elastic, which passes it on, and leaves with 0 when the shutdown begins.
@@ -161,7 +185,7 @@ def spawned_worker(
         leave(getattr(e, "exit_code", 130))
     except Exception:
         time.sleep(_LINGER_S)
-        leave(1)
+        leave(UNREPORTED_EXIT if _unreported else 1)
     leave_at_exit(0)
     return summary
 
@@ -207,18 +231,42 @@ def _work(
     try:
         with contextlib.ExitStack() as held:
             if out_dir is None:  # started by torchrun: rank 0 claims the run folder
-                out_dir, resume, how = _claim(cfg, rank, world, store, attempt, held)
+                out_dir, resume, how = _claim(cfg, rank, world, store, attempt, held, job)
             elif attempt > 0:  # restarted by our launcher, which holds the folder
                 resume, how = out_dir, f"restart {attempt}"
             else:
                 resume, how = (Path(cfg.resume) if cfg.resume else None), "--resume"
             with matmul_precision(cfg.precision, device):
-                if job == "probe":
-                    return _probe(cfg, out_dir, rank, world, device)
-                return _train(cfg, out_dir, rank, world, device, plan, resume, how, model_factory)
+                try:
+                    if job == "probe":
+                        return _probe(cfg, out_dir, rank, world, device)
+                    return _train(
+                        cfg, out_dir, rank, world, device, plan, resume, how, model_factory
+                    )
+                except Exception as e:
+                    problem = _folder_problem(out_dir, rank, e)
+                    if problem is None:
+                        raise
+                    raise problem from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _folder_problem(out_dir: Path, rank: int, e: Exception) -> JimuError | None:
+    """The one line for a failure that the run folder explains, else None: the folder was
+    removed while the run went (every later error follows from that; judged on rank 0,
+    which made it: on other machines it may be absent), or a write found no room on its
+    disk (the one that failed names its file; others, the folder)."""
+    if rank == 0 and not out_dir.is_dir():
+        return JimuError(
+            f"run folder {out_dir} was removed while the run was going; start the run again"
+        )
+    if no_space(e):
+        assert isinstance(e, OSError)
+        what = f"cannot write {e.filename}" if e.filename else "a write failed"
+        return space_error(out_dir, e, what, MORE_ROOM)
+    return None
 
 
 def _claim(
@@ -228,6 +276,7 @@ def _claim(
     store: dist.Store | None,
     attempt: int,
     held: contextlib.ExitStack,
+    job: str = "train",
 ) -> tuple[Path, Path | None, str]:
     """Collective, under torchrun: the run folder, where to resume from, and why.
 
@@ -244,7 +293,7 @@ def _claim(
             claimed = (
                 store.get(_CLAIM_KEY).decode() if store and store.check([_CLAIM_KEY]) else None
             )
-            folder = Path(claimed) if claimed else run_dir_of(cfg)
+            folder = Path(claimed) if claimed else run_dir_of(cfg, job)
             held.enter_context(lock_run_dir(folder))
             if claimed:
                 box[0] = ("ok", (folder, folder, f"restart {attempt}"))

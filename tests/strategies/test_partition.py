@@ -88,6 +88,9 @@ def test_stage_plan() -> None:
     interleaved = StagePlan((1, 1, 1, 1), world=2, how="list")
     assert interleaved.stages_of(0) == [0, 2] and interleaved.blocks_of(1) == [1, 3]
     assert interleaved.summary("pipeline").startswith("pipeline: 4 stages on 2 ranks")
+    one = StagePlan((4,), world=1, how="time")
+    assert one.summary("model-parallel") == "model-parallel: 1 stage, blocks [4], balance by time"
+    assert StagePlan((2, 2), world=1, how="list").summary("p").startswith("p: 2 stages on 1 rank,")
 
 
 def test_block_shapes() -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from deepjimu.checkpoint import load_file
 from deepjimu.config import ConfigErrors, RunConfig, option_fields
 from deepjimu.data.tensors import samples_and_labels, save_tensors, tensors_file
 from deepjimu.errors import JimuError, one_line
@@ -176,7 +177,7 @@ def fit(
         found = latest_checkpoint(folder)
         if summary is None or found is None:
             raise JimuError(f"fit: the run in {folder} left no summary or final checkpoint")
-        model.load_state_dict(torch.load(found[0] / "model.pt", weights_only=True))
+        model.load_state_dict(load_file(found[0] / "model.pt"))
         return Fitted(summary, model, folder if run_dir is not None or resume else None)
 
 
@@ -272,7 +273,7 @@ def _check_same_tensors(
     path = tensors_file(data_dir)
     if not path.exists():
         raise ValueError(f"resume: {path} is missing; resume a run folder that fit wrote")
-    saved = torch.load(path, weights_only=True)
+    saved = load_file(path, "tensors file")
     given = {"train_x": x, "train_y": y, "test_x": test_x, "test_y": test_y}
     for name, t in given.items():
         if not torch.equal(t.cpu(), saved[name]):

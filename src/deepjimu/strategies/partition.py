@@ -253,11 +253,10 @@ class StagePlan:
 
     def summary(self, name: str) -> str:
         """One line, e.g. ``pipeline: 2 stages, blocks [2, 2], balance by time``."""
-        per_rank = f" on {self.world} ranks" if self.n_stages != self.world else ""
-        return (
-            f"{name}: {self.n_stages} stages{per_rank}, blocks {list(self.sizes)}, "
-            f"balance by {self.how}"
-        )
+        ranks = "1 rank" if self.world == 1 else f"{self.world} ranks"
+        per_rank = f" on {ranks}" if self.n_stages != self.world else ""
+        stages = "1 stage" if self.n_stages == 1 else f"{self.n_stages} stages"
+        return f"{name}: {stages}{per_rank}, blocks {list(self.sizes)}, balance by {self.how}"
 
 
 def _bookkeeping_comm() -> Comm:

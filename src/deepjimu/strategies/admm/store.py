@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from deepjimu.errors import JimuError
+from deepjimu.memory import available_memory
 from deepjimu.report import format_bytes
 
 __all__ = ["SampleStore", "mount_type", "room"]
@@ -70,12 +71,10 @@ def room(directory: str) -> tuple[int, str]:
     try:
         with open("/proc/mounts") as f:
             kind = mount_type(directory, f.read())
-        if kind not in _IN_MEMORY:
-            return limit, how
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f if ":" in line)
-        available = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):  # not Linux: judged by its free space alone
+    except OSError:  # not Linux: judged by its free space alone
+        return limit, how
+    available = available_memory()
+    if kind not in _IN_MEMORY or available is None:
         return limit, how
     limit = min(limit, int(MEMORY_SHARE * available))
     return limit, f"{how}, a {kind}: memory, {format_bytes(available)} available"
