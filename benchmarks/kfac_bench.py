@@ -43,7 +43,8 @@ from typing import Any
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.report import format_bytes, read_events
+from deepjimu.report import read_events
+from deepjimu.units import format_bytes
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from typing import Any
 from deepjimu.compress.cost import CostModel
 from deepjimu.compress.probe import read_probe
 from deepjimu.errors import JimuError
-from deepjimu.report import format_bytes, read_events, read_summary
+from deepjimu.report import read_events, read_summary
+from deepjimu.units import format_bytes
 
 __all__ = ["main"]
 

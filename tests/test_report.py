@@ -17,7 +17,8 @@ import pytest
 
 from deepjimu.cli import main
 from deepjimu.errors import JimuError
-from deepjimu.report import best_validation, format_bytes, read_events, report, run_title, table
+from deepjimu.report import best_validation, read_events, report, run_title, table
+from deepjimu.units import format_bytes
 from processes import env
 
 

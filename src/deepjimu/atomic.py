@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from deepjimu.errors import JimuError
-from deepjimu.report import format_bytes
+from deepjimu.units import format_bytes
 
 __all__ = [
     "append_whole",

@@ -24,9 +24,9 @@ from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.memory import available_memory, check_workers_fit, worker_bytes
 from deepjimu.models import build_model
 from deepjimu.precision import check_precision
-from deepjimu.report import format_bytes
 from deepjimu.rundir import MORE_ROOM, check_new, check_resume, latest_checkpoint, lock_run_dir
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
+from deepjimu.units import format_bytes
 from deepjimu.validation import validate
 from deepjimu.worker import (
     UNREPORTED_EXIT,
@@ -256,7 +256,7 @@ def _launch_local(
             )
     except ChildFailedError as e:
         _end_bar_line(cfg_dict, out_dir)
-        raise JimuError(_failure_line(out_dir, e)) from None
+        raise JimuError(_failure_line(out_dir, e, workers)) from None
     except SignalException as e:  # the agent has stopped every worker
         _end_bar_line(cfg_dict, out_dir)
         shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # each says only: interrupted
@@ -275,8 +275,9 @@ def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:
         print(file=sys.stderr, flush=True)
 
 
-def _failure_line(out_dir: Path, err: Exception) -> str:
-    """One line naming the worker whose failure caused the others' and its error.
+def _failure_line(out_dir: Path, err: Exception, workers: int = 2) -> str:
+    """One line naming the worker whose failure caused the others' and its error (a run of
+    one worker reports a user error as it is: there is no other worker to tell it from).
 
     Peers of a failed worker fail next with connection errors, so the cause is, in order:
     the run folder removed under the run; a user error (JimuError) that a worker reported;
@@ -306,7 +307,8 @@ def _failure_line(out_dir: Path, err: Exception) -> str:
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     users = sorted((r for r in records.values() if r["user_error"]), key=lambda r: r["time"])
     if users:
-        return f"worker {users[0]['rank']}: {_first_line(users[0]['message'])}"
+        line = _first_line(users[0]["message"])
+        return line if workers == 1 else f"worker {users[0]['rank']}: {line}"
     failures = getattr(err, "failures", {})
     for rank, failure in sorted(failures.items()):
         if rank not in records:

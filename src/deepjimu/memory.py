@@ -7,7 +7,7 @@ import resource
 import torch
 
 from deepjimu.errors import JimuError
-from deepjimu.report import format_bytes
+from deepjimu.units import format_bytes
 
 __all__ = [
     "WORKERS_SHARE",

@@ -11,13 +11,13 @@ from typing import Any
 
 from deepjimu.atomic import atomic_write_bytes
 from deepjimu.errors import JimuError
+from deepjimu.units import format_bytes
 
 __all__ = [
     "accuracy_limits",
     "best_validation",
     "epoch_unit",
     "finite_number",
-    "format_bytes",
     "plot_run",
     "read_config",
     "read_event_log",
@@ -178,17 +178,6 @@ def finite_number(v: Any) -> float | None:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         else None
     )
-
-
-def format_bytes(n: float | None) -> str:
-    """``n`` bytes in B / KB / MB / GB (powers of 1024), e.g. ``12.1 MB``; ``-`` for None."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _fmt(value: Any, spec: str) -> str:

@@ -550,7 +550,7 @@ def _run(
     add_time_to_target(rows, target)
     write_csv(rows, out / "results.csv")
     title = f"{opts.dataset}, seed {opts.seed}, " + (
-        f"{opts.epochs} epochs" if opts.epochs else "default epochs"
+        f"{opts.epochs} epoch{'s' if opts.epochs != 1 else ''}" if opts.epochs else "default epochs"
     )
     plots = write_plots(rows, out, title, target)
     setup = {

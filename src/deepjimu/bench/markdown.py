@@ -8,7 +8,7 @@ from typing import Any
 from deepjimu.atomic import atomic_write_text
 from deepjimu.bench.results import Target, options_text, three_figures
 from deepjimu.bench.tune import Tuning
-from deepjimu.report import format_bytes
+from deepjimu.units import format_bytes
 
 __all__ = ["write_markdown"]
 

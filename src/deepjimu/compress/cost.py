@@ -40,7 +40,7 @@ from deepjimu.compress.qsgd import qsgd_payload_bytes
 from deepjimu.compress.spec import parse_compress
 from deepjimu.compress.topk import topk_k
 from deepjimu.errors import JimuError
-from deepjimu.report import format_bytes
+from deepjimu.units import format_bytes
 
 __all__ = ["CANDIDATES", "PROBED", "TIE", "CostModel", "Prediction", "format_predictions"]
 

@@ -50,8 +50,8 @@ from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
-from deepjimu.report import format_bytes
 from deepjimu.run import Run
+from deepjimu.units import format_bytes
 
 __all__ = [
     "SIZES",

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from deepjimu.errors import JimuError
 from deepjimu.memory import available_memory
-from deepjimu.report import format_bytes
+from deepjimu.units import format_bytes
 
 __all__ = ["SampleStore", "mount_type", "room"]
 

@@ -14,7 +14,6 @@ from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
-from deepjimu.report import format_bytes
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import (
     AdmmParams,
@@ -55,6 +54,7 @@ from deepjimu.strategies.partition import (
     partition,
     staged_metrics,
 )
+from deepjimu.units import format_bytes
 
 __all__ = ["AdmmStrategy", "weight_layers"]
 
