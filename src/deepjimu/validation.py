@@ -30,7 +30,7 @@ from deepjimu.strategies import get_strategy, strategy_names
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["defaults_line", "family_defaults", "validate"]
+__all__ = ["defaults_line", "does_not_apply", "family_defaults", "validate"]
 
 
 def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
@@ -131,15 +131,20 @@ def _misplaced(cfg: RunConfig, given: dict[str, str]) -> dict[str, str]:
     known = {f.name for f in option_fields()}
     out = {}
     for name, source in given.items():
-        why = _misfit(name, cfg) if name in known else None
+        why = does_not_apply(name, cfg) if name in known else None
         if why is not None:
             out[name] = option_label(name, source) + why
     return out
 
 
-def _misfit(name: str, cfg: RunConfig) -> str | None:
+def does_not_apply(name: str, cfg: RunConfig) -> str | None:
     """`` applies to ...; ... is not one`` when option ``name`` (or its value) does not apply
-    to ``cfg``; None when it does."""
+    to ``cfg``; None when it does.
+
+    Example:
+        >>> does_not_apply("rho", RunConfig(strategy="local"))
+        ' applies to strategy admm; strategy local is not one'
+    """
     family = dataset_family(cfg.dataset)
     applies = applies_of(name)
     value = getattr(cfg, name)
@@ -171,7 +176,7 @@ def family_defaults(cfg: RunConfig) -> dict[str, Any]:
         if k not in given and getattr(cfg, k) == own[k] and v != own[k]
     }
     candidate = dataclasses.replace(cfg, **table)
-    return {k: v for k, v in table.items() if _misfit(k, candidate) is None}
+    return {k: v for k, v in table.items() if does_not_apply(k, candidate) is None}
 
 
 def defaults_line(cfg: RunConfig) -> str | None:

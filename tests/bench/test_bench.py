@@ -16,7 +16,14 @@ import pytest
 
 import deepjimu.bench
 from deepjimu.bench.markdown import write_markdown
-from deepjimu.bench.matrix import Cell, option_argv, plan, split_variants, train_config
+from deepjimu.bench.matrix import (
+    Cell,
+    option_argv,
+    plan,
+    split_variants,
+    train_config,
+    train_options,
+)
 from deepjimu.bench.results import Target, add_speedups, read_csv
 from deepjimu.bench.runner import Outcome, error_line, measure, run_cell
 from deepjimu.bench.tune import tune_group, tuned_keys
@@ -49,12 +56,31 @@ def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> N
 
 
 def test_train_args_are_parsed_and_must_not_repeat_bench_flags() -> None:
-    cfg = train_config(["--batch-size", "32", "--lr", "0.01"], {"seed": 3, "epochs": None})
-    assert (cfg.batch_size, cfg.lr, cfg.seed) == (32, 0.01, 3)
+    options = train_options(["--batch-size", "32", "--lr", "0.01", "--no-error-feedback"])
+    assert options == (("batch_size", "32"), ("lr", "0.01"), ("error_feedback", "false"))
+    cfg = train_config(options, {"seed": 3, "epochs": None})
+    assert (cfg.batch_size, cfg.lr, cfg.seed, cfg.error_feedback) == (32, 0.01, 3, False)
     with pytest.raises(JimuError, match="must not set --workers"):
-        train_config(["--workers", "2"], {})
+        train_options(["--workers", "2"])
     with pytest.raises(JimuError, match="unrecognized arguments"):
-        train_config(["--no-such-flag", "1"], {})
+        train_options(["--no-such-flag", "1"])
+
+
+def test_an_option_given_every_run_is_left_out_where_it_does_not_apply() -> None:
+    base = train_config((("lr", "0.01"),), {})
+    cells = plan(base, ["local", "admm"], [1], ["mlp:16x1"], fixed=["lr"])
+    assert [(c.strategy, c.dropped, c.skip) for c in cells] == [
+        ("local", (), None),
+        ("admm", ("lr",), None),
+    ]
+    assert cells[1].argv((("lr", "0.01"),)) == [] and cells[0].argv((("lr", "0.01"),)) == [
+        "--lr",
+        "0.01",
+    ]
+    # of use to none of the runs: a mistake, in one line
+    with pytest.raises(ConfigErrors) as err:
+        plan(train_config((("rho", "2"),), {}), ["local", "ddp"], [1], ["mlp:16x1"], fixed=["rho"])
+    assert err.value.problems == ["--rho applies to strategy admm; strategy local is not one"]
 
 
 def test_comma_lists_of_one_value_options_become_matrix_dimensions() -> None:

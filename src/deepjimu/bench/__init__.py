@@ -40,6 +40,7 @@ from deepjimu.bench.matrix import (
     plan,
     split_variants,
     train_config,
+    train_options,
 )
 from deepjimu.bench.plots import write_plots
 from deepjimu.bench.results import (
@@ -466,21 +467,28 @@ def run_bench(opts: BenchOptions, resume: bool = False) -> Path:
         raise JimuError(
             f"--train-args cannot be split into flags: {e} (got {opts.train_args!r})"
         ) from None
-    train_argv = option_argv(fixed) + extra
-    cfg = train_config(train_argv, base)
+    train = fixed + train_options(extra)  # every run's options: the flags, then --train-args
+    cfg = train_config(train, base)
     if opts.tune:
         given = set(opts.flags) | set(vars(_given_train_flags(extra)))
         clash = sorted(tuned_keys(opts.strategies, cfg, opts.tune) & given)
         if clash:
             names = ", ".join("--" + k.replace("_", "-") for k in clash)
             raise JimuError(f"--tune sets {names} itself; do not give it as well")
-    cells = plan(cfg, list(opts.strategies), list(opts.workers), list(opts.models), variants)
+    cells = plan(
+        cfg, list(opts.strategies), list(opts.workers), list(opts.models), variants,
+        fixed=[k for k, _ in train],
+    )  # fmt: skip
+    for cell in cells:
+        if cell.dropped and not cell.skip:
+            left = ", ".join("--" + k.replace("_", "-") for k in cell.dropped)
+            print(f"{cell.label}: {left} left out (applies elsewhere in this bench, not here)")
     with lock_run_dir(out):  # a second bench, or --resume, in this folder meanwhile is refused
-        return _run(opts, resume, cells, cfg, train_argv)
+        return _run(opts, resume, cells, cfg, train)
 
 
 def _run(
-    opts: BenchOptions, resume: bool, cells: list[Cell], cfg: RunConfig, train_argv: list[str]
+    opts: BenchOptions, resume: bool, cells: list[Cell], cfg: RunConfig, train: Options
 ) -> Path:
     """:func:`run_bench` once the matrix is checked and the bench folder is locked."""
     out = opts.out_dir
@@ -498,7 +506,7 @@ def _run(
     try:
         if opts.tune and tunings is None:
             shutil.rmtree(out / "tune", ignore_errors=True)  # a stopped tuning starts again
-            tunings = _tune(cells, cfg, opts, train_argv)
+            tunings = _tune(cells, cfg, opts, train)
             _write_record(opts, tunings)
         chosen = {(t.strategy, t.model, t.options): t.choice for t in tunings or []}
         rows = [_row(c, chosen.get(c.group, ())) for c in cells]
@@ -512,7 +520,7 @@ def _run(
             flush=True,
         )
         for i, (cell, row) in enumerate(todo, start=1):
-            argv = train_argv + option_argv(cell.options + chosen.get(cell.group, ()))
+            argv = cell.argv(train, chosen.get(cell.group, ()))
             cmd = train_command(
                 cell, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, argv
             )
@@ -560,7 +568,7 @@ def _run(
         "seed": opts.seed,
         "epochs": opts.epochs,
         "target": target,
-        "train_args": shlex.join(train_argv),
+        "train_args": shlex.join(option_argv(train)),
         "host": f"{platform.node()} ({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs)",
         "date": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
         "elapsed_s": time.perf_counter() - t0,
@@ -607,7 +615,7 @@ def _given_train_flags(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _tune(cells: list[Cell], cfg: Any, opts: BenchOptions, train_argv: list[str]) -> list[Tuning]:
+def _tune(cells: list[Cell], cfg: Any, opts: BenchOptions, train: Options) -> list[Tuning]:
     """Run the tuning trials of every group of ``cells``; print them as they finish."""
     groups: dict[tuple[str, str, Options], list[Cell]] = {}
     for c in cells:
@@ -615,8 +623,8 @@ def _tune(cells: list[Cell], cfg: Any, opts: BenchOptions, train_argv: list[str]
     runs_dir, logs = opts.out_dir / "tune" / "runs", opts.out_dir / "tune" / "logs"
 
     def run_trial(cell: Cell, setting: Options) -> tuple[str, str, float | None]:
-        trial = Cell(cell.strategy, cell.workers, cell.model, cell.options + setting)
-        argv = train_argv + option_argv(trial.options)
+        trial = dataclasses.replace(cell, options=cell.options + setting)
+        argv = trial.argv(train)
         cmd = train_command(
             trial, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, argv
         )

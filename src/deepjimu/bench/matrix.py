@@ -18,6 +18,7 @@ from deepjimu.config import (
     coerce,
     field_kind,
     flag_values,
+    given_options,
     load_config,
     option_fields,
 )
@@ -81,8 +82,9 @@ class Cell:
     """One configuration of the matrix.
 
     ``options`` are the varied ``jimu train`` options of this cell (e.g. ``lr=0.01``);
-    ``skip`` is the reason this combination cannot run (e.g. ``local`` with 2 workers), or
-    None when it is to be run.
+    ``dropped`` the bench's fixed options that do not apply to it (``--lr`` for admm),
+    left out of its run; ``skip`` is the reason this combination cannot run (e.g.
+    ``local`` with 2 workers), or None when it is to be run.
     """
 
     strategy: str
@@ -90,6 +92,13 @@ class Cell:
     model: str
     options: Options = ()
     skip: str | None = None
+    dropped: tuple[str, ...] = ()
+
+    def argv(self, fixed: Options, more: Options = ()) -> list[str]:
+        """The ``jimu train`` flags of this cell's run: the bench's ``fixed`` options that
+        apply to it, its own options, then ``more`` (a tuned setting)."""
+        kept = tuple((k, v) for k, v in fixed if k not in self.dropped)
+        return option_argv(kept + self.options + more)
 
     @property
     def name(self) -> str:
@@ -188,15 +197,8 @@ def _train_parser() -> argparse.ArgumentParser:
     return p
 
 
-def train_config(train_argv: Sequence[str], base: dict[str, object]) -> RunConfig:
-    """The RunConfig that ``jimu train <train_argv>`` would build, with ``base`` fields set.
-
-    Args:
-        train_argv: extra ``jimu train`` flags, already split (e.g. ``["--lr", "0.01"]``).
-        base: RunConfig fields the bench controls (dataset, seed, ...).
-
-    Returns:
-        the config (not yet validated).
+def train_options(train_argv: Sequence[str]) -> Options:
+    """The options that ``jimu train <train_argv>`` sets, as (field name, value text) pairs.
 
     Raises:
         JimuError: the flags do not parse, or repeat a flag the bench sets itself.
@@ -208,7 +210,25 @@ def train_config(train_argv: Sequence[str], base: dict[str, object]) -> RunConfi
         raise JimuError(
             f"--train-args must not set {flags}: the bench sets it (got {shlex.join(train_argv)!r})"
         )
-    return dataclasses.replace(load_config(flag_values(args)), **base)  # type: ignore[arg-type]
+    text = {True: "true", False: "false"}
+    return tuple((k, text[v] if isinstance(v, bool) else str(v)) for k, v in vars(args).items())
+
+
+def train_config(fixed: Options, base: dict[str, object]) -> RunConfig:
+    """The RunConfig of the bench's ``fixed`` ``jimu train`` options, with ``base`` fields set.
+
+    Args:
+        fixed: options as (field name, value text) pairs (:func:`train_options`).
+        base: RunConfig fields the bench controls (dataset, seed, ...).
+
+    Returns:
+        the config (not yet validated).
+
+    Raises:
+        JimuError: a value of the wrong type.
+    """
+    typed = flag_values(argparse.Namespace(**dict(fixed)))
+    return dataclasses.replace(load_config(typed), **base)  # type: ignore[arg-type]
 
 
 def _problems(cfg: RunConfig) -> list[str] | None:
@@ -230,8 +250,12 @@ def plan(
     workers: Sequence[int],
     models: Sequence[str],
     variants: Sequence[Options] = ((),),
+    fixed: Sequence[str] | None = None,
 ) -> list[Cell]:
     """Every cell of strategies x models x variants x workers, in that nesting order, with skips.
+
+    ``fixed`` names the options the bench gives every run (default: those of ``base`` that
+    differ from their defaults).
 
     Every cell's config is validated as ``jimu train`` validates it, before anything runs.
     A cell is an impossible combination, skipped, when its config is invalid but the
@@ -239,7 +263,9 @@ def plan(
     worker count, no varied options) and each of its varied option values runs in some
     other cell: ``local`` with 2 workers, more stages than blocks, admm with ``--optimizer
     kfac`` next to ddp. Any other invalid cell (an unknown strategy, a bad value) is a
-    mistake of the bench's options.
+    mistake of the bench's options. An option the bench gives every run (``--lr``, or in
+    ``--train-args``) is left out of the runs where it does not apply (``Cell.dropped``:
+    ``--lr`` for admm) and refused when it applies to none of them.
 
     Raises:
         ConfigErrors: one line per bad configuration, naming it and what is wrong.
@@ -248,19 +274,37 @@ def plan(
         >>> [c.label for c in plan(RunConfig(), ["local"], [1, 2], ["mlp:16x1"]) if c.skip]
         ['local x2 mlp:16x1']
     """
+    from deepjimu.validation import does_not_apply
+
     checked: list[tuple[Cell, list[str] | None]] = []
     plain_ok: dict[tuple[str, str], bool] = {}
+    fixed = [k for k in (given_options(base) if fixed is None else fixed) if k not in BENCH_FLAGS]
+    own = RunConfig().to_dict()
+    misfits: dict[str, str] = {}  # a fixed option that applies to no cell: why, for the first
+    fits: set[str] = set()
     for strategy in strategies:
         for model in models:
             plain = dataclasses.replace(base, strategy=strategy, workers=None, model=model)
-            plain_ok[strategy, model] = _problems(plain) is None
             for options in variants:
                 typed = {k: coerce(k, v, "flag") for k, v in options}
                 for w in workers:
                     cfg = dataclasses.replace(
                         base, strategy=strategy, workers=w, model=model, **typed
                     )
-                    checked.append((Cell(strategy, w, model, options), _problems(cfg)))
+                    why = {k: does_not_apply(k, cfg) for k in fixed}
+                    fits.update(k for k, v in why.items() if v is None)
+                    for k, v in why.items():
+                        if v is not None:
+                            misfits.setdefault(k, v)
+                    dropped = tuple(sorted(k for k, v in why.items() if v is not None))
+                    cfg = dataclasses.replace(cfg, **{k: own[k] for k in dropped})
+                    plain = dataclasses.replace(plain, **{k: own[k] for k in dropped})
+                    cell = Cell(strategy, w, model, options, dropped=dropped)
+                    checked.append((cell, _problems(cfg)))
+            plain_ok[strategy, model] = _problems(plain) is None
+    nowhere = [f"--{k.replace('_', '-')}{misfits[k]}" for k in fixed if k not in fits]
+    if nowhere:  # given for the bench, and of use to none of its runs: a mistake
+        raise ConfigErrors(nowhere)
     runs = {o for cell, problems in checked if problems is None for o in cell.options}
     cells, bad = [], []
     for cell, problems in checked:
