@@ -333,7 +333,7 @@ def _judge(
 def _fmt(v: float | None) -> str:
     if v is None:
         return "-"
-    if v.is_integer() and abs(v) >= 1000:  # bytes, MiB: every digit counts
+    if float(v).is_integer() and abs(v) >= 1000:  # bytes, MiB: every digit counts
         return f"{v:,.0f}"
     if v == 0 or (abs(v) >= 0.01 and abs(v) < 1e6):
         return f"{v:.4g}"

@@ -15,7 +15,7 @@ from deepjimu.config import RunConfig, add_options
 from deepjimu.data import datasets_of
 from deepjimu.defaults import ALL, FAMILY_DEFAULTS, table_defaults
 from deepjimu.strategies import strategy_names
-from deepjimu.validation import _misfit, defaults_line, family_defaults, validate
+from deepjimu.validation import defaults_line, does_not_apply, family_defaults, validate
 
 # an sbm graph small enough for a run of a few seconds (the graph family, no files)
 SBM = ["--dataset", "sbm", "--synthetic-n", "200", "--synthetic-features", "8"]
@@ -38,7 +38,7 @@ def test_every_entry_of_the_table_is_an_option_that_applies() -> None:
             runs = strategy_names() if strategy == ALL else [strategy]
             for name, value in row.items():
                 cfgs = [RunConfig(strategy=s, dataset=dataset, **{name: value}) for s in runs]
-                assert any(_misfit(name, c) is None for c in cfgs), (family, strategy, name)
+                assert any(does_not_apply(name, c) is None for c in cfgs), (family, strategy, name)
 
 
 def test_the_family_default_is_applied_where_nothing_was_given(graph_table: dict) -> None:

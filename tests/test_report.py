@@ -8,13 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from deepjimu import atomic
 from deepjimu.cli import main
 from deepjimu.errors import JimuError
 from deepjimu.report import best_validation, read_events, report, run_title, table
@@ -167,15 +167,15 @@ def test_out_puts_the_plots_elsewhere(run_dir: Path, tmp_path: Path) -> None:
 
 
 def _read_only(path: Path) -> Callable[..., Any]:
-    """``tempfile.mkstemp`` that fails as a read-only file system does in ``path``."""
-    real = tempfile.mkstemp
+    """The atomic writes' file creation, failing as a read-only file system does in ``path``."""
+    real = atomic._new_file
 
-    def mkstemp(*args: Any, **kwargs: Any) -> tuple[int, str]:
-        if Path(kwargs.get("dir") or "").resolve() == path.resolve():
+    def new_file(folder: Path, *args: Any) -> Path:
+        if Path(folder).resolve() == path.resolve():
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-        return real(*args, **kwargs)
+        return real(folder, *args)
 
-    return mkstemp
+    return new_file
 
 
 def test_a_read_only_run_folder_ends_in_one_line_naming_it_and_out(
@@ -186,7 +186,7 @@ def test_a_read_only_run_folder_ends_in_one_line_naming_it_and_out(
 ) -> None:
     # simulated: the write of a plot raises EROFS, as on a read-only mount (root ignores
     # chmod); the next test does it for real where a private mount namespace can be had
-    monkeypatch.setattr(tempfile, "mkstemp", _read_only(run_dir))
+    monkeypatch.setattr(atomic, "_new_file", _read_only(run_dir))
     assert main(["report", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert err == (

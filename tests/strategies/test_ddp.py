@@ -106,11 +106,12 @@ def short_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     all compressed. auto: a probe over two message sizes only.
     """
     tmp = tmp_path_factory.mktemp("short")
-    wide = {"model": "mlp:1024x4", "classes": [0, 1], "compress_start": 2}
+    wide = {"model": "mlp:1024x4", "classes": [0, 1]}
+    start = {"compress_start": 2}  # --compress-start applies where something is compressed
     variants = {
         "none": wide,
-        "powersgd:4": {**wide, "compress": "powersgd:4"},
-        "topk:0.01": {**wide, "compress": "topk:0.01"},
+        "powersgd:4": {**wide, **start, "compress": "powersgd:4"},
+        "topk:0.01": {**wide, **start, "compress": "topk:0.01"},
         "auto": {"model": "mlp:64x2", "compress": "auto"},
     }
     results = run_world(_fit, 2, variants, {"epochs": 2}, str(tmp), (4096, 65536), timeout=300)
