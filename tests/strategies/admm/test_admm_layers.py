@@ -13,6 +13,7 @@ from deepjimu.models import build_model
 from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp, layer_ops
+from deepjimu.strategies.partition import partition
 
 DT = torch.float64
 
@@ -62,6 +63,22 @@ def test_dense_costs_count_the_mlp_steps() -> None:
     conv = ConvOp((16, 8, 8), 32, 3, pool=2)
     assert conv.flops(2 * n) > 1.9 * conv.flops(n)  # grows with N
     assert dataclasses.replace(conv, solver=PSolver.DENSE).flops(n) < conv.flops(n)
+
+
+def test_wide_inputs_and_few_samples_cost_the_kernel_side_and_every_worker_gets_work() -> None:
+    """Cora with pdADMM-G's features (7,165 inputs, 140 training nodes, mlp:256x3): the first
+    layer's (W, b) step factorises 140 x 140, so its estimate grows with n_in, not n_in^3, and
+    two workers split the layers with a real share each (it was [1.0, 0.0])."""
+    widths, n = [7165, 256, 256, 256, 7], 140
+    ops = layer_ops(build_model("mlp:256x3", (widths[0],), widths[-1]), (widths[0],))
+    costs = [op.flops(n, with_p=l > 0) for l, op in enumerate(ops)]
+    i, o = widths[0], widths[1]
+    assert costs[0] == pytest.approx(n * (2 * i * o + i * n) + n**3 / 3)
+    wider = DenseOp((2 * i,), o).flops(n, with_p=False)
+    assert 1.9 * costs[0] < wider < 2.1 * costs[0]  # linear in the input width
+    sizes = partition(costs, 2)
+    assert sizes == [1, 3]
+    assert sum(costs[1:]) / sum(costs) > 0.1
 
 
 def _two_blocks(*first: nn.Module) -> nn.Sequential:

@@ -139,3 +139,32 @@ def test_state_dict_round_trips_through_weights_only_load() -> None:
             torch.testing.assert_close(a.W[l], b.W[l])
             torch.testing.assert_close(a.z[l], b.z[l])
     assert other.stats[0] is not None and other.stats[0].n == block.stats[0].n
+
+
+def test_fewer_samples_than_inputs_iterate_as_the_inputs_side_solve_with_momentum() -> None:
+    """30 samples, 40-50 inputs per layer: every full-batch (W, b) step solves the 30 x 30 kernel
+    system. A block whose steps go through the O(n^2) statistics instead (mini-batch memory
+    before its first commit: the batch alone, on the inputs' side) follows the same iterates,
+    momentum's extrapolation of W, b, z, q and u included."""
+    widths, n = [40, 50, 50, 3], 30
+    blocks = []
+    for memory in (0.0, 0.5):
+        g = torch.Generator().manual_seed(3)
+        x = torch.rand(n, widths[0], generator=g, dtype=torch.float64)
+        y = torch.randint(0, widths[-1], (n,), generator=g)
+        W = [
+            torch.randn(o, i, generator=g, dtype=x.dtype) * 0.2
+            for i, o in itertools.pairwise(widths)
+        ]
+        b = [torch.zeros(o, dtype=x.dtype) for o in widths[1:]]
+        params = AdmmParams(tau=1.0, ridge=0.01, momentum=0.7, memory=memory)
+        block = LayerBlock(0, 3, 3, W, b, params)
+        block.init_forward(x)
+        for _ in range(5):
+            serial_iteration(block, y)
+            block.extrapolate()
+        blocks.append(block)
+    kernel, inputs = blocks
+    for name in ("W", "b", "z", "q", "u"):
+        for l, t in getattr(inputs, name).items():
+            torch.testing.assert_close(getattr(kernel, name)[l], t, msg=f"{name}{l}")

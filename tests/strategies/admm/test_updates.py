@@ -23,6 +23,7 @@ from deepjimu.strategies.admm.updates import (
     primal_residual,
     remove_stats,
     ridge_weight,
+    samples_side,
     update_p,
     update_q,
     update_u,
@@ -155,6 +156,82 @@ def test_update_Wb_is_the_joint_minimiser(mu: float, tau: float, ridge: float) -
     W2, b2 = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ridge=ridge, gram=centred_gram(p))
     torch.testing.assert_close((W2, b2), (W, b))
     torch.testing.assert_close(ridge_weight(centred_gram(p), nu, ridge), mu_ridge)
+
+
+def _inputs_side(
+    p: torch.Tensor,
+    z: torch.Tensor,
+    W_old: torch.Tensor,
+    nu: float,
+    mu: float,
+    tau: float,
+    ridge: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n_in x n_in normal equations W (nu G + d I) = nu z_c^T p_c + tau W_old, written out
+    (the minimum-norm solution by the pseudo-inverse where d = 0)."""
+    n_in = p.shape[1]
+    pc, zc = p - p.mean(dim=0), z - z.mean(dim=0)
+    G = pc.T @ pc
+    d = ridge * nu * torch.trace(G) / n_in + mu + tau
+    A, B = nu * G + d * torch.eye(n_in, dtype=p.dtype), nu * zc.T @ pc + tau * W_old
+    W = B @ torch.linalg.pinv(A, hermitian=True) if d == 0 else torch.linalg.solve(A, B.T).T
+    return W, z.mean(dim=0) - W @ p.mean(dim=0)
+
+
+@pytest.mark.parametrize(("n_samples", "n_in"), [(6, 15), (15, 6), (9, 9)])
+@pytest.mark.parametrize(
+    ("mu", "tau", "ridge"), [(0.0, 0.0, 0.0), (0.0, 0.5, 0.0), (0.0, 0.0, 0.01), (0.2, 0.5, 0.3)]
+)
+def test_update_Wb_on_either_side_is_the_normal_equations_minimiser(
+    n_samples: int, n_in: int, mu: float, tau: float, ridge: float
+) -> None:
+    """Fewer samples than inputs: the N x N kernel solve gives the n_in x n_in solve's (W, b),
+    with the same ridge and proximal term (at d = 0 the same minimum-norm minimiser); more
+    samples: the n_in x n_in solve, as before. Inputs with a mean, several scales."""
+    g = torch.Generator().manual_seed(21)
+    n_out, nu = 4, 1.3
+    scale = torch.logspace(0, -1, n_in, dtype=DT)
+    p = _randn(n_samples, n_in, generator=g) * scale + 2.0
+    z, W_old = _randn(n_samples, n_out, generator=g), _randn(n_out, n_in, generator=g)
+    assert samples_side(n_samples, n_in) == (n_samples <= n_in)
+    W, b = update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ridge=ridge)
+    W_ref, b_ref = _inputs_side(p, z, W_old, nu, mu, tau, ridge)
+    torch.testing.assert_close(W, W_ref, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(b, b_ref, rtol=1e-9, atol=1e-10)
+    if mu == 0:  # the O(n_in^2) statistics of mini-batch mode solve on the inputs' side
+        W_st, b_st = update_Wb_stats(batch_stats(p, z), W_old, nu, tau=tau, ridge=ridge)
+        torch.testing.assert_close((W, b), (W_st, b_st), rtol=1e-9, atol=1e-10)
+    gram = centred_gram(p)
+    side = min(n_samples, n_in)
+    assert gram.shape == (side, side)
+    torch.testing.assert_close(
+        update_Wb(p, z, W_old, nu, mu=mu, tau=tau, ridge=ridge, gram=gram), (W, b)
+    )
+    pc = p - p.mean(dim=0)
+    torch.testing.assert_close(
+        ridge_weight(gram, nu, ridge, n_in), ridge_weight(pc.T @ pc, nu, ridge)
+    )
+
+
+def test_update_Wb_on_the_samples_side_keeps_its_accuracy_in_float32_and_bf16() -> None:
+    """140 ReLU-like rows of 1,000 inputs with a large mean (Cora's shape, smaller): the kernel
+    solve in float32, and under bf16 autocast, stays near the float64 minimiser."""
+    g = torch.Generator().manual_seed(22)
+    n, n_in, n_out = 140, 1000, 16
+    p = (torch.randn(n, n_in, generator=g).relu() + 4.0).float()
+    z = p @ (torch.randn(n_out, n_in, generator=g) / 30).T + 0.1 * torch.randn(
+        n, n_out, generator=g
+    )
+    W_old = torch.randn(n_out, n_in, generator=g) / 30
+    W64, b64 = _inputs_side(p.double(), z.double(), W_old.double(), 1.0, 0.0, 1.0, 0.01)
+    W32, b32 = update_Wb(p, z, W_old, 1.0, tau=1.0, ridge=0.01)
+    assert W32.dtype == torch.float32
+    assert float((W32.double() - W64).norm() / W64.norm()) < 1e-4
+    assert float((b32.double() - b64).norm() / b64.norm()) < 1e-3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        W, b = update_Wb(p, z, W_old, nu=1.0, tau=1.0, ridge=0.01)
+    assert W.dtype == b.dtype == torch.float32
+    assert float((W.double() - W64).norm() / W64.norm()) < 0.05
 
 
 def test_relative_ridge_is_scale_free() -> None:

@@ -303,7 +303,8 @@ class LayerBlock:
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
         if self.others is not None or self.params.memory:  # dense layers only (the strategy checks)
             # the other samples' statistics: every other batch as last visited (--admm-aux
-            # keep), or the batches seen so far, decayed by --admm-memory
+            # keep), or the batches seen so far, decayed by --admm-memory. Their rows are gone,
+            # so this step solves on the inputs' side (n^2 statistics) whatever N is
             rest, decay = (
                 (self.others[l], 1.0)
                 if self.others is not None
@@ -312,7 +313,7 @@ class LayerBlock:
             self.batch_part[l] = U.batch_stats(self.p[l], self.z[l])
             stats = U.merge_stats(rest, self.batch_part[l], decay)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
-        else:
+        else:  # every row at hand (full batch, or a batch alone): the smaller side's solve
             gram = self._gram_of_data() if l == 0 else None
             self.W[l], self.b[l] = self.ops[l].solve_Wb(
                 self.p[l], self.z[l], self.W[l], nu, tau=tau, ridge=ridge, gram=gram
