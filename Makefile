@@ -40,8 +40,10 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
+# two test processes (pytest-xdist): many tests wait on the workers they start; a test
+# takes the next one as soon as it is done (worksteal), so a long one delays nothing else
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 bench: $(VENV)/.installed
 	$(BIN)/jimu bench

@@ -314,7 +314,8 @@ def _judge(
                 ran[key] = _run(command, seed)
                 seconds += ran[key].seconds
             r = ran[key]
-            if r.error or (r.code != 0 and claim.metric != "exit"):
+            # the exit code and stderr are judged whatever the exit (a refusal is a claim too)
+            if r.error or (r.code != 0 and not claim.metric.startswith(("exit", "stderr"))):
                 last = (r.stderr.strip().splitlines() or [""])[-1][:160]
                 note = r.error or f"exit code {r.code}: {last}"
                 break

@@ -2,9 +2,11 @@
 the ones the program prints.
 
 The blocks come from pytest-codeblocks' Markdown reader (``extract_from_file``). Each block
-runs in a folder of its own, the way a user runs it from a fresh checkout: ``data/`` holds
-small generated MNIST and Planetoid files (nothing is downloaded), ``examples/`` is the
-repository's. Commands run in the block's order:
+is one test, its commands run in order in a folder of its own, the way a user runs them
+from a fresh checkout: ``data/`` holds small generated MNIST and Planetoid files (nothing is
+downloaded), ``examples/`` is the repository's; every command that fails is named. A
+multi-machine launch (``torchrun --nnodes 2``) is the one command not run: it needs the
+machines it names.
 
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
   Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``;
@@ -109,24 +111,16 @@ def _steps() -> list[Step]:
 
 
 STEPS = _steps()
+BLOCKS = sorted({s.block for s in STEPS})
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """One working folder per block, made when its first command runs."""
-    return {}
-
-
-def _folder(folders: dict[int, Path], step: Step, base: Path) -> Path:
-    if step.block not in folders:
-        folder = base / f"block{step.block}"
-        folder.mkdir()
-        make_idx_set(n_train=60, n_test=30).write(folder / "data" / "mnist")
-        make_planetoid_set("cora").write(folder / "data")
-        make_planetoid_set("citeseer").write(folder / "data")
-        shutil.copytree(ROOT / "examples", folder / "examples")
-        folders[step.block] = folder
-    return folders[step.block]
+def _make_folder(folder: Path) -> Path:
+    """A user's folder: generated data under ``data/``, the repository's ``examples/``."""
+    make_idx_set(n_train=60, n_test=30).write(folder / "data" / "mnist")
+    make_planetoid_set("cora").write(folder / "data")
+    make_planetoid_set("citeseer").write(folder / "data")
+    shutil.copytree(ROOT / "examples", folder / "examples")
+    return folder
 
 
 def _argv(words: list[str]) -> list[str]:
@@ -190,30 +184,50 @@ def _digits_apart(lines: list[str]) -> list[str]:
     return [re.sub(r"\d+", "#", line) for line in lines]
 
 
-@pytest.mark.parametrize("step", STEPS, ids=[s.id for s in STEPS])
-def test_readme_block(
-    step: Step, folders: dict[int, Path], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    cwd = _folder(folders, step, tmp_path_factory.getbasetemp())
+def _block_id(block: int) -> str:
+    first = next(s for s in STEPS if s.block == block)
+    return f"L{first.line}:{first.kind}"
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
+def test_readme_block(block: int, tmp_path: Path) -> None:
+    """Every command of one block, in order, in one folder; every failing command is named."""
+    cwd = _make_folder(tmp_path)
+    failures, skipped = [], []
+    for step in (s for s in STEPS if s.block == block):
+        try:
+            why = _check(step, cwd)
+        except AssertionError as e:
+            failures.append(f"{step.id}: {e}")
+            continue
+        if why:
+            skipped.append(why)
+    assert not failures, "\n\n".join(failures)
+    if skipped and len(skipped) == sum(1 for s in STEPS if s.block == block):
+        pytest.skip("; ".join(skipped))
+
+
+def _check(step: Step, cwd: Path) -> str | None:
+    """Run one step; an AssertionError says what went wrong, a string why it cannot run here."""
     if step.kind == "python":
         script = cwd / f"readme_L{step.line}.py"
         script.write_text(PRELUDE + "\n" + step.text)
         r = _run([sys.executable, script.name], cwd)
         assert r.returncode == 0, r.stderr[-3000:]
-        return
+        return None
     command, _, comment = step.text.partition(" #")
     words = shlex.split(command)
     if words[0] == "make":  # the suite itself (make test), or the tour's jimu train (make demo)
         r = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert {"demo": "jimu train", "test": "pytest"}[words[1]] in r.stdout
-        return
+        return None
     if "--nnodes" in words and words[words.index("--nnodes") + 1] != "1":
-        pytest.skip("a multi-machine launch: needs the machines it names")
+        return "a multi-machine launch: needs the machines it names"
     if step.kind == "shell":
         r = _run(_argv(shorten(words)), cwd)
-        assert r.returncode == 0, f"{step.text}\n{r.stderr[-3000:]}"
-        return
+        assert r.returncode == 0, r.stderr[-3000:]
+        return None
     ctrl_c = "Ctrl-C" in comment
     name = words[words.index("--name") + 1] if "--name" in words else ""
     latest = cwd / "runs" / name / "checkpoint" / "latest" if ctrl_c else None
@@ -223,6 +237,7 @@ def test_readme_block(
     if ctrl_c:  # the step of the last checkpoint is wherever the key came
         assert r.returncode == 130, r.stderr[-3000:]
         assert _digits_apart(printed) == _digits_apart(expected), r.stderr[-3000:]
-        return
+        return None
     assert r.returncode == (2 if expected else 0), r.stderr[-3000:]
     assert printed == expected, r.stderr[-3000:]
+    return None

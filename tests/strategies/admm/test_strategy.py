@@ -31,7 +31,9 @@ def _model(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def default_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """admm with its default settings on digits (mlp:256x3) with 1, 2, 3 workers, and 8-bit."""
+    """admm with its default settings on digits (mlp:256x3) with 1, 2, 3 workers, and 8-bit,
+    for 10 iterations (98.9% at 10 and at 30 on digits, BENCHMARKS 5; the 30 of `jimu
+    train` are the claims harness's: benchmarks/claims.toml)."""
     root = tmp_path_factory.mktemp("admm")
     out = {}
     for name, kw in {
@@ -41,7 +43,7 @@ def default_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         "q8": {"quantize": 8},
         "bf16": {"precision": "bf16"},
     }.items():
-        summary = train(RunConfig(quiet=True, runs_dir=str(root), name=name, **kw))
+        summary = train(RunConfig(quiet=True, runs_dir=str(root), name=name, epochs=10, **kw))
         assert summary is not None
         out[name] = {"summary": summary, "dir": root / name}
     return out
@@ -83,7 +85,7 @@ def test_bf16_products_keep_accuracy_and_exchange_float32(default_runs: dict[str
 
 def test_events_carry_admm_diagnostics(default_runs: dict[str, dict]) -> None:
     events = _events(default_runs["w3"]["dir"])
-    assert [e["epoch"] for e in events] == list(range(1, 31))
+    assert [e["epoch"] for e in events] == list(range(1, 11))
     for key in (
         "admm_objective",
         "admm_residual",
