@@ -170,6 +170,13 @@ def load_claims(path: Path = RECORDS) -> tuple[dict[str, Command], list[Claim]]:
             raise RecordError(f"{path}: claim {name} needs one of tolerance, at_most, at_least")
         if c["run"] not in commands:
             raise RecordError(f"{path}: claim {name} runs unknown command {c['run']!r}")
+        if c["metric"].startswith("summary:") and "/" not in c["metric"]:
+            argv = shlex.split(commands[c["run"]].argv)
+            if "--name" not in argv or argv[argv.index("--name") + 1] != c["run"]:
+                raise RecordError(
+                    f"{path}: claim {name} reads {c['run']}'s summary: its command needs "
+                    f"--name {c['run']}"
+                )
         known = {f for f in Claim.__dataclass_fields__}
         unknown = set(c) - known
         if unknown:
