@@ -1,4 +1,4 @@
-"""The ``jimu`` command: ``train``, ``probe``, ``report``, ``bench``. User errors print one line and exit 2."""
+"""The ``jimu`` command: ``train``, ``probe``, ``report``, ``bench``, ``plan``. User errors print one line and exit 2."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jimu`` argument parser (subcommands train, probe, report, bench)."""
+    """The ``jimu`` argument parser (subcommands train, probe, report, bench, plan)."""
     parser = _Parser(
         prog="jimu", description="Train one network with every way of splitting it over workers."
     )
@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     from deepjimu.bench import add_bench_arguments
 
     add_bench_arguments(bench)
+    plan = sub.add_parser(
+        "plan", help="predict every strategy x workers on a cluster, ranked; --check runs them"
+    )
+    from deepjimu.plan.command import add_plan_arguments
+
+    add_plan_arguments(plan)
     return parser
 
 
@@ -139,6 +145,11 @@ def _command(args: argparse.Namespace) -> int:
             target_acc=args.target_acc,
             out_dir=Path(args.out) if args.out else None,
         )
+        return 0
+    if args.command == "plan":
+        from deepjimu.plan.command import plan_from_args
+
+        plan_from_args(args)
         return 0
     from deepjimu.bench import bench_from_args
 

@@ -66,6 +66,7 @@ __all__ = [
     "bench_command",
     "bench_from_args",
     "run_bench",
+    "train_flags",
 ]
 
 DEFAULT_STRATEGIES = "local,ddp,model-parallel,pipeline,admm"
@@ -197,7 +198,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     add_options(train, exclude=BENCH_FLAGS)
 
 
-def _train_flags(args: argparse.Namespace) -> dict[str, str]:
+def train_flags(args: argparse.Namespace) -> dict[str, str]:
     """The ``jimu train`` options given to the bench, as text (booleans ``true`` / ``false``)."""
     kinds = {f.name: field_kind(f) for f in option_fields() if f.name not in BENCH_FLAGS}
     return {
@@ -247,7 +248,7 @@ def _options(args: argparse.Namespace, base: BenchOptions | None = None) -> Benc
         elif k not in ("tune", "tune_trials"):
             setattr(opts, k, v)
     opts.tune = trials if tune else 0
-    opts.flags.update(_train_flags(args))
+    opts.flags.update(train_flags(args))
     return opts
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -56,7 +57,33 @@ from deepjimu.strategies.partition import (
 )
 from deepjimu.units import format_bytes
 
-__all__ = ["AdmmStrategy", "weight_layers"]
+__all__ = ["AdmmStrategy", "admm_params", "admm_settings", "weight_layers"]
+
+
+def admm_settings(cfg: RunConfig, ops: Sequence[LayerOp], keep: bool) -> dict[str, float]:
+    """ridge, momentum, sweeps and memory of a run: the options left to their default take
+    the model kind's (``blocks.auto_defaults``); memory is 0 in full batch and for kept
+    mini-batches, which need no statistics of other batches."""
+    auto = auto_defaults(ops)
+    chosen = {
+        k: auto[k] if getattr(cfg, f"admm_{k}") is None else getattr(cfg, f"admm_{k}") for k in auto
+    }
+    if not cfg.admm_batch or keep:
+        chosen["memory"] = 0.0
+    return chosen
+
+
+def admm_params(cfg: RunConfig, chosen: dict[str, float]) -> AdmmParams:
+    """The iteration's hyper-parameters of ``cfg`` with the :func:`admm_settings` ``chosen``."""
+    return AdmmParams(
+        rho=cfg.rho,
+        nu=cfg.nu,
+        bits=cfg.quantize,
+        tau=cfg.admm_tau,
+        ridge=chosen["ridge"],
+        momentum=chosen["momentum"],
+        memory=chosen["memory"],
+    )
 
 
 def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
@@ -222,25 +249,11 @@ class AdmmStrategy(Strategy):
         self.shapes = block_shapes(blocks, data.train_x[:1])
         # conv p-steps solved by CG: their iterations and cap hits go into the events
         self._cg = any(isinstance(op, ConvOp) and op.solver is PSolver.CG for op in ops)
-        # the options left to their default take the model kind's (blocks.auto_defaults)
-        auto = auto_defaults(ops)
-        chosen = {
-            k: auto[k] if getattr(cfg, f"admm_{k}") is None else getattr(cfg, f"admm_{k}")
-            for k in auto
-        }
-        keep = self._keeps(ops, lo, hi, chosen["momentum"], len(data.train_y), run)
-        if not cfg.admm_batch or keep:
-            chosen["memory"] = 0.0
+        momentum = admm_settings(cfg, ops, keep=False)["momentum"]
+        keep = self._keeps(ops, lo, hi, momentum, len(data.train_y), run)
+        chosen = admm_settings(cfg, ops, keep)
         self.sweeps = int(chosen["sweeps"])
-        params = AdmmParams(
-            rho=cfg.rho,
-            nu=cfg.nu,
-            bits=cfg.quantize,
-            tau=cfg.admm_tau,
-            ridge=chosen["ridge"],
-            momentum=chosen["momentum"],
-            memory=chosen["memory"],
-        )
+        params = admm_params(cfg, chosen)
         W = [maps[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
         b = [_bias(maps[l]).detach().to(run.device).clone() for l in range(lo, hi)]
         self.block = LayerBlock(lo, hi, L, W, b, params, ops[lo:hi])

@@ -1,0 +1,546 @@
+"""The machines a plan is made for: devices, links, and ring costs of the collectives over them.
+
+Pure: no torch, no process group. A :class:`Cluster` comes from a TOML file
+(:func:`read_cluster`, examples in ``examples/clusters/``) or from a probe's measured links
+(:func:`links_from_probe`). Ranks are placed node by node: rank r runs on node
+``r // ranks_per_node``, so p ranks span more than one node once p > ``ranks_per_node``.
+
+Collectives follow the ring algorithm (Patarasuk and Yuan 2009; what NCCL and gloo run for
+large messages). Over a ring of p ranks whose slowest hop sends n bytes in
+alpha + n / B seconds:
+
+- all-reduce of n bytes: 2(p-1) alpha + 2(p-1)/p n / B
+- all-gather of n bytes per rank: (p-1) alpha + (p-1) n / B
+- reduce-scatter of n bytes: (p-1) alpha + (p-1)/p n / B
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from deepjimu.errors import JimuError, one_line
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "PRECISIONS",
+    "Cluster",
+    "Device",
+    "Link",
+    "cluster_to_dict",
+    "links_from_probe",
+    "read_cluster",
+]
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+"""The matmul precisions a device's peak may be given for (``--precision``'s values)."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One rank's device: its peak dense matmul rate per precision and its memory.
+
+    ``efficiency``: the fraction of peak real layers reach (our H200 measurement: fp32
+    matmuls at 55-75% of peak). ``speed``: this rank's speed relative to the others, for
+    heterogeneous workers.
+
+    Example:
+        >>> Device("toy", {"fp32": 1e12}, 2**30, efficiency=0.5).matmul_s(1e12)
+        2.0
+    """
+
+    name: str
+    flops: dict[str, float]
+    memory_bytes: int
+    efficiency: float = 0.6
+    speed: float = 1.0
+
+    def matmul_s(self, flops: float, precision: str = "fp32") -> float:
+        """Seconds this device takes for ``flops`` matmul FLOPs at ``precision``.
+
+        Args:
+            flops: floating-point operations (2 m n k for an m x k by k x n product).
+            precision: one of the device's :attr:`flops` keys.
+
+        Returns:
+            flops / (peak * efficiency * speed).
+
+        Raises:
+            JimuError: the device has no peak figure for ``precision``.
+        """
+        peak = self.flops.get(precision)
+        if peak is None:
+            raise JimuError(
+                f"device {self.name!r} has no {precision} peak (precision: {precision!r}; "
+                f"known: {', '.join(self.flops)})"
+            )
+        return flops / (peak * self.efficiency * self.speed)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One hop: a message of n bytes takes ``alpha_s`` + n / ``bytes_per_s``.
+
+    Example:
+        >>> Link(alpha_s=1e-6, bytes_per_s=1e9).seconds(1000)
+        2e-06
+    """
+
+    alpha_s: float
+    bytes_per_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        """Time of one message of ``nbytes`` over this hop."""
+        return self.alpha_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes of identical devices, the link inside a node and the link between nodes.
+
+    ``cores_per_node``: for CPU clusters, the cores a node's ranks share (None for GPUs).
+    ``collectives``: per-hop links a probe measured per collective (keys as
+    :attr:`deepjimu.compress.probe.Probe.links`); one overrides ``intra`` for its
+    collective. ``source``: ``"probe"`` or the TOML path, for printing.
+
+    Example:
+        >>> gpu = Device("g", {"fp32": 1e12}, 2**30)
+        >>> c = Cluster("toy", 2, 4, gpu, intra=Link(0.0, 1e9), inter=Link(0.0, 1e8))
+        >>> c.world, c.node_of(5), c.all_reduce_s(10**6, 4), c.all_reduce_s(10**6, 8)
+        (8, 1, 0.0015, 0.0175)
+
+    Raises:
+        JimuError: ``nodes``, ``ranks_per_node`` or ``cores_per_node`` below 1, or no
+            ``inter`` link for more than one node.
+    """
+
+    name: str
+    nodes: int
+    ranks_per_node: int
+    device: Device
+    intra: Link
+    inter: Link | None  # needed when nodes > 1
+    cores_per_node: int | None = None
+    collectives: dict[str, Link] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        where = self.source or f"cluster {self.name!r}"
+        for key in ("nodes", "ranks_per_node", "cores_per_node"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise JimuError(f"{where}: {key} must be >= 1 ({key}: {value})")
+        if self.nodes > 1 and self.inter is None:
+            raise JimuError(
+                f"{where}: inter is missing; {self.nodes} nodes need a link between them "
+                f"(nodes: {self.nodes})"
+            )
+
+    @property
+    def world(self) -> int:
+        """The number of ranks: nodes * ranks_per_node."""
+        return self.nodes * self.ranks_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node of ``rank`` (ranks are placed node by node).
+
+        Raises:
+            JimuError: ``rank`` outside 0..world-1.
+        """
+        if not 0 <= rank < self.world:
+            raise JimuError(
+                f"rank must be in 0..{self.world - 1} on cluster {self.name!r} (rank: {rank})"
+            )
+        return rank // self.ranks_per_node
+
+    def _check_p(self, p: int) -> None:
+        if not 1 <= p <= self.world:
+            raise JimuError(
+                f"ranks taking part must be 1..{self.world} on cluster {self.name!r} (p: {p})"
+            )
+
+    def hop(self, collective: str, p: int) -> Link:
+        """The slowest hop of a ring over ranks 0..p-1.
+
+        Args:
+            collective: a probe collective name (``"all_reduce"``, ``"all_gather"``, ...).
+            p: ranks taking part.
+
+        Returns:
+            ``inter`` when the ranks span more than one node, else the probe's link for
+            ``collective`` if measured, else ``intra``.
+
+        Raises:
+            JimuError: p outside 1..world.
+        """
+        self._check_p(p)
+        if p > self.ranks_per_node:
+            assert self.inter is not None  # __post_init__: more than one node has inter
+            return self.inter
+        return self.collectives.get(collective, self.intra)
+
+    def all_reduce_s(self, nbytes: int, p: int, collective: str = "all_reduce") -> float:
+        """Ring all-reduce of ``nbytes`` (per rank) over p ranks: 2(p-1) alpha + 2(p-1)/p n / B.
+
+        Returns:
+            Seconds; 0 for p == 1.
+
+        Raises:
+            JimuError: p outside 1..world.
+        """
+        h = self.hop(collective, p)
+        if p == 1:
+            return 0.0
+        return 2 * (p - 1) * h.alpha_s + 2 * (p - 1) / p * nbytes / h.bytes_per_s
+
+    def all_gather_s(self, nbytes_per_rank: int, p: int, collective: str = "all_gather") -> float:
+        """Ring all-gather of ``nbytes_per_rank`` from each of p ranks: (p-1) alpha + (p-1) n / B.
+
+        Returns:
+            Seconds; 0 for p == 1.
+
+        Raises:
+            JimuError: p outside 1..world.
+        """
+        h = self.hop(collective, p)
+        if p == 1:
+            return 0.0
+        return (p - 1) * h.alpha_s + (p - 1) * nbytes_per_rank / h.bytes_per_s
+
+    def reduce_scatter_s(self, nbytes: int, p: int, collective: str = "all_reduce") -> float:
+        """Ring reduce-scatter of ``nbytes`` over p ranks: (p-1) alpha + (p-1)/p n / B.
+
+        Half a ring all-reduce, so its hop is the all-reduce's by default.
+
+        Returns:
+            Seconds; 0 for p == 1.
+
+        Raises:
+            JimuError: p outside 1..world.
+        """
+        h = self.hop(collective, p)
+        if p == 1:
+            return 0.0
+        return (p - 1) * h.alpha_s + (p - 1) / p * nbytes / h.bytes_per_s
+
+    def p2p_s(self, nbytes: int, src: int, dst: int) -> float:
+        """One message of ``nbytes`` from rank ``src`` to rank ``dst``: alpha + n / B.
+
+        Returns:
+            Seconds over ``intra`` on one node, ``inter`` across nodes; 0 when src == dst.
+
+        Raises:
+            JimuError: a rank outside 0..world-1.
+        """
+        a, b = self.node_of(src), self.node_of(dst)
+        if src == dst:
+            return 0.0
+        link = self.intra if a == b else self.inter
+        assert link is not None  # two nodes: __post_init__ required inter
+        return link.seconds(nbytes)
+
+    def _busiest_node_ranks(self, p: int) -> int:
+        self._check_p(p)
+        return min(p, self.ranks_per_node)  # node by node: node 0 fills first
+
+    def threads_per_rank(self, p: int) -> int | None:
+        """CPU threads each rank runs when p ranks run at once: cores_per_node // ranks on
+        the busiest node, at least 1 (``--threads``' default rule); None for GPU clusters.
+
+        Raises:
+            JimuError: p outside 1..world.
+        """
+        busiest = self._busiest_node_ranks(p)
+        if self.cores_per_node is None:
+            return None
+        return max(1, self.cores_per_node // busiest)
+
+    def ranks_sharing_cores(self, p: int) -> float:
+        """How much slower each rank computes when p ranks run at once on a CPU cluster.
+
+        The rule: the device's ``flops`` is one rank's rate on a core of its own. A node
+        whose k ranks exceed its cores time-shares them, so each rank runs k / cores times
+        slower; up to one rank per core nothing slows. A rank left more than one core
+        (:meth:`threads_per_rank` > 1) is not credited with the extra threads: small
+        layers scale poorly over threads, and the planner should not promise a speed-up
+        that a single worker does not see.
+
+        Example:
+            >>> cpu = Device("cpu", {"fp32": 1e11}, 2**30, efficiency=1.0)
+            >>> c = Cluster("vm", 1, 3, cpu, Link(5e-5, 2.5e9), None, cores_per_node=2)
+            >>> c.ranks_sharing_cores(2), c.ranks_sharing_cores(3)
+            (1.0, 1.5)
+
+        Returns:
+            max(1, ranks on the busiest node / cores_per_node); 1.0 for GPU clusters.
+
+        Raises:
+            JimuError: p outside 1..world.
+        """
+        busiest = self._busiest_node_ranks(p)
+        if self.cores_per_node is None:
+            return 1.0
+        return max(1.0, busiest / self.cores_per_node)
+
+
+class _AlphaBeta(Protocol):
+    """A fit t(n) = alpha + beta n, as :class:`deepjimu.compress.probe.LinkFit`."""
+
+    @property
+    def alpha_s(self) -> float: ...
+
+    @property
+    def beta_s_per_byte(self) -> float: ...
+
+
+def links_from_probe(links: Mapping[str, _AlphaBeta], world: int) -> dict[str, Link]:
+    """Per-hop links from a probe's fits t(n) = alpha + beta n, each measured over a ring of
+    ``world`` ranks (``Probe.links``, ``Probe.world``).
+
+    An all-reduce (``all_reduce*``) fit gives alpha_hop = alpha / (2(p-1)) and
+    B = 2(p-1)/p / beta; an all-gather (``all_gather*``) fit gives alpha_hop = alpha / (p-1)
+    and B = (p-1) / beta. So :meth:`Cluster.all_reduce_s` at p = ``world`` gives back the
+    fit, and other p follow the ring. A fit whose time did not grow with size (beta 0)
+    gives an infinite bandwidth, as :attr:`LinkFit.gbit_per_s` does.
+
+    Args:
+        links: collective name -> fit with ``alpha_s`` and ``beta_s_per_byte``.
+        world: the ranks the probe ran on.
+
+    Returns:
+        collective name -> :class:`Link`, for :attr:`Cluster.collectives`.
+
+    Raises:
+        JimuError: ``world`` below 2 (one rank measures no link), or a collective that is
+            neither an all-reduce nor an all-gather.
+
+    Example:
+        >>> from deepjimu.compress.probe import LinkFit
+        >>> hop = links_from_probe({"all_gather": LinkFit(3e-4, 1e-9)}, world=4)["all_gather"]
+        >>> round(hop.alpha_s * 1e6, 6), round(hop.bytes_per_s / 1e9, 6)  # us, GB/s
+        (100.0, 3.0)
+    """
+    p = world
+    if p < 2:
+        raise JimuError(
+            f"a probe on one worker measures no link; probe with 2 or more workers (world: {p})"
+        )
+    out = {}
+    for name, fit in links.items():
+        if name.startswith("all_reduce"):
+            hops, share = 2 * (p - 1), 2 * (p - 1) / p
+        elif name.startswith("all_gather"):
+            hops, share = p - 1, float(p - 1)
+        else:
+            raise JimuError(
+                f"probe link {name!r} is neither an all_reduce nor an all_gather (link: {name!r})"
+            )
+        beta = fit.beta_s_per_byte
+        out[name] = Link(fit.alpha_s / hops, share / beta if beta > 0 else math.inf)
+    return out
+
+
+# units of the TOML file -> SI
+_TERA = 1e12
+_GIGA = 1e9
+_MICRO = 1e-6
+
+_TOP_KEYS = ("name", "nodes", "ranks_per_node", "cores_per_node", "device", "intra", "inter")
+_DEVICE_KEYS = ("name", "memory_gb", "efficiency", "speed", "tflops")
+_LINK_KEYS = ("latency_us", "bandwidth_gbit")
+
+
+class _File:
+    """One cluster file's checks; every failure is one :class:`JimuError` line naming it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, message: str) -> JimuError:
+        return JimuError(f"{self.path}: {message}")
+
+    def table(
+        self,
+        raw: dict[str, Any],
+        key: str,
+        label: str,
+        known: tuple[str, ...],
+        what: str = "key",
+    ) -> Any:
+        """``raw[key]`` as a table with only ``known`` keys; None when absent."""
+        value = raw.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(f"{label} must be a table ([{label}]) ({label}: {value!r})")
+        self.known_keys(value, f"[{label}]", known, what)
+        return value
+
+    def known_keys(
+        self, table: dict[str, Any], where: str, known: tuple[str, ...], what: str = "key"
+    ) -> None:
+        for key in table:
+            if key not in known:
+                raise self.fail(f"unknown {what} {key!r} in {where} (known: {', '.join(known)})")
+
+    def get(self, table: dict[str, Any], key: str, label: str, want: str) -> Any:
+        if key not in table:
+            raise self.fail(f"{label} is missing (expected {want})")
+        return table[key]
+
+    def text(self, table: dict[str, Any], key: str, label: str) -> str:
+        value = self.get(table, key, label, "text")
+        if not isinstance(value, str):
+            raise self.fail(f"{label} must be text ({label}: {value!r})")
+        return value
+
+    def whole(self, table: dict[str, Any], key: str, label: str) -> int:
+        want = "a positive whole number"
+        value = self.get(table, key, label, want)
+        # bool is an int in Python; `nodes = true` is a mistake, not 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(f"{label} must be {want} ({label}: {value!r})")
+        return value
+
+    def number(
+        self,
+        table: dict[str, Any],
+        key: str,
+        label: str,
+        default: float | None = None,
+        zero_ok: bool = False,
+        at_most_one: bool = False,
+    ) -> float:
+        if zero_ok:
+            want = "a number >= 0"
+        elif at_most_one:
+            want = "a number in (0, 1]"
+        else:
+            want = "a positive number"
+        value = (
+            table.get(key, default) if default is not None else self.get(table, key, label, want)
+        )
+        ok = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (value >= 0 if zero_ok else value > 0)
+            and (value <= 1 or not at_most_one)
+        )
+        if not ok:
+            raise self.fail(f"{label} must be {want} ({label}: {value!r})")
+        return float(value)
+
+    def link(self, raw: dict[str, Any], key: str) -> Link | None:
+        t = self.table(raw, key, key, _LINK_KEYS)
+        if t is None:
+            return None
+        alpha = self.number(t, "latency_us", f"{key}.latency_us", zero_ok=True) * _MICRO
+        gbit = self.number(t, "bandwidth_gbit", f"{key}.bandwidth_gbit")
+        return Link(alpha_s=alpha, bytes_per_s=gbit * _GIGA / 8)
+
+    def device(self, raw: dict[str, Any]) -> Device:
+        t = self.table(raw, "device", "device", _DEVICE_KEYS)
+        if t is None:
+            raise self.fail("device is missing (expected a [device] table)")
+        tflops = self.table(t, "tflops", "device.tflops", PRECISIONS, "precision")
+        if not tflops:
+            raise self.fail(
+                f"device.tflops is missing (expected a [device.tflops] table with "
+                f"one or more of {', '.join(PRECISIONS)})"
+            )
+        return Device(
+            name=self.text(t, "name", "device.name"),
+            flops={k: self.number(tflops, k, f"device.tflops.{k}") * _TERA for k in tflops},
+            memory_bytes=round(self.number(t, "memory_gb", "device.memory_gb") * _GIGA),
+            efficiency=self.number(t, "efficiency", "device.efficiency", 0.6, at_most_one=True),
+            speed=self.number(t, "speed", "device.speed", 1.0),
+        )
+
+
+def read_cluster(path: str | Path) -> Cluster:
+    """Read a cluster TOML file (units: tflops, memory_gb = 1e9 bytes, latency_us,
+    bandwidth_gbit = 1e9 bit/s) into a :class:`Cluster` in SI units.
+
+    Required: ``name``, ``nodes``, ``ranks_per_node``, ``[device]`` (``name``,
+    ``memory_gb``, ``[device.tflops]`` with one or more of fp32, tf32, bf16) and
+    ``[intra]`` (``latency_us``, ``bandwidth_gbit``); ``[inter]`` too when nodes > 1.
+    Optional: ``cores_per_node`` (CPU clusters), ``device.efficiency`` (0.6),
+    ``device.speed`` (1).
+
+    Args:
+        path: the TOML file.
+
+    Returns:
+        The cluster, with ``source`` the path.
+
+    Raises:
+        JimuError: one line naming the file, the field, the bad value and what is expected:
+            missing or unreadable file, bad TOML, unknown key, wrong type, a number out of
+            range, a missing field or table.
+
+    Example:
+        >>> read_cluster("examples/clusters/h100-node.toml").world
+        8
+    """
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise JimuError(f"cluster file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise JimuError(f"cluster file {p} cannot be read: {one_line(e)}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise JimuError(f"cluster file {p} is not valid TOML: {one_line(e)}") from None
+    f = _File(p)
+    f.known_keys(raw, "the top level", _TOP_KEYS)
+    name = f.text(raw, "name", "name")
+    nodes = f.whole(raw, "nodes", "nodes")
+    ranks_per_node = f.whole(raw, "ranks_per_node", "ranks_per_node")
+    cores = f.whole(raw, "cores_per_node", "cores_per_node") if "cores_per_node" in raw else None
+    device = f.device(raw)
+    intra = f.link(raw, "intra")
+    if intra is None:
+        raise f.fail("intra is missing (expected an [intra] table: the link inside a node)")
+    # inter missing for nodes > 1: Cluster says so, naming this file as its source
+    return Cluster(
+        name=name,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        device=device,
+        intra=intra,
+        inter=f.link(raw, "inter"),
+        cores_per_node=cores,
+        source=str(p),
+    )
+
+
+def cluster_to_dict(c: Cluster) -> dict[str, Any]:
+    """The cluster as JSON-able values in SI units (FLOP/s, bytes, seconds, bytes/s), with
+    ``world`` added, for plan.json. An infinite bandwidth (a probe link whose time did not
+    grow with size) becomes None: JSON has no infinity.
+
+    Example:
+        >>> c = read_cluster("examples/clusters/h100-node.toml")
+        >>> d = cluster_to_dict(c)
+        >>> d["world"], d["intra"]["bytes_per_s"]
+        (8, 450000000000.0)
+    """
+    return {**_finite(dataclasses.asdict(c)), "world": c.world}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,268 @@
+"""``jimu plan``: predict every configuration of a matrix on a cluster, rank them, and check them for real.
+
+The matrix is the bench's (``--strategies`` x ``--workers`` x ``--models`` x any comma
+list of a ``jimu train`` option), validated as ``jimu bench`` validates it. The cluster
+is either this machine (``--cluster probe``: the link is timed by ``jimu probe``'s
+collectives over real workers, the model's work measured in this process at each
+worker count's threads) or a TOML file describing one that is not here (FLOPs scaled by
+its devices' peaks). ``--check [N]`` then runs the N best predicted configurations (all
+without N) as ``jimu bench`` would run them and prints predicted against measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import shlex
+import statistics
+from pathlib import Path
+from typing import Any
+
+from deepjimu.atomic import atomic_write_text
+from deepjimu.bench.matrix import (
+    BENCH_FLAGS,
+    Cell,
+    coerce,
+    parse_list,
+    parse_workers,
+    plan,
+    split_variants,
+    train_config,
+    train_options,
+)
+from deepjimu.config import RunConfig, add_options
+from deepjimu.errors import JimuError
+
+__all__ = ["add_plan_arguments", "plan_from_args"]
+
+_DEFAULTS = {
+    "strategies": "local,ddp,model-parallel,pipeline,admm",
+    "workers": "1,2,3",
+    "models": "mlp:256x3",
+}
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``jimu plan`` options to ``p``."""
+    p.add_argument(
+        "--strategies", default=None, help=f"comma list (default: {_DEFAULTS['strategies']})"
+    )
+    p.add_argument("--workers", default=None, help="comma list of worker counts (default: 1,2,3)")
+    p.add_argument("--models", default=None, help="comma list of model specs (default: mlp:256x3)")
+    p.add_argument("--dataset", default="digits", help="dataset of every run (default: digits)")
+    p.add_argument("--data-dir", default="data", help="folder with dataset files (default: data)")
+    p.add_argument(
+        "--epochs", type=int, default=None, help="epochs of every run (default: each strategy's)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of every run (default: 0)")
+    p.add_argument(
+        "--cluster",
+        default="probe",
+        help="probe (measure this machine) or a cluster TOML file (see examples/clusters)",
+    )
+    p.add_argument(
+        "--out", default=None, help="folder for plan.json (default: plans/plan-YYYYmmdd-HHMMSS)"
+    )
+    p.add_argument(
+        "--check",
+        nargs="?",
+        type=int,
+        const=0,
+        default=None,
+        metavar="N",
+        help="run the N best predicted configurations for real (all without N) and print "
+        "predicted against measured",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds per checked run (default: 300)"
+    )
+    train = p.add_argument_group(
+        "jimu train options",
+        "any jimu train option, for every configuration; a comma list is a matrix dimension",
+    )
+    add_options(train, exclude=BENCH_FLAGS)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """One configuration of the plan: its cell, validated config and ``jimu train`` flags."""
+
+    cell: Cell
+    cfg: RunConfig
+    argv: list[str]
+
+
+def _configs(args: argparse.Namespace) -> tuple[list[_Config], list[Cell]]:
+    """The matrix of ``args``: the configurations to predict and the skipped cells."""
+    from deepjimu.bench import train_flags
+    from deepjimu.validation import validate
+
+    strategies = parse_list(args.strategies or _DEFAULTS["strategies"], "strategies")
+    workers = parse_workers(args.workers or _DEFAULTS["workers"])
+    models = parse_list(args.models or _DEFAULTS["models"], "models")
+    if args.epochs is not None and args.epochs < 1:
+        raise JimuError(f"--epochs must be >= 1 (epochs: {args.epochs})")
+    fixed, variants = split_variants(train_flags(args))
+    base = {
+        "dataset": args.dataset,
+        "data_dir": args.data_dir,
+        "seed": args.seed,
+        "epochs": args.epochs,
+    }
+    cfg = train_config(fixed, base)
+    cells = plan(cfg, strategies, workers, models, variants, fixed=[k for k, _ in fixed])
+    out = []
+    for cell in cells:
+        if cell.skip:
+            continue
+        argv = cell.argv(fixed)
+        own = train_config(train_options(argv), base)
+        typed = {k: coerce(k, v, "flag") for k, v in cell.options}
+        one = dataclasses.replace(
+            own, strategy=cell.strategy, workers=cell.workers, model=cell.model, quiet=True, **typed
+        )
+        out.append(_Config(cell, validate(one), argv))
+    return out, [c for c in cells if c.skip]
+
+
+def plan_from_args(args: argparse.Namespace) -> Path:
+    """Run ``jimu plan``: predict, print the ranked table, write ``plan.json``; ``--check``
+    runs the best ones. Returns the output folder.
+
+    Raises:
+        JimuError: a bad option or cluster file, a configuration ``jimu train`` would refuse.
+    """
+    configs, skipped = _configs(args)
+    out = Path(args.out or f"plans/plan-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    if (out / "plan.json").exists():
+        raise JimuError(f"plan folder {out} already holds a plan.json; pick another --out")
+    rows = _predict(configs, args.cluster, out)
+    rows.sort(key=lambda r: -r["predicted"]["samples_per_s"] if r.get("predicted") else 0.0)
+    print(_table(rows))
+    for cell in skipped:
+        print(f"skipped {cell.label}: {cell.skip}")
+    if args.check is not None:
+        _check(rows, args, out)
+    atomic_write_text(
+        out / "plan.json",
+        json.dumps(
+            {
+                "cluster": rows and rows[0].pop("_cluster"),
+                "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+            },
+            indent=2,
+        ),
+    )
+    print(f"plan: {out / 'plan.json'}")
+    return out
+
+
+def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
+    """Every configuration's row with its prediction (or why it has none)."""
+    from deepjimu.plan.cluster import cluster_to_dict
+    from deepjimu.plan.predict import predict
+    from deepjimu.plan.setup import cluster_and_compute
+
+    rows = []
+    made: dict[tuple[Any, ...], Any] = {}
+    for c in configs:
+        cluster, compute, layers, train_size = cluster_and_compute(
+            c.cfg, cluster_arg, out, made, [x.cfg for x in configs]
+        )
+        row: dict[str, Any] = {
+            "strategy": c.cell.strategy,
+            "workers": c.cell.workers,
+            "model": c.cell.model,
+            "options": dict(c.cell.options),
+            "_cell": c.cell,
+            "_argv": c.argv,
+            "_cluster": cluster_to_dict(cluster),
+        }
+        try:
+            row["predicted"] = predict(c.cfg, layers, train_size, compute, cluster).to_dict()
+        except ValueError as e:
+            row["predicted"], row["not_predicted"] = None, str(e)
+        rows.append(row)
+    return rows
+
+
+def _label(r: dict[str, Any]) -> str:
+    opts = "".join(f" {k.replace('_', '-')}={v}" for k, v in r["options"].items())
+    return f"{r['strategy']} x{r['workers']} {r['model']}{opts}"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """The ranked predictions, fastest first."""
+    from deepjimu.units import format_bytes
+
+    width = max([len(_label(r)) for r in rows] + [13])
+    lines = [
+        f"{'configuration':<{width}}{'samples/s':>12}{'step ms':>10}{'sent/sample':>13}{'state MB':>10}"
+    ]
+    for r in rows:
+        p = r.get("predicted")
+        if p is None:
+            lines.append(f"{_label(r):<{width}}  not predicted: {r['not_predicted']}")
+            continue
+        lines.append(
+            f"{_label(r):<{width}}{p['samples_per_s']:>12.0f}{p['step_s'] * 1e3:>10.2f}"
+            f"{format_bytes(p['bytes_per_sample']):>13}{p['peak_mem_mb']:>10.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> None:
+    """Run the best ``args.check`` rows (0: all) for real; add ``measured`` and the error to each."""
+    from deepjimu.bench.runner import measure, run_cell, train_command
+
+    todo = [r for r in rows if r.get("predicted")]
+    todo = todo[: args.check] if args.check else todo
+    runs = out / "check"
+    for i, r in enumerate(todo, start=1):
+        cell = r["_cell"]
+        cmd = train_command(
+            cell, runs / "runs", args.dataset, args.data_dir, args.seed, args.epochs, r["_argv"]
+        )
+        print(f"[{i}/{len(todo)}] {_label(r)}...", end=" ", flush=True)
+        outcome = run_cell(cmd, runs / "logs", cell.name, args.timeout)
+        if outcome.status != "ok":
+            r["measured"] = {"status": outcome.status, "error": outcome.error}
+            print(f"{outcome.status}: {outcome.error}", flush=True)
+            continue
+        got = measure(runs / "runs" / cell.name)
+        r["measured"] = {
+            k: got.get(k) for k in ("samples_per_s", "bytes_per_sample", "peak_mem_mb", "train_s")
+        }
+        pred, real = r["predicted"]["samples_per_s"], got.get("samples_per_s")
+        r["error"] = (pred - real) / real if real else None
+        print(
+            f"predicted {pred:.0f}, measured {real:.0f} samples/s ({r['error']:+.0%})", flush=True
+        )
+    print(_check_summary(todo))
+
+
+def _check_summary(rows: list[dict[str, Any]]) -> str:
+    """Median and worst error of samples/s, and whether the predicted fastest is the fastest."""
+    done = [r for r in rows if r.get("error") is not None]
+    if not done:
+        return "check: no configuration finished"
+    errors = [abs(r["error"]) for r in done]
+    fastest = max(done, key=lambda r: r["measured"]["samples_per_s"])
+    first = done[0]  # rows are ranked by prediction
+    gap = 1 - first["measured"]["samples_per_s"] / fastest["measured"]["samples_per_s"]
+    verdict = (
+        "the measured fastest"
+        if first is fastest
+        else f"{gap:.0%} slower than the measured fastest ({_label(fastest)})"
+    )
+    return (
+        f"check: {len(done)} configurations, |error| of samples/s median {statistics.median(errors):.0%}, "
+        f"worst {max(errors):.0%}; the predicted fastest ({_label(first)}) is {verdict}"
+    )
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces the plan (for its record)."""
+    return "jimu plan " + shlex.join([f"--cluster={args.cluster}"])

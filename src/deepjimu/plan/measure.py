@@ -1,0 +1,247 @@
+"""Measure a model on this device: each block's forward and backward, a training step, pdADMM's phases.
+
+The planning layer's predictors are pure; this module is where their compute figures
+come from when the cluster is the machine we run on (``jimu plan --cluster probe``).
+Every figure is the median of a few repeats after a warm-up, measured in this process
+with a given number of threads (a worker of ``P`` on ``C`` cores runs with ``C // P``,
+:func:`deepjimu.threads.plan_threads`), so a prediction for ``P`` workers uses what one
+of them really gets. FLOPs are counted by torch's own ``FlopCounterMode``, so a profile
+can be scaled to a device that is not here (:mod:`deepjimu.plan.profile`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from deepjimu.config import RunConfig
+from deepjimu.plan.profile import AdmmTimes, BlockTimes, Layer
+
+__all__ = ["MeasuredCompute", "admm_times", "block_times", "layers_of", "step_time", "use_threads"]
+
+
+@contextmanager
+def use_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _median_s(run: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median seconds of ``run()`` over ``repeats`` calls after one warm-up call."""
+    times = []
+    for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if r:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
+    """Each block's size figures: forward FLOPs, parameters and activations, per sample.
+
+    Args:
+        model: the model's blocks (not changed).
+        sample: a batch of inputs (its first row is used).
+
+    Example:
+        >>> [l.params for l in layers_of(nn.Sequential(nn.Linear(4, 2)), torch.zeros(1, 4))]
+        [10]
+    """
+    out, x = [], sample[:1]
+    with torch.no_grad():
+        for i, block in enumerate(model):
+            with FlopCounterMode(display=False) as counter:
+                y = block(x)
+            out.append(
+                Layer(
+                    name=f"{i}:{type(block).__name__}",
+                    fwd_flops=float(counter.get_total_flops()),
+                    params=sum(p.numel() for p in block.parameters()),
+                    in_elems=math.prod(x.shape[1:]),
+                    out_elems=math.prod(y.shape[1:]),
+                )
+            )
+            x = y
+    return out
+
+
+def block_times(model: nn.Sequential, x: Tensor, repeats: int = 3) -> BlockTimes:
+    """Forward and backward seconds of each block on the rows of ``x``, one block at a time.
+
+    Profiles a copy (the model's weights and ``.grad`` stay untouched) under a forked RNG,
+    so profiling does not change what training does afterwards. A block's backward is
+    timed from its output's gradient (ones) to its input's and its parameters'.
+    """
+    probe = copy.deepcopy(model).to(x.device)
+    devices = [x.device] if x.device.type == "cuda" else []
+    fwd, bwd = [], []
+    with torch.random.fork_rng(devices=devices):
+        inp = x
+        for block in probe:
+            inp = inp.detach().requires_grad_(inp.is_floating_point())
+            with torch.no_grad():
+                out = block(inp)
+            ones = torch.ones_like(out)
+
+            def forward(b: nn.Module = block, i: Tensor = inp) -> None:
+                b(i)  # with autograd recording, as in training
+
+            def backward(b: nn.Module = block, i: Tensor = inp, g: Tensor = ones) -> None:
+                b(i).backward(g)
+
+            fwd.append(_median_s(forward, repeats, x.device))
+            both = _median_s(backward, repeats, x.device)
+            bwd.append(max(0.0, both - fwd[-1]))
+            inp = out
+    return BlockTimes(rows=len(x), threads=torch.get_num_threads(), fwd_s=fwd, bwd_s=bwd)
+
+
+def step_time(
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 5
+) -> float:
+    """Seconds of one plain training step (``local``'s) on ``x``: zero_grad, forward, loss,
+    backward and the optimizer's step, on a copy of ``model`` under a forked RNG."""
+    from deepjimu.strategies.base import make_optimizer
+
+    probe = copy.deepcopy(model).to(x.device)
+    optimizer = make_optimizer(probe.parameters(), cfg)
+    devices = [x.device] if x.device.type == "cuda" else []
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(probe(x), y).backward()
+        optimizer.step()
+
+    with torch.random.fork_rng(devices=devices):
+        return _median_s(step, repeats, x.device)
+
+
+def admm_times(
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, iterations: int = 3
+) -> AdmmTimes:
+    """pdADMM on one worker over the rows of ``x`` (full batch): each phase's seconds per iteration.
+
+    Runs the strategy's own serial iteration (:func:`~deepjimu.strategies.admm.driver.serial_iteration`
+    phases, timed apart) after its forward start, and the readout that each log runs
+    (``--admm-readout``). The per-layer split of a phase follows the layer operators' FLOP
+    estimates (what the strategy partitions by), so a block of layers on one rank gets its
+    layers' share.
+    """
+    from deepjimu.comm import Comm, CommStats
+    from deepjimu.strategies.admm.blocks import LayerBlock
+    from deepjimu.strategies.admm.driver import Exchange, choose_readout, init_blocks_forward
+    from deepjimu.strategies.admm.layers import ConvOp, layer_ops
+    from deepjimu.strategies.admm.model import layer_blocks
+    from deepjimu.strategies.admm.strategy import admm_params, admm_settings, weight_layers
+
+    model = copy.deepcopy(model).to(x.device)
+    blocks = layer_blocks(model)
+    maps = weight_layers(blocks)
+    ops = layer_ops(blocks, tuple(x.shape[1:]), cg_max_iter=cfg.admm_cg_iters)
+    L, n = len(maps), len(x)
+    params = admm_params(cfg, admm_settings(cfg, ops, keep=False))
+    W = [m.weight.detach().clone() for m in maps]
+    b = [
+        m.bias.detach().clone() if m.bias is not None else torch.zeros(m.weight.shape[0])
+        for m in maps
+    ]
+    block = LayerBlock(0, L, L, W, b, params, ops)
+    inputs = x if isinstance(ops[0], ConvOp) else x.flatten(1)
+    ex = Exchange(Comm(CommStats()), cfg.quantize, x.device)
+    init_blocks_forward(block, inputs, n, ex, 0, 1)
+    phases: dict[str, list[float]] = {"p": [], "wbz": [], "qu": [], "momentum": [], "readout": []}
+
+    def timed(name: str, run: Callable[[], object]) -> None:
+        t0 = time.perf_counter()
+        run()
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)
+        phases[name].append(time.perf_counter() - t0)
+
+    with torch.no_grad():
+        for _ in range(iterations):
+            timed("p", block.step_p)
+            timed("wbz", lambda: block.step_wbz(y))
+            timed("qu", block.step_qu)
+            timed("momentum", block.extrapolate if params.momentum else lambda: None)
+            timed(
+                "readout",
+                lambda: choose_readout(block, inputs, y, n, ex, 0, 1, cfg.admm_readout),
+            )
+    med = {k: statistics.median(v[1:] or v) for k, v in phases.items()}
+    p_flops = [op.flops(n) - op.flops(n, with_p=False) if l else 0.0 for l, op in enumerate(ops)]
+    wb_flops = [op.flops(n, with_p=False) for op in ops]
+    per_layer = [
+        _share(med["p"], p_flops, l) + _share(med["wbz"] + med["qu"] + med["momentum"], wb_flops, l)
+        for l in range(L)
+    ]
+    return AdmmTimes(
+        rows=n,
+        threads=torch.get_num_threads(),
+        layer_s=per_layer,
+        readout_s=med["readout"],
+        costs=[op.flops(n, with_p=l > 0) for l, op in enumerate(ops)],
+        widths=[math.prod(op.out_shape) for op in ops],
+    )
+
+
+def _share(total: float, weights: list[float], i: int) -> float:
+    """Layer ``i``'s part of ``total``, in proportion to ``weights``."""
+    s = sum(weights)
+    return total * weights[i] / s if s > 0 else total / len(weights)
+
+
+class MeasuredCompute:
+    """:class:`~deepjimu.plan.profile.Compute` of this device, measured on first use and kept.
+
+    Args:
+        model: the model to time (copied; never changed).
+        x, y: training rows and labels (on the device): a figure for ``rows`` times their
+            first ``rows`` (repeated when there are fewer).
+        cfg: the run's config (optimizer, admm options).
+    """
+
+    def __init__(self, model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig) -> None:
+        self.model, self.x, self.y, self.cfg = model, x, y, cfg
+        self._blocks: dict[tuple[int, int], BlockTimes] = {}
+        self._steps: dict[tuple[int, int], float] = {}
+        self._admm: dict[tuple[int, int], AdmmTimes] = {}
+
+    def _rows(self, rows: int) -> tuple[Tensor, Tensor]:
+        index = torch.arange(rows, device=self.x.device) % len(self.x)
+        return self.x[index], self.y[index]
+
+    def blocks(self, rows: int, threads: int) -> BlockTimes:
+        if (rows, threads) not in self._blocks:
+            with use_threads(threads):
+                self._blocks[rows, threads] = block_times(self.model, self._rows(rows)[0])
+        return self._blocks[rows, threads]
+
+    def step(self, rows: int, threads: int) -> float:
+        if (rows, threads) not in self._steps:
+            with use_threads(threads):
+                self._steps[rows, threads] = step_time(self.model, *self._rows(rows), self.cfg)
+        return self._steps[rows, threads]
+
+    def admm(self, rows: int, threads: int) -> AdmmTimes:
+        if (rows, threads) not in self._admm:
+            with use_threads(threads):
+                self._admm[rows, threads] = admm_times(self.model, *self._rows(rows), self.cfg)
+        return self._admm[rows, threads]

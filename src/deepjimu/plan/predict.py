@@ -1,0 +1,337 @@
+"""A predictor per strategy: one run's step time, samples/s, bytes per sample and memory on a cluster.
+
+Every predictor composes the same two inputs, a :class:`~deepjimu.plan.profile.Compute`
+(seconds of the model's work on one rank) and a :class:`~deepjimu.plan.cluster.Cluster`
+(its links), by the strategy's schedule:
+
+- ``local``: the measured step, batch after batch.
+- ``ddp``: each rank's step on its ``batch / P`` rows, then one all-reduce per DDP bucket
+  (the gradients in reverse order, the first bucket 1 MiB, the others 25 MiB, as torch's
+  DDP fills them). On a CPU node the all-reduce does not overlap the backward pass (gloo
+  and the gradients share the cores, :mod:`deepjimu.compress.cost`); on a GPU it overlaps
+  all but the last bucket's backward. ``--compress fp16|bf16`` halves the bytes and uses
+  that dtype's fitted all-reduce.
+- ``model-parallel``: the stages one after the other, each block's forward and backward
+  on the whole batch, an activation and its gradient across each cut.
+- ``pipeline``: the schedule's actions (:func:`deepjimu.plan.schedule.actions`) replayed
+  through the cost model (:func:`deepjimu.plan.schedule.simulate`) with each stage's
+  micro-batch times and the cuts' transfers.
+- ``admm``: per iteration the slowest rank's layers (ranks work at once), then the p and
+  q exchange across each cut; per log the readout's forward chain, rank after rank.
+
+Ranks that share a CPU node's cores slow each other down: a rank runs ``cores // P``
+threads and, when more threads compute at once than there are cores, each runs
+``threads / cores`` slower (:meth:`Cluster.ranks_sharing_cores`). Samples per second mean
+what ``jimu bench`` reports: training samples over training time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from deepjimu.config import RunConfig
+from deepjimu.plan.cluster import Cluster
+from deepjimu.plan.profile import Compute, Layer
+from deepjimu.plan.schedule import actions, simulate, stage_ranks
+from deepjimu.strategies.partition import parse_balance, partition
+
+__all__ = ["BUCKET", "FIRST_BUCKET", "Prediction", "predict", "threads_per_rank"]
+
+FIRST_BUCKET = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+BUCKET = 25 << 20  # DDP's bucket_cap_mb default
+_FLOAT = 4  # activations, gradients and admm's variables are float32
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One configuration's predicted figures.
+
+    ``step_s``: one training step (admm: one iteration, its share of the readout
+    included); ``samples_per_s``: training samples over training time, as ``jimu bench``;
+    ``bytes_per_sample``: bytes sent by all ranks per training sample; ``peak_mem_mb``: the
+    model state one worker holds (weights, gradients, optimizer state, activations; admm:
+    its variables), not the process's whole memory; ``parts``: the step's components.
+    """
+
+    strategy: str
+    workers: int
+    step_s: float
+    samples_per_s: float
+    bytes_per_sample: float
+    peak_mem_mb: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``predicted`` record of ``plan.json``."""
+        return {
+            "step_s": self.step_s,
+            "samples_per_s": self.samples_per_s,
+            "bytes_per_sample": self.bytes_per_sample,
+            "peak_mem_mb": self.peak_mem_mb,
+            "parts": self.parts,
+        }
+
+
+def threads_per_rank(cluster: Cluster, p: int) -> int:
+    """Threads of each of ``p`` ranks (:meth:`Cluster.threads_per_rank`; 1 on a GPU cluster)."""
+    return cluster.threads_per_rank(p) or 1
+
+
+def _slowdown(cluster: Cluster, busy: float, threads: int) -> float:
+    """How much slower each of ``busy`` ranks (on average) computing at once runs than alone:
+    their threads over the node's cores, when more (1 on a GPU cluster)."""
+    if cluster.cores_per_node is None:
+        return 1.0
+    return max(1.0, min(busy, cluster.ranks_per_node) * threads / cluster.cores_per_node)
+
+
+def predict(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
+    """The prediction for ``cfg`` (a validated config: strategy, workers, batch, ...).
+
+    Args:
+        cfg: the run (its ``strategy``, ``workers`` and the options its strategy reads).
+        layers: the model's blocks (:func:`deepjimu.plan.measure.layers_of`).
+        train_size: training samples per epoch.
+        compute: seconds of the model's work on one rank.
+        cluster: the ranks' links (and cores, on a CPU node).
+
+    Raises:
+        ValueError: a strategy or option the planner does not predict.
+    """
+    assert cfg.workers is not None
+    p = cfg.workers
+    if p > cluster.world:
+        raise ValueError(f"{p} workers on a cluster of {cluster.world} ranks")
+    kind = cfg.strategy
+    if kind == "local":
+        return _gradient(cfg, layers, train_size, compute, cluster, comm=None)
+    if kind == "ddp":
+        return _gradient(cfg, layers, train_size, compute, cluster, comm=_ddp_comm)
+    if kind == "model-parallel":
+        return _model_parallel(cfg, layers, train_size, compute, cluster)
+    if kind == "pipeline":
+        return _pipeline(cfg, layers, train_size, compute, cluster)
+    if kind == "admm":
+        return _admm(cfg, train_size, compute, cluster)
+    raise ValueError(f"the planner does not predict strategy {kind}")
+
+
+def _batches(train_size: int, batch: int) -> list[tuple[int, int]]:
+    """(rows, count) of an epoch's batches: the full ones and the last, smaller one."""
+    full, rest = divmod(train_size, batch)
+    return [(batch, full)] + ([(rest, 1)] if rest else [])
+
+
+def _state_mb(cfg: RunConfig, params: int, rows: int, activations: int) -> float:
+    """Weights, gradients, optimizer state (Adam 2, SGD's momentum 1 copy) and the forward's
+    activations kept for the backward pass, in MB."""
+    copies = 2 + (2 if cfg.optimizer == "adam" else 1)
+    return (copies * params + 2 * rows * activations) * _FLOAT / 1e6
+
+
+def _ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
+    """Seconds and bytes (one rank's payload) of one step's all-reduces."""
+    compress = str(cfg.compress)
+    if compress not in ("none", "fp16", "bf16"):
+        raise ValueError(
+            f"the planner predicts ddp with --compress none, fp16 or bf16 (compress: {compress})"
+        )
+    size = 2 if compress in ("fp16", "bf16") else _FLOAT
+    collective = "all_reduce" if compress == "none" else f"all_reduce_{compress}"
+    buckets, cap, now = [], FIRST_BUCKET, 0
+    for layer in reversed(layers):  # gradients become ready last layer first
+        now += layer.params * size
+        if now >= cap:
+            buckets.append(now)
+            now, cap = 0, BUCKET
+    if now:
+        buckets.append(now)
+    return sum(cluster.all_reduce_s(b, p, collective) for b in buckets), sum(buckets)
+
+
+def _gradient(cfg, layers, train_size, compute, cluster, comm) -> Prediction:  # type: ignore[no-untyped-def]
+    """``local`` (``comm`` None) and ``ddp``: every rank steps on its share of each batch."""
+    p = cfg.workers
+    t = threads_per_rank(cluster, p)
+    slow = _slowdown(cluster, p, t)
+    comm_s, sent = comm(cfg, layers, cluster, p) if comm is not None and p > 1 else (0.0, 0)
+    epoch, steps, compute_s = 0.0, 0, 0.0
+    for rows, count in _batches(train_size, cfg.batch_size):
+        c = compute.step(math.ceil(rows / p), t) * slow
+        if cluster.cores_per_node is None and comm_s:  # a GPU overlaps all but the last bucket
+            bwd = sum(compute.blocks(math.ceil(rows / p), t).bwd_s)
+            hidden = bwd * (1 - layers[0].params / max(1, sum(l.params for l in layers)))
+            step = c + max(0.0, comm_s - hidden)
+        else:
+            step = c + comm_s
+        epoch += count * step
+        steps += count
+        compute_s += count * c
+    params = sum(l.params for l in layers)
+    rows = math.ceil(cfg.batch_size / p)
+    return Prediction(
+        strategy=cfg.strategy,
+        workers=p,
+        step_s=epoch / steps,
+        samples_per_s=train_size / epoch,
+        bytes_per_sample=p * sent * steps / train_size,
+        peak_mem_mb=_state_mb(cfg, params, rows, sum(l.out_elems for l in layers)),
+        parts={"compute_s": compute_s / steps, "comm_s": comm_s},
+    )
+
+
+def _stage_sizes(cfg: RunConfig, costs: list[float], layers: list[Layer], k: int) -> list[int]:
+    """Blocks per stage as the strategy splits them (``--balance``)."""
+    if cfg.balance == "time":
+        return partition(costs, k)
+    if cfg.balance == "size":
+        return partition([float(l.params) for l in layers], k)
+    return parse_balance(cfg.balance, len(layers), k)
+
+
+def _cuts(sizes: list[int]) -> list[int]:
+    """The block after which each stage ends (but the last)."""
+    out, at = [], 0
+    for s in sizes[:-1]:
+        at += s
+        out.append(at - 1)
+    return out
+
+
+def _overhead(cfg: RunConfig, compute: Compute, rows: int, t: int) -> float:
+    """A step's work beyond the blocks' forward and backward (loss, optimizer, zeroing)."""
+    return max(0.0, compute.step(rows, t) - sum(compute.blocks(rows, t).costs()))
+
+
+def _model_parallel(cfg, layers, train_size, compute, cluster) -> Prediction:  # type: ignore[no-untyped-def]
+    """Stages one after the other on the whole batch; activations and gradients cross each cut."""
+    p = cfg.workers
+    t = threads_per_rank(cluster, p)
+    epoch, steps = 0.0, 0
+    sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p)
+    cuts = _cuts(sizes)
+    rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
+    for rows, count in _batches(train_size, cfg.batch_size):
+        times = compute.blocks(rows, t)
+        moves = sum(
+            2 * cluster.p2p_s(rows * layers[c].out_elems * _FLOAT, rank_of[c], rank_of[c + 1])
+            for c in cuts
+        )
+        # each rank updates its own blocks, all at once
+        step = sum(times.costs()) + moves + _overhead(cfg, compute, rows, t) / p
+        epoch += count * step
+        steps += count
+    per_sample = sum(2 * layers[c].out_elems * _FLOAT for c in cuts)
+    params = max(sum(l.params for l in layers[a : a + s]) for a, s in _starts(sizes))
+    return Prediction(
+        strategy=cfg.strategy,
+        workers=p,
+        step_s=epoch / steps,
+        samples_per_s=train_size / epoch,
+        bytes_per_sample=float(per_sample),
+        peak_mem_mb=_state_mb(cfg, params, cfg.batch_size, max(l.out_elems for l in layers)),
+        parts={"stages": float(p)},
+    )
+
+
+def _starts(sizes: list[int]) -> list[tuple[int, int]]:
+    out, at = [], 0
+    for s in sizes:
+        out.append((at, s))
+        at += s
+    return out
+
+
+def _pipeline(cfg, layers, train_size, compute, cluster) -> Prediction:  # type: ignore[no-untyped-def]
+    """The schedule's actions replayed with each stage's micro-batch times (see the module docstring).
+
+    Every micro-batch has the rows of the largest batch's largest micro-batch (the strategy
+    pads the others to it), so every step costs the same.
+    """
+    p, m = cfg.workers, cfg.microbatches
+    chunks = 2 if str(cfg.schedule) == "interleaved" else 1
+    n_stages = p * chunks
+    t = threads_per_rank(cluster, p)
+    steps = math.ceil(train_size / cfg.batch_size)
+    r = math.ceil(math.ceil(train_size / steps) / m)
+    times = compute.blocks(r, t)
+    sizes = _stage_sizes(cfg, times.costs(), layers, n_stages)
+    starts = _starts(sizes)
+    fwd = [sum(times.fwd_s[a : a + s]) for a, s in starts]
+    bwd = [sum(times.bwd_s[a : a + s]) for a, s in starts]
+    stage_rank = stage_ranks(p, chunks)
+    ends = [a + s - 1 for a, s in starts]
+
+    def send(a: int, b: int) -> float:
+        nbytes = r * layers[ends[min(a, b)]].out_elems * _FLOAT
+        return cluster.p2p_s(nbytes, stage_rank[a], stage_rank[b])
+
+    sim = simulate(actions(str(cfg.schedule), p, m, chunks), fwd, bwd, send, stage_rank)
+    busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
+    step = sim.makespan_s * _slowdown(cluster, busy, t) + _overhead(cfg, compute, r * m, t) / p
+    per_step = sum(2 * m * r * layers[e].out_elems * _FLOAT for e in ends[:-1])
+    params = max(sum(l.params for l in layers[a : a + s]) for a, s in starts)
+    return Prediction(
+        strategy=cfg.strategy,
+        workers=p,
+        step_s=step,
+        samples_per_s=train_size / (steps * step),
+        bytes_per_sample=per_step * steps / train_size,
+        peak_mem_mb=_state_mb(cfg, params, r * m, max(l.out_elems for l in layers)),
+        parts={"makespan_s": sim.makespan_s, "bubble": sim.bubble_fraction},
+    )
+
+
+def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -> Prediction:
+    """Full-batch pdADMM: ranks solve their layers at once, then exchange p and q at each cut."""
+    if cfg.admm_batch:
+        raise ValueError(
+            f"the planner predicts full-batch admm only (admm-batch: {cfg.admm_batch})"
+        )
+    assert cfg.workers is not None and cfg.epochs is not None
+    p = cfg.workers
+    t = threads_per_rank(cluster, p)
+    a = compute.admm(train_size, t)
+    L = len(a.layer_s)
+    if cfg.balance in ("time", "size"):
+        sizes = partition(a.costs, p)
+    else:
+        sizes = parse_balance(cfg.balance, L, p)
+    slow = _slowdown(cluster, p, t)
+    ranks = [sum(a.layer_s[s : s + k]) * slow for s, k in _starts(sizes)]
+    rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
+    cuts = _cuts(sizes)
+    word = cfg.quantize / 8 if cfg.quantize else _FLOAT
+    exchange = max(
+        (
+            cluster.p2p_s(int(train_size * a.widths[c] * word), rank_of[c], rank_of[c + 1])
+            for c in cuts
+        ),
+        default=0.0,
+    )
+    iteration = max(ranks) + 2 * exchange
+    # the readout's forward chain (the plain and the refitted activations) runs rank after rank
+    chain = sum(
+        2 * cluster.p2p_s(train_size * a.widths[c] * _FLOAT, rank_of[c], rank_of[c + 1])
+        for c in cuts
+    )
+    readout = (a.readout_s + chain) / cfg.eval_every
+    step = iteration + readout
+    sent = sum(2 * train_size * a.widths[c] * word for c in cuts)
+    sent += sum(2 * train_size * a.widths[c] * _FLOAT for c in cuts) / cfg.eval_every
+    mem = max(
+        sum(train_size * (3 * a.widths[l]) * _FLOAT for l in range(s, s + k))
+        for s, k in _starts(sizes)
+    )
+    return Prediction(
+        strategy=cfg.strategy,
+        workers=p,
+        step_s=step,
+        samples_per_s=train_size / step,
+        bytes_per_sample=sent / train_size,
+        peak_mem_mb=mem / 1e6,
+        parts={"compute_s": max(ranks), "exchange_s": 2 * exchange, "readout_s": readout},
+    )

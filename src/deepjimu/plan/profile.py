@@ -1,0 +1,121 @@
+"""What the predictors know of a model: its blocks' sizes, and the seconds its work takes on a device.
+
+A *profile* is split in two. :class:`Layer` holds what does not depend on the device
+(forward FLOPs, parameters, activation sizes per sample). A :class:`Compute` answers
+"how long does this work take here": each block's forward and backward on ``rows``
+rows with ``threads`` threads (:class:`BlockTimes`), a whole plain training step, and
+one pdADMM iteration's per-layer work (:class:`AdmmTimes`). On the machine we run on the
+answers are measured (:class:`deepjimu.plan.measure.MeasuredCompute`); for a device that
+is not here, :class:`AnalyticCompute` scales FLOPs by the device's peak and efficiency.
+Predictors (:mod:`deepjimu.plan.predict`) only see this interface, so they can be
+checked against hand-made figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from deepjimu.plan.cluster import Device
+
+__all__ = ["LAUNCH_S", "AdmmTimes", "AnalyticCompute", "BlockTimes", "Compute", "Layer"]
+
+LAUNCH_S = 10e-6
+"""Seconds a GPU kernel costs beyond its FLOPs (launch and a small kernel's floor): a few
+microseconds each, and a block runs a few kernels."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One block of the model's ``nn.Sequential``, per sample: forward FLOPs, parameters
+    (elements), input and output activation elements."""
+
+    name: str
+    fwd_flops: float
+    params: int
+    in_elems: int
+    out_elems: int
+
+
+@dataclass(frozen=True)
+class BlockTimes:
+    """Forward and backward seconds of each block on ``rows`` rows with ``threads`` threads."""
+
+    rows: int
+    threads: int
+    fwd_s: list[float]
+    bwd_s: list[float]
+
+    def costs(self) -> list[float]:
+        """Forward + backward of each block (what ``--balance time`` partitions)."""
+        return [f + b for f, b in zip(self.fwd_s, self.bwd_s, strict=True)]
+
+
+@dataclass(frozen=True)
+class AdmmTimes:
+    """One full-batch pdADMM iteration over ``rows`` samples: each layer's seconds (its p,
+    (W, b), z, q, u updates and extrapolation), the readout's seconds (each log runs it),
+    each layer's FLOP estimate (what the strategy partitions by) and output width (elements
+    per sample of the q and p that cross a boundary after it)."""
+
+    rows: int
+    threads: int
+    layer_s: list[float]
+    readout_s: float
+    costs: list[float]
+    widths: list[int]
+
+
+class Compute(Protocol):
+    """Seconds of a model's work on one rank's device."""
+
+    def blocks(self, rows: int, threads: int) -> BlockTimes: ...
+
+    def step(self, rows: int, threads: int) -> float: ...
+
+    def admm(self, rows: int, threads: int) -> AdmmTimes: ...
+
+
+@dataclass(frozen=True)
+class AnalyticCompute:
+    """Compute of a device that is not here: FLOPs over the device's sustained rate.
+
+    A block's forward takes ``rows * fwd_flops / rate + LAUNCH_S``, its backward twice the
+    FLOPs; a step adds the optimizer's update, one pass over the parameters per block
+    (``LAUNCH_S`` each). pdADMM's per-layer seconds are its FLOP estimates over the rate
+    (``admm_flops(rows)``: per layer FLOPs and output widths), its readout the (W, b) refits
+    of every layer. ``threads`` is ignored: a GPU is one device whatever the host's threads.
+    """
+
+    layers: list[Layer]
+    device: Device
+    precision: str = "fp32"
+    admm_flops: Callable[[int], tuple[list[float], list[float], list[int]]] | None = None
+
+    def _seconds(self, flops: float) -> float:
+        return self.device.matmul_s(flops, self.precision) + LAUNCH_S
+
+    def blocks(self, rows: int, threads: int) -> BlockTimes:
+        return BlockTimes(
+            rows=rows,
+            threads=threads,
+            fwd_s=[self._seconds(rows * l.fwd_flops) for l in self.layers],
+            bwd_s=[self._seconds(2 * rows * l.fwd_flops) for l in self.layers],
+        )
+
+    def step(self, rows: int, threads: int) -> float:
+        return sum(self.blocks(rows, threads).costs()) + LAUNCH_S * len(self.layers)
+
+    def admm(self, rows: int, threads: int) -> AdmmTimes:
+        if self.admm_flops is None:
+            raise ValueError("this profile has no pdADMM FLOP estimates")
+        costs, refits, widths = self.admm_flops(rows)
+        return AdmmTimes(
+            rows=rows,
+            threads=threads,
+            layer_s=[self._seconds(c) for c in costs],
+            readout_s=sum(self._seconds(c) for c in refits),
+            costs=costs,
+            widths=widths,
+        )

@@ -1,0 +1,121 @@
+"""The cluster and the compute figures of a plan: measured here (``--cluster probe``) or from a cluster file.
+
+``probe`` times this machine: its collectives by ``jimu probe`` over as many real
+workers as the plan's largest configuration (at least 2; the ring formulas of
+:class:`~deepjimu.plan.cluster.Cluster` carry the fit to other worker counts), its cores
+(:func:`deepjimu.threads.available_cores`), and the model's work in this process
+(:class:`~deepjimu.plan.measure.MeasuredCompute`). A TOML file describes a cluster that
+is not here: the model's FLOPs over its device's rate
+(:class:`~deepjimu.plan.profile.AnalyticCompute`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from deepjimu.config import RunConfig
+from deepjimu.plan.cluster import Cluster, Device, links_from_probe, read_cluster
+from deepjimu.plan.profile import AnalyticCompute, Compute, Layer
+
+__all__ = ["cluster_and_compute", "probe_cluster"]
+
+
+def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> Cluster:
+    """This machine as a one-node cluster: ``jimu probe``'s collective fits over ``workers``
+    real workers (written to ``out/probe``), its cores shared by the ranks."""
+    from deepjimu.compress.probe import Probe
+    from deepjimu.launch import probe
+    from deepjimu.threads import available_cores
+
+    world = max(2, workers)
+    probed = probe(
+        dataclasses.replace(
+            cfg, strategy="ddp", workers=world, runs_dir=str(out), name="probe", quiet=True,
+            compress="none", given={},
+        )
+    )  # fmt: skip
+    assert probed is not None
+    found = Probe.from_dict(probed["probe"])
+    links = links_from_probe(found.links, found.world)
+    cores = available_cores()
+    return Cluster(
+        name=f"this machine ({cores} cores, {found.device})",
+        nodes=1,
+        ranks_per_node=max(workers, world),
+        device=Device(name=found.device, flops={"fp32": 1.0}, memory_bytes=0),
+        # a point-to-point message is one hop of the all-gather's ring
+        intra=links["all_gather"],
+        inter=None,
+        cores_per_node=cores if found.device == "cpu" else None,
+        collectives=links,
+        source="probe",
+    )
+
+
+def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
+    """The model of ``cfg`` (built as a run builds it), its training data, and its blocks' sizes."""
+    from deepjimu.data import DataOptions, load_dataset
+    from deepjimu.models import build_model
+    from deepjimu.plan.measure import layers_of
+
+    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    return model, data, layers_of(model, data.train_x[:1])
+
+
+def _admm_flops(model: Any, feature_shape: tuple[int, ...], cfg: RunConfig) -> Any:
+    """Per layer pdADMM FLOPs of an iteration and of the readout's refit, and output widths."""
+    import math
+
+    from deepjimu.strategies.admm.layers import layer_ops
+    from deepjimu.strategies.admm.model import layer_blocks
+
+    ops = layer_ops(layer_blocks(model), feature_shape, cg_max_iter=cfg.admm_cg_iters)
+
+    def flops(n: int) -> tuple[list[float], list[float], list[int]]:
+        costs = [op.flops(n, with_p=l > 0) for l, op in enumerate(ops)]
+        refits = [op.flops(n, with_p=False) for op in ops]
+        return costs, refits, [math.prod(op.out_shape) for op in ops]
+
+    return flops
+
+
+def cluster_and_compute(
+    cfg: RunConfig, cluster_arg: str, out: Path, made: dict[Any, Any], all_cfgs: list[RunConfig]
+) -> tuple[Cluster, Compute, list[Layer], int]:
+    """The cluster, compute, blocks and training-set size that predict ``cfg``; ``made``
+    keeps what configurations share (the cluster, each model's figures)."""
+    if "cluster" not in made:
+        if cluster_arg == "probe":
+            made["cluster"] = probe_cluster(cfg, max(c.workers or 1 for c in all_cfgs), out)
+        else:
+            made["cluster"] = read_cluster(cluster_arg)
+    cluster: Cluster = made["cluster"]
+    key = (
+        cfg.model,
+        cfg.dataset,
+        cfg.data_dir,
+        cfg.seed,
+        cfg.optimizer,
+        cfg.admm_readout,
+        cfg.quantize,
+    )
+    if key not in made:
+        model, data, layers = _layers_and_data(cfg)
+        compute: Compute
+        if cluster.source == "probe":
+            from deepjimu.plan.measure import MeasuredCompute
+
+            compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)
+        else:
+            compute = AnalyticCompute(
+                layers,
+                cluster.device,
+                str(cfg.precision),
+                _admm_flops(model, data.feature_shape, cfg),
+            )
+        made[key] = (compute, layers, len(data.train_y))
+    compute, layers, n = made[key]
+    return cluster, compute, layers, n

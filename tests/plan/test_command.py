@@ -1,0 +1,67 @@
+"""``jimu plan``: a ranked table and plan.json, from a cluster file or from this machine, and --check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deepjimu.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "clusters"
+
+
+def test_plan_on_a_cluster_file_ranks_every_configuration(tmp_path, capsys) -> None:
+    out = tmp_path / "plan"
+    code = main(
+        [
+            "plan", "--cluster", str(EXAMPLES / "h100-node.toml"), "--strategies",
+            "local,ddp,pipeline,admm", "--workers", "1,2,4", "--models", "mlp:64x4",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    rows = json.loads((out / "plan.json").read_text())["rows"]
+    # local x1, ddp x1 2 4, pipeline x2 x4 (it needs 2 workers), admm x1 x2 x4
+    assert len(rows) == 9
+    speeds = [r["predicted"]["samples_per_s"] for r in rows]
+    assert speeds == sorted(speeds, reverse=True)
+    for r in rows:
+        assert set(r["predicted"]) >= {"step_s", "samples_per_s", "bytes_per_sample", "peak_mem_mb"}
+    assert "skipped local x2 mlp:64x4" in text
+
+
+def test_plan_with_a_bad_cluster_file_says_so_in_one_line(tmp_path, capsys) -> None:
+    bad = tmp_path / "c.toml"
+    bad.write_text('name = "x"\nnodes = "two"\n')
+    code = main(["plan", "--cluster", str(bad), "--strategies", "local", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "nodes" in err and "'two'" in err
+    assert not (tmp_path / "plans").exists()
+
+
+def test_plan_probes_this_machine_and_checks_against_real_runs(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "plan", "--strategies", "local,ddp", "--workers", "1,2", "--models", "mlp:16x1",
+            "--epochs", "2", "--out", "p", "--check",
+        ]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    plan = json.loads(Path("p/plan.json").read_text())
+    assert plan["cluster"]["source"] == "probe"
+    checked = [r for r in plan["rows"] if "measured" in r]
+    assert len(checked) == 3  # local x1, ddp x1, ddp x2
+    for r in checked:
+        assert r["measured"]["samples_per_s"] > 0
+        assert r["error"] == pytest.approx(
+            r["predicted"]["samples_per_s"] / r["measured"]["samples_per_s"] - 1
+        )
+    assert "check: 3 configurations" in text

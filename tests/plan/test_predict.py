@@ -1,0 +1,162 @@
+"""deepjimu.plan.predict: every predictor on hand-made compute and cluster figures, against hand-computed times."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from deepjimu.config import RunConfig
+from deepjimu.plan.cluster import Cluster, Device, Link
+from deepjimu.plan.predict import BUCKET, FIRST_BUCKET, predict
+from deepjimu.plan.profile import AdmmTimes, BlockTimes, Layer
+
+GPU = Device("g", {"fp32": 1e12}, 2**34)
+LINK = Link(alpha_s=1e-3, bytes_per_s=1e6)  # 1 ms + 1 us per byte: easy sums
+
+
+@dataclasses.dataclass
+class Fixed:
+    """Compute of made-up figures: block l takes ``per_row[l]`` s per row forward, twice
+    that backward; a step adds ``overhead`` s; admm's layers ``admm_s``."""
+
+    per_row: list[float]
+    overhead: float = 0.0
+    admm_s: list[float] = dataclasses.field(default_factory=list)
+    readout_s: float = 0.0
+    widths: list[int] = dataclasses.field(default_factory=list)
+
+    def blocks(self, rows: int, threads: int) -> BlockTimes:
+        return BlockTimes(
+            rows, threads, [rows * a for a in self.per_row], [2 * rows * a for a in self.per_row]
+        )
+
+    def step(self, rows: int, threads: int) -> float:
+        return sum(self.blocks(rows, threads).costs()) + self.overhead
+
+    def admm(self, rows: int, threads: int) -> AdmmTimes:
+        return AdmmTimes(rows, threads, self.admm_s, self.readout_s, list(self.admm_s), self.widths)
+
+
+def layers(params: list[int], outs: list[int]) -> list[Layer]:
+    return [Layer(f"{i}", 0.0, p, 1, o) for i, (p, o) in enumerate(zip(params, outs, strict=True))]
+
+
+def gpus(n: int) -> Cluster:
+    return Cluster("gpus", 1, n, GPU, LINK, None)
+
+
+def cpus(ranks: int, cores: int) -> Cluster:
+    return Cluster("cpus", 1, ranks, GPU, LINK, None, cores_per_node=cores)
+
+
+def cfg(strategy: str, workers: int, **kw: object) -> RunConfig:
+    return RunConfig(strategy=strategy, workers=workers, epochs=1, batch_size=10, **kw)  # type: ignore[arg-type]
+
+
+def test_local_is_its_steps_batch_after_batch() -> None:
+    compute = Fixed([0.001, 0.002], overhead=0.005)
+    # 25 samples, batch 10: two steps of 10 rows and one of 5
+    p = predict(cfg("local", 1), layers([10, 10], [4, 2]), 25, compute, gpus(1))
+    step10, step5 = 3 * 10 * 0.003 + 0.005, 3 * 5 * 0.003 + 0.005
+    assert p.samples_per_s == pytest.approx(25 / (2 * step10 + step5))
+    assert p.bytes_per_sample == 0
+
+
+def test_ddp_on_cpus_adds_the_ring_all_reduce_after_the_step() -> None:
+    compute = Fixed([0.001], overhead=0.0)
+    lay = layers([1000], [2])  # 4,000 bytes of gradients: one bucket
+    p = predict(cfg("ddp", 2), lay, 20, compute, cpus(2, 2))
+    compute_s = 3 * 5 * 0.001  # 5 rows each, 2 threads' worth of cores: no slowdown
+    # the link is one hop; all-reduce over 2 ranks: 2 hops of alpha + (2(p-1)/p) n / B
+    all_reduce = 2 * 1e-3 + 1.0 * 4000 / 1e6
+    assert p.step_s == pytest.approx(compute_s + all_reduce)
+    assert p.samples_per_s == pytest.approx(20 / (2 * (compute_s + all_reduce)))
+    # each of 2 ranks hands 4,000 bytes to each of the 2 steps, over 20 samples
+    assert p.bytes_per_sample == pytest.approx(2 * 4000 * 2 / 20)
+
+
+def test_ddp_ranks_that_outnumber_the_cores_slow_each_other() -> None:
+    compute = Fixed([0.001])
+    lay = layers([1], [2])
+    alone = predict(cfg("ddp", 3), lay, 30, compute, cpus(3, 3)).parts["compute_s"]
+    shared = predict(cfg("ddp", 3), lay, 30, compute, cpus(3, 2)).parts["compute_s"]
+    assert shared == pytest.approx(1.5 * alone)  # 3 single-thread ranks on 2 cores
+
+
+def test_ddp_buckets_follow_torch_caps() -> None:
+    # 3 layers of 200,000 floats (800 KB each), last first: the 1 MiB first bucket closes
+    # after two (1.6 MB), the rest (800 KB) stays under 25 MiB: two all-reduces
+    lay = layers([200_000] * 3, [2] * 3)
+    assert FIRST_BUCKET <= 2 * 800_000 and BUCKET > 800_000
+    p = predict(cfg("ddp", 2), lay, 10, Fixed([0.0] * 3), cpus(2, 2))
+    expected = (2e-3 + 1_600_000 / 1e6) + (2e-3 + 800_000 / 1e6)
+    assert p.parts["comm_s"] == pytest.approx(expected)
+
+
+def test_ddp_on_gpus_hides_the_all_reduce_behind_the_backward_pass() -> None:
+    lay = layers([100, 900], [2, 2])  # 4 KB of gradients, 10% in the first layer
+    slow_backward = Fixed([0.1, 0.1])  # 10 rows: backward 2 s, far longer than the 6 ms ring
+    p = predict(cfg("ddp", 2), lay, 20, slow_backward, gpus(2))
+    assert p.step_s == pytest.approx(p.parts["compute_s"])
+    quick = Fixed([1e-6, 1e-6])
+    q = predict(cfg("ddp", 2), lay, 20, quick, gpus(2))
+    comm = 2e-3 + 4000 / 1e6
+    bwd = 2 * 5 * 2e-6
+    assert q.step_s == pytest.approx(q.parts["compute_s"] + comm - 0.9 * bwd)
+
+
+def test_model_parallel_runs_the_stages_one_after_the_other() -> None:
+    compute = Fixed([0.001, 0.001, 0.002], overhead=0.004)
+    lay = layers([1, 1, 1], [8, 16, 2])
+    p = predict(cfg("model-parallel", 2, balance="1,2"), lay, 10, compute, gpus(2))
+    # one step of 10 rows: all blocks forward and backward, the 8-wide activation and its
+    # gradient across the cut after block 0, each rank's share of the optimizer at once
+    blocks = 3 * 10 * 0.004
+    moves = 2 * (1e-3 + 10 * 8 * 4 / 1e6)
+    assert p.step_s == pytest.approx(blocks + moves + 0.004 / 2)
+    assert p.bytes_per_sample == pytest.approx(2 * 8 * 4)
+
+
+def test_pipeline_gpipe_makespan_from_the_schedule() -> None:
+    # 2 equal stages, 4 micro-batches of 10/4 -> 3 rows, forward 3 ms and backward 6 ms a
+    # stage: (m + S - 1)(F + B) = 5 x 9 ms without transfers; here each costs 1 ms + 3*8*4 us
+    compute = Fixed([0.001, 0.001])
+    lay = layers([1, 1], [8, 2])
+    p = predict(cfg("pipeline", 2, microbatches=4, balance="1,1"), lay, 10, compute, gpus(2))
+    send = 1e-3 + 3 * 8 * 4 / 1e6
+    # forwards: stage 1 starts micro-batch i at 3 ms + send + 3i; its last forward ends at
+    # 3 + send + 12; then backwards on stage 1 at 6 ms each (4 -> 24 ms), stage 0 follows
+    # each with a send: the last backward of stage 0 ends send + 6 after stage 1's last
+    expected = 3e-3 + send + 4 * 3e-3 + 4 * 6e-3 + send + 6e-3
+    assert p.parts["makespan_s"] == pytest.approx(expected)
+    assert p.step_s == pytest.approx(expected)  # no optimizer overhead in these figures
+
+
+def test_admm_iteration_is_the_slowest_rank_then_the_exchange() -> None:
+    compute = Fixed([], admm_s=[1.0, 2.0, 3.0], readout_s=0.5, widths=[100, 50, 10])
+    lay = layers([1, 1, 1], [100, 50, 10])
+    c = cfg("admm", 2, balance="2,1", eval_every=2)
+    p = predict(c, lay, 1000, compute, gpus(2))
+    # rank 0: layers 0, 1 (3 s); rank 1: layer 2 (3 s); the cut after layer 1 carries
+    # 1000 x 50 floats each way; the readout (every 2nd iteration) adds its solves and the
+    # plain and refitted activations across the cut
+    cut = 1e-3 + 1000 * 50 * 4 / 1e6
+    assert p.parts["compute_s"] == pytest.approx(3.0)
+    assert p.step_s == pytest.approx(3.0 + 2 * cut + (0.5 + 2 * cut) / 2)
+    assert p.bytes_per_sample == pytest.approx(2 * 50 * 4 + 2 * 50 * 4 / 2)
+
+
+def test_admm_quantized_exchange_sends_fewer_bytes() -> None:
+    compute = Fixed([], admm_s=[1.0, 1.0], widths=[100, 10])
+    lay = layers([1, 1], [100, 10])
+    full = predict(cfg("admm", 2, eval_every=1000), lay, 100, compute, gpus(2))
+    q8 = predict(cfg("admm", 2, eval_every=1000, quantize=8), lay, 100, compute, gpus(2))
+    assert q8.bytes_per_sample < full.bytes_per_sample / 3
+
+
+def test_what_is_not_predicted_says_so() -> None:
+    with pytest.raises(ValueError, match="full-batch admm only"):
+        predict(cfg("admm", 2, admm_batch=64), layers([1, 1], [2, 2]), 100, Fixed([]), gpus(2))
+    with pytest.raises(ValueError, match="compress none, fp16 or bf16"):
+        predict(cfg("ddp", 2, compress="qsgd:8"), layers([1], [2]), 100, Fixed([0.0]), gpus(2))
