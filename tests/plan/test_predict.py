@@ -8,8 +8,9 @@ import pytest
 
 from deepjimu.config import RunConfig
 from deepjimu.plan.cluster import Cluster, Device, Link
-from deepjimu.plan.predict import BUCKET, FIRST_BUCKET, predict
-from deepjimu.plan.profile import AdmmTimes, BlockTimes, Layer
+from deepjimu.plan.ddp import BUCKET, FIRST_BUCKET
+from deepjimu.plan.predict import predict
+from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
 
 GPU = Device("g", {"fp32": 1e12}, 2**34)
 LINK = Link(alpha_s=1e-3, bytes_per_s=1e6)  # 1 ms + 1 us per byte: easy sums
@@ -56,10 +57,11 @@ def cfg(strategy: str, workers: int, **kw: object) -> RunConfig:
 
 def test_local_is_its_steps_batch_after_batch() -> None:
     compute = Fixed([0.001, 0.002], overhead=0.005)
-    # 25 samples, batch 10: two steps of 10 rows and one of 5
+    # 25 samples, batch 10: ceil(25 / 10) = 3 nearly equal steps, of 9, 8 and 8 rows
     p = predict(cfg("local", 1), layers([10, 10], [4, 2]), 25, compute, gpus(1))
-    step10, step5 = 3 * 10 * 0.003 + 0.005, 3 * 5 * 0.003 + 0.005
-    assert p.samples_per_s == pytest.approx(25 / (2 * step10 + step5))
+    steps = [3 * rows * 0.003 + 0.005 for rows in (9, 8, 8)]
+    assert p.samples_per_s == pytest.approx(25 / sum(steps))
+    assert p.step_s == pytest.approx(sum(steps) / 3)
     assert p.bytes_per_sample == 0
 
 
@@ -160,3 +162,32 @@ def test_what_is_not_predicted_says_so() -> None:
         predict(cfg("admm", 2, admm_batch=64), layers([1, 1], [2, 2]), 100, Fixed([]), gpus(2))
     with pytest.raises(ValueError, match="compress none, fp16 or bf16"):
         predict(cfg("ddp", 2, compress="qsgd:8"), layers([1], [2]), 100, Fixed([0.0]), gpus(2))
+
+
+@dataclasses.dataclass
+class WithKfac(Fixed):
+    """Fixed, plus a K-FAC step of 10 ms and decompositions of 40 ms and 20 ms."""
+
+    def kfac(self, rows: int, threads: int) -> KfacTimes:
+        return KfacTimes(rows, threads, 0.010, [0.040, 0.020], [5, 3], [4, 2])
+
+
+def test_kfac_splits_the_decompositions_over_the_ranks() -> None:
+    lay = layers([20, 6], [4, 2])
+    one = predict(
+        cfg("local", 1, optimizer="kfac", kfac_inv_every=10), lay, 10, WithKfac([0.0] * 2), gpus(1)
+    )
+    # one process decomposes both layers every 10th step: 10 ms + 60 ms / 10
+    assert one.step_s == pytest.approx(0.010 + 0.060 / 10)
+    two = predict(
+        cfg("ddp", 2, optimizer="kfac", kfac_inv_every=10), lay, 20, WithKfac([0.0] * 2), gpus(2)
+    )
+    # two ranks: the greedy assignment gives each one layer, the slower (40 ms) counts; the
+    # gradients (26 floats), the factors' upper triangles (15 + 10 + 6 + 3 floats) are
+    # all-reduced each step; each rank's decomposition goes to the other (COMM-OPT)
+    grads = 2e-3 + 26 * 4 / 1e6
+    factors = 2e-3 + 34 * 4 / 1e6
+    # one column of both ranks: rank 0 broadcasts layer 0's (25 + 5 + 16 + 4 floats), then
+    # rank 1 layer 1's (9 + 3 + 4 + 2)
+    bcast = (1e-3 + 50 * 4 / 1e6) + (1e-3 + 18 * 4 / 1e6)
+    assert two.step_s == pytest.approx(0.010 + grads + factors + (0.040 + bcast) / 10)

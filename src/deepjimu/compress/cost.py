@@ -9,7 +9,10 @@ float16 or bfloat16, or all-gather of bytes) for each DDP bucket of the probe's 
 alpha_c, beta_c are the probe's fit for c: a reduction's time depends on its dtype as well
 as its bytes (gloo sums 16-bit floats one element at a time, float16 slower than bfloat16).
 Where the probe timed the message itself at its size (``Probe.message_s``), that time
-replaces the fit's alpha_c + beta_c * bytes_m.
+replaces the fit's alpha_c + beta_c * bytes_m. The messages and their prices are the
+planning layer's (:mod:`deepjimu.plan.ddp`, on the probe as a cluster:
+:func:`deepjimu.plan.cluster.probed_cluster`, whose ring at the probe's own worker count
+is exactly the fit), so ``--compress auto`` and ``jimu plan`` price a step alike.
 Communication is assumed not to overlap the backward pass (on CPUs the gradient compute
 and gloo share the cores); the prediction is for a step past the compressor's warm-up.
 
@@ -32,14 +35,13 @@ worth more approximation.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from deepjimu.compress.probe import Probe, message_key
-from deepjimu.compress.qsgd import qsgd_payload_bytes
-from deepjimu.compress.spec import parse_compress
-from deepjimu.compress.topk import topk_k
+from deepjimu.compress.probe import Probe
 from deepjimu.errors import JimuError
+from deepjimu.plan.cluster import probed_cluster
+from deepjimu.plan.ddp import message_s
+from deepjimu.plan.ddp import messages as step_messages
 from deepjimu.units import format_bytes
 
 __all__ = ["CANDIDATES", "PROBED", "TIE", "CostModel", "Prediction", "format_predictions"]
@@ -47,8 +49,6 @@ __all__ = ["CANDIDATES", "PROBED", "TIE", "CostModel", "Prediction", "format_pre
 CANDIDATES = ("none", "fp16", "bf16", "qsgd:8", "powersgd:4")
 PROBED = (*CANDIDATES, "topk:0.01")
 TIE = 0.05
-_GRAD_BYTES = 4  # gradients are float32: parameters stay float32 under every --precision
-_POWERSGD_MIN_RATE = 2  # torch's PowerSGDState default min_compression_rate
 
 
 @dataclass(frozen=True)
@@ -75,29 +75,16 @@ class CostModel:
 
     def __init__(self, probe: Probe) -> None:
         self.probe = probe
+        self.cluster = (
+            probed_cluster(probe.links, probe.world, probe.device) if probe.world > 1 else None
+        )
 
     def messages(self, option: str) -> list[tuple[str, int]]:
         """The collectives (name, bytes per rank) that ``option``'s hook makes in one step past its warm-up."""
-        spec = parse_compress(option)
-        out: list[tuple[str, int]] = []
-        for shapes in self.probe.buckets:
-            n = sum(math.prod(s) for s in shapes)
-            if spec.kind == "none":
-                out.append(("all_reduce", _GRAD_BYTES * n))
-            elif spec.kind in ("fp16", "bf16"):
-                out.append((f"all_reduce_{spec.kind}", 2 * n))
-            elif spec.kind == "powersgd":
-                out.extend(
-                    ("all_reduce", _GRAD_BYTES * k) for k in _powersgd_sizes(shapes, spec.rank)
-                )
-            elif spec.kind == "topk":  # per tensor: a value and an int32 index per entry sent
-                sent = sum(topk_k(math.prod(s), spec.ratio) for s in shapes)
-                out.append(("all_gather", sent * (_GRAD_BYTES + 4)))
-            elif spec.kind == "qsgd":
-                out.append(("all_gather", qsgd_payload_bytes(n, spec.bits)))
-            else:
-                raise JimuError(f"the cost model has no messages for {option!r}")
-        return out
+        try:
+            return step_messages(option, self.probe.buckets)
+        except ValueError as e:
+            raise JimuError(f"the cost model has no messages for {option!r}: {e}") from None
 
     def predict(self, option: str) -> Prediction:
         """The predicted step of ``option`` past its warm-up.
@@ -117,7 +104,10 @@ class CostModel:
                 f"the probe has no fit for {', '.join(missing)} (fitted: {', '.join(self.probe.links)}); "
                 "run jimu probe again"
             )
-        comm_s = sum(self._seconds(c, b) for c, b in msgs) if self.probe.world > 1 else 0.0
+        comm_s = 0.0
+        if self.cluster is not None:
+            p, measured = self.probe.world, self.probe.message_s
+            comm_s = sum(message_s(self.cluster, c, b, p, measured) for c, b in msgs)
         codec_s = self.probe.codec_s[option]
         return Prediction(
             option=option,
@@ -127,11 +117,6 @@ class CostModel:
             comm_s=comm_s,
             bytes_per_step=sum(b for _, b in msgs),
         )
-
-    def _seconds(self, collective: str, nbytes: int) -> float:
-        """One message's time: as the probe measured it at this size, else from the fit."""
-        measured = self.probe.message_s.get(message_key(collective, nbytes))
-        return measured if measured is not None else self.probe.links[collective].seconds(nbytes)
 
     def choose(self) -> tuple[str, list[Prediction]]:
         """The option the rule picks among :data:`CANDIDATES` (see the module docstring).
@@ -144,20 +129,6 @@ class CostModel:
         fastest = min(steps.values())
         choice = next(o for o in CANDIDATES if o in steps and steps[o] <= fastest * (1 + TIE))
         return choice, predictions
-
-
-def _powersgd_sizes(shapes: list[list[int]] | list[tuple[int, ...]], rank: int) -> list[int]:
-    """Elements of torch's three all-reduces of a bucket: uncompressed tensors, P, Q (powerSGD_hook's split)."""
-    uncompressed = p = q = 0
-    for shape in shapes:
-        n = shape[0]
-        m = math.prod(shape[1:])
-        r = min(n, m, rank)
-        if (n + m) * r * _POWERSGD_MIN_RATE < n * m:
-            p, q = p + n * r, q + m * r
-        else:
-            uncompressed += n * m
-    return [uncompressed, p, q]
 
 
 def format_predictions(predictions: list[Prediction], choice: str) -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "Link",
     "cluster_to_dict",
     "links_from_probe",
+    "probed_cluster",
     "read_cluster",
 ]
 
@@ -465,6 +466,32 @@ class _File:
             efficiency=self.number(t, "efficiency", "device.efficiency", 0.6, at_most_one=True),
             speed=self.number(t, "speed", "device.speed", 1.0),
         )
+
+
+def probed_cluster(
+    links: Mapping[str, _AlphaBeta], world: int, device: str, cores: int | None = None
+) -> Cluster:
+    """One node of ``world`` ranks whose collectives are a probe's fits (:func:`links_from_probe`).
+
+    A point-to-point message is one hop of the all-gather's ring. The device has no FLOP
+    figures: compute on a probed cluster is measured, not derived.
+
+    Args:
+        links: the probe's fits; world: its ranks; device: where it ran ("cpu", "cuda:0").
+        cores: the node's cores that its ranks share (CPU), None on GPUs.
+    """
+    hops = links_from_probe(links, world)
+    return Cluster(
+        name=f"this machine ({device}" + (f", {cores} cores)" if cores else ")"),
+        nodes=1,
+        ranks_per_node=world,
+        device=Device(name=device, flops={"fp32": 1.0}, memory_bytes=0),
+        intra=hops["all_gather"],
+        inter=None,
+        cores_per_node=cores,
+        collectives=hops,
+        source="probe",
+    )
 
 
 def read_cluster(path: str | Path) -> Cluster:

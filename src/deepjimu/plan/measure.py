@@ -12,6 +12,7 @@ can be scaled to a device that is not here (:mod:`deepjimu.plan.profile`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 import time
@@ -24,9 +25,17 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from deepjimu.config import RunConfig
-from deepjimu.plan.profile import AdmmTimes, BlockTimes, Layer
+from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
 
-__all__ = ["MeasuredCompute", "admm_times", "block_times", "layers_of", "step_time", "use_threads"]
+__all__ = [
+    "MeasuredCompute",
+    "admm_times",
+    "block_times",
+    "kfac_times",
+    "layers_of",
+    "step_time",
+    "use_threads",
+]
 
 
 @contextmanager
@@ -76,6 +85,7 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
                     params=sum(p.numel() for p in block.parameters()),
                     in_elems=math.prod(x.shape[1:]),
                     out_elems=math.prod(y.shape[1:]),
+                    shapes=tuple(tuple(p.shape) for p in block.parameters()),
                 )
             )
             x = y
@@ -121,7 +131,7 @@ def step_time(
     from deepjimu.strategies.base import make_optimizer
 
     probe = copy.deepcopy(model).to(x.device)
-    optimizer = make_optimizer(probe.parameters(), cfg)
+    optimizer = make_optimizer(probe.parameters(), cfg, probe)
     devices = [x.device] if x.device.type == "cuda" else []
 
     def step() -> None:
@@ -131,6 +141,51 @@ def step_time(
 
     with torch.random.fork_rng(devices=devices):
         return _median_s(step, repeats, x.device)
+
+
+def kfac_times(
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, cycles: int = 2
+) -> KfacTimes:
+    """K-FAC (``--optimizer kfac``) in one process on the rows of ``x``: the mean step that
+    decomposes nothing, over ``cycles`` rounds of ``--kfac-inv-every`` steps after one
+    (factor updates every ``--kfac-factor-every`` steps are in that mean), and each
+    layer's decomposition of its running factors, timed apart."""
+    from deepjimu.choices import Optimizer
+    from deepjimu.kfac.precondition import decompose
+    from deepjimu.strategies.base import make_optimizer
+
+    cfg = dataclasses.replace(cfg, optimizer=Optimizer.KFAC)
+    probe = copy.deepcopy(model).to(x.device)
+    optimizer = make_optimizer(probe.parameters(), cfg, probe)
+    every = cfg.kfac_inv_every
+    plain: list[float] = []
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for i in range((cycles + 1) * every):
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(probe(x), y).backward()
+            optimizer.step()
+            if x.device.type == "cuda":
+                torch.cuda.synchronize(x.device)
+            if i >= every and i % every:
+                plain.append(time.perf_counter() - t0)
+        layers = optimizer.preconditioner.layers or []  # type: ignore[attr-defined]
+        decompose_s = []
+        for layer in layers:
+
+            def once(a: Tensor = layer.A, g: Tensor = layer.G) -> None:
+                decompose(cfg.kfac_method, a, g, cfg.kfac_damping)
+
+            decompose_s.append(_median_s(once, 3, x.device))
+    return KfacTimes(
+        rows=len(x),
+        threads=torch.get_num_threads(),
+        step_s=statistics.fmean(plain),
+        decompose_s=decompose_s,
+        n_a=[layer.n_a for layer in layers],
+        n_g=[layer.n_g for layer in layers],
+    )
 
 
 def admm_times(
@@ -223,6 +278,7 @@ class MeasuredCompute:
         self._blocks: dict[tuple[int, int], BlockTimes] = {}
         self._steps: dict[tuple[int, int], float] = {}
         self._admm: dict[tuple[int, int], AdmmTimes] = {}
+        self._kfac: dict[tuple[int, int], KfacTimes] = {}
 
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:
         index = torch.arange(rows, device=self.x.device) % len(self.x)
@@ -245,3 +301,9 @@ class MeasuredCompute:
             with use_threads(threads):
                 self._admm[rows, threads] = admm_times(self.model, *self._rows(rows), self.cfg)
         return self._admm[rows, threads]
+
+    def kfac(self, rows: int, threads: int) -> KfacTimes:
+        if (rows, threads) not in self._kfac:
+            with use_threads(threads):
+                self._kfac[rows, threads] = kfac_times(self.model, *self._rows(rows), self.cfg)
+        return self._kfac[rows, threads]

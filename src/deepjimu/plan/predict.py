@@ -5,9 +5,9 @@ Every predictor composes the same two inputs, a :class:`~deepjimu.plan.profile.C
 (its links), by the strategy's schedule:
 
 - ``local``: the measured step, batch after batch.
-- ``ddp``: each rank's step on its ``batch / P`` rows, then one all-reduce per DDP bucket
-  (the gradients in reverse order, the first bucket 1 MiB, the others 25 MiB, as torch's
-  DDP fills them). On a CPU node the all-reduce does not overlap the backward pass (gloo
+- ``ddp``: each rank's step on its ``batch / P`` rows, then the collectives of each DDP
+  bucket (:mod:`deepjimu.plan.ddp`: the gradients in reverse order, the first bucket
+  1 MiB, the others 25 MiB, as torch's DDP fills them). On a CPU node the all-reduce does not overlap the backward pass (gloo
   and the gradients share the cores, :mod:`deepjimu.compress.cost`); on a GPU it overlaps
   all but the last bucket's backward. ``--compress fp16|bf16`` halves the bytes and uses
   that dtype's fitted all-reduce.
@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 
 from deepjimu.config import RunConfig
 from deepjimu.plan.cluster import Cluster
+from deepjimu.plan.ddp import buckets_of, message_s, messages
 from deepjimu.plan.profile import Compute, Layer
 from deepjimu.plan.schedule import actions, simulate, stage_ranks
 from deepjimu.strategies.partition import parse_balance, partition
 
-__all__ = ["BUCKET", "FIRST_BUCKET", "Prediction", "predict", "threads_per_rank"]
+__all__ = ["Prediction", "predict", "threads_per_rank"]
 
-FIRST_BUCKET = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
-BUCKET = 25 << 20  # DDP's bucket_cap_mb default
 _FLOAT = 4  # activations, gradients and admm's variables are float32
 
 
@@ -106,6 +105,8 @@ def predict(
     if p > cluster.world:
         raise ValueError(f"{p} workers on a cluster of {cluster.world} ranks")
     kind = cfg.strategy
+    if str(cfg.optimizer) == "kfac" and kind in ("local", "ddp"):
+        return _kfac(cfg, layers, train_size, compute, cluster)
     if kind == "local":
         return _gradient(cfg, layers, train_size, compute, cluster, comm=None)
     if kind == "ddp":
@@ -120,9 +121,11 @@ def predict(
 
 
 def _batches(train_size: int, batch: int) -> list[tuple[int, int]]:
-    """(rows, count) of an epoch's batches: the full ones and the last, smaller one."""
-    full, rest = divmod(train_size, batch)
-    return [(batch, full)] + ([(rest, 1)] if rest else [])
+    """(rows, count) of an epoch's batches: ceil(N / batch) nearly equal ones, as the
+    strategies cut an epoch (``strategies.base.split_steps``)."""
+    steps = math.ceil(train_size / batch)
+    small, extra = divmod(train_size, steps)
+    return [(small + 1, extra)] * bool(extra) + [(small, steps - extra)]
 
 
 def _state_mb(cfg: RunConfig, params: int, rows: int, activations: int) -> float:
@@ -133,23 +136,17 @@ def _state_mb(cfg: RunConfig, params: int, rows: int, activations: int) -> float
 
 
 def _ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
-    """Seconds and bytes (one rank's payload) of one step's all-reduces."""
+    """Seconds and bytes (one rank's payload) of one step's collectives (:mod:`deepjimu.plan.ddp`)."""
     compress = str(cfg.compress)
     if compress not in ("none", "fp16", "bf16"):
+        # the other compressors' encode/decode time is measured by jimu probe, per model
         raise ValueError(
-            f"the planner predicts ddp with --compress none, fp16 or bf16 (compress: {compress})"
+            f"the planner predicts ddp with --compress none, fp16 or bf16 (compress: {compress}); "
+            "jimu probe predicts the others for its model"
         )
-    size = 2 if compress in ("fp16", "bf16") else _FLOAT
-    collective = "all_reduce" if compress == "none" else f"all_reduce_{compress}"
-    buckets, cap, now = [], FIRST_BUCKET, 0
-    for layer in reversed(layers):  # gradients become ready last layer first
-        now += layer.params * size
-        if now >= cap:
-            buckets.append(now)
-            now, cap = 0, BUCKET
-    if now:
-        buckets.append(now)
-    return sum(cluster.all_reduce_s(b, p, collective) for b in buckets), sum(buckets)
+    shapes = [s for layer in layers for s in layer.param_shapes]
+    msgs = messages(compress, buckets_of(shapes))
+    return sum(message_s(cluster, c, b, p) for c, b in msgs), sum(b for _, b in msgs)
 
 
 def _gradient(cfg, layers, train_size, compute, cluster, comm) -> Prediction:  # type: ignore[no-untyped-def]
@@ -335,3 +332,87 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
         peak_mem_mb=mem / 1e6,
         parts={"compute_s": max(ranks), "exchange_s": 2 * exchange, "readout_s": readout},
     )
+
+
+def _kfac(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
+    """K-FAC on ``local`` or ``ddp`` (KAISA): each rank's step on its rows, the gradients'
+    all-reduce, the factors' all-reduce every ``--kfac-factor-every`` steps, and every
+    ``--kfac-inv-every`` steps the decompositions, split over the ranks by the strategy's
+    own :class:`~deepjimu.kfac.assignment.WorkAssignment` (the slowest rank's share counts)
+    and broadcast within each gradient-worker group; with fewer gradient workers than ranks
+    the preconditioned gradients are broadcast too."""
+    from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost
+    from deepjimu.kfac.precondition import METHODS
+
+    assert cfg.workers is not None
+    p = cfg.workers
+    t = threads_per_rank(cluster, p)
+    slow = _slowdown(cluster, p, t)
+    grad_s, grad_bytes = _ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
+    epoch, steps, compute_s = 0.0, 0, 0.0
+    for rows, count in _batches(train_size, cfg.batch_size):
+        k = compute.kfac(math.ceil(rows / p), t)
+        costs = [decomposition_cost(a, g) for a, g in zip(k.n_a, k.n_g, strict=True)]
+        workers = max(1, round(cfg.kfac_grad_workers * p))
+        assignment = WorkAssignment.greedy(costs, p, workers)
+        decompose = max(assignment.loads(k.decompose_s))
+        triangles = sum(
+            a * (a + 1) // 2 + g * (g + 1) // 2 for a, g in zip(k.n_a, k.n_g, strict=True)
+        )
+        factors = cluster.all_reduce_s(triangles * _FLOAT, p) if p > 1 else 0.0
+        kind = METHODS[cfg.kfac_method]
+        sizes = [kind.numel(a, g) * _FLOAT for a, g in zip(k.n_a, k.n_g, strict=True)]
+        # each inverse worker broadcasts its layers' decompositions in its column, one
+        # broadcast after the other; the columns at once: the slowest column counts
+        owned = [
+            sum(b for b, r in zip(sizes, assignment.inv_workers, strict=True) if r == src)
+            for src in range(p)
+        ]
+        bcast = max(
+            (
+                sum(_broadcast_s(cluster, owned[r], workers) for r in col if owned[r])
+                for col in assignment.worker_groups()
+            ),
+            default=0.0,
+        )
+        # with fewer gradient workers than ranks, each row's gradient workers broadcast their
+        # preconditioned gradients to the row: every gradient once, one broadcast per column
+        row = p // workers
+        grads = (
+            assignment.columns * _broadcast_s(cluster, grad_bytes // assignment.columns, row)
+            if row > 1
+            else 0.0
+        )
+        c = k.step_s * slow
+        step = (
+            c
+            + grad_s
+            + grads
+            + factors / cfg.kfac_factor_every
+            + (decompose * slow + bcast) / cfg.kfac_inv_every
+        )
+        epoch += count * step
+        steps += count
+        compute_s += count * c
+    params = sum(l.params for l in layers)
+    rows = math.ceil(cfg.batch_size / p)
+    return Prediction(
+        strategy=cfg.strategy,
+        workers=p,
+        step_s=epoch / steps,
+        samples_per_s=train_size / epoch,
+        bytes_per_sample=p * grad_bytes * steps / train_size,
+        peak_mem_mb=_state_mb(cfg, params, rows, sum(l.out_elems for l in layers)),
+        parts={"compute_s": compute_s / steps, "comm_s": grad_s},
+    )
+
+
+def _broadcast_s(cluster: Cluster, nbytes: int, ranks: int) -> float:
+    """One broadcast of ``nbytes`` to ``ranks`` ranks, pipelined along a chain: a hop's latency
+    per further rank, the bytes once over a hop's bandwidth."""
+    if ranks < 2:
+        return 0.0
+    hop = cluster.hop("all_gather", ranks)
+    return (ranks - 1) * hop.alpha_s + nbytes / hop.bytes_per_s

@@ -19,7 +19,15 @@ from typing import Protocol
 
 from deepjimu.plan.cluster import Device
 
-__all__ = ["LAUNCH_S", "AdmmTimes", "AnalyticCompute", "BlockTimes", "Compute", "Layer"]
+__all__ = [
+    "LAUNCH_S",
+    "AdmmTimes",
+    "AnalyticCompute",
+    "BlockTimes",
+    "Compute",
+    "KfacTimes",
+    "Layer",
+]
 
 LAUNCH_S = 10e-6
 """Seconds a GPU kernel costs beyond its FLOPs (launch and a small kernel's floor): a few
@@ -29,13 +37,19 @@ microseconds each, and a block runs a few kernels."""
 @dataclass(frozen=True)
 class Layer:
     """One block of the model's ``nn.Sequential``, per sample: forward FLOPs, parameters
-    (elements), input and output activation elements."""
+    (elements), input and output activation elements; ``shapes`` the shapes of its
+    parameters (model order; empty: one flat tensor of ``params``)."""
 
     name: str
     fwd_flops: float
     params: int
     in_elems: int
     out_elems: int
+    shapes: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def param_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return self.shapes or ((self.params,),)
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,21 @@ class AdmmTimes:
     widths: list[int]
 
 
+@dataclass(frozen=True)
+class KfacTimes:
+    """One K-FAC step on ``rows`` rows in one process: ``step_s`` a step that decomposes
+    nothing (forward, backward, the batch factors when due, preconditioning, SGD's update),
+    ``decompose_s`` each layer's decomposition (every ``--kfac-inv-every`` steps), and each
+    layer's factor sizes ``n_a``, ``n_g``."""
+
+    rows: int
+    threads: int
+    step_s: float
+    decompose_s: list[float]
+    n_a: list[int]
+    n_g: list[int]
+
+
 class Compute(Protocol):
     """Seconds of a model's work on one rank's device."""
 
@@ -75,6 +104,8 @@ class Compute(Protocol):
     def step(self, rows: int, threads: int) -> float: ...
 
     def admm(self, rows: int, threads: int) -> AdmmTimes: ...
+
+    def kfac(self, rows: int, threads: int) -> KfacTimes: ...
 
 
 @dataclass(frozen=True)
@@ -92,6 +123,7 @@ class AnalyticCompute:
     device: Device
     precision: str = "fp32"
     admm_flops: Callable[[int], tuple[list[float], list[float], list[int]]] | None = None
+    factors: list[tuple[int, int]] | None = None  # K-FAC's (n_a, n_g) of each layer
 
     def _seconds(self, flops: float) -> float:
         return self.device.matmul_s(flops, self.precision) + LAUNCH_S
@@ -118,4 +150,22 @@ class AnalyticCompute:
             readout_s=sum(self._seconds(c) for c in refits),
             costs=costs,
             widths=widths,
+        )
+
+    def kfac(self, rows: int, threads: int) -> KfacTimes:
+        """A step adds each layer's batch factors (2 rows n^2 FLOPs each) and its
+        preconditioning (2 n_g n_a (n_a + n_g)); a decomposition is two symmetric
+        eigendecompositions (about 9 n^3 FLOPs each, an estimate for LAPACK's syevd)."""
+        if self.factors is None:
+            raise ValueError("this profile has no K-FAC factor sizes")
+        extra = sum(
+            self._seconds(2 * rows * (a * a + g * g) + 2 * g * a * (a + g)) for a, g in self.factors
+        )
+        return KfacTimes(
+            rows=rows,
+            threads=threads,
+            step_s=self.step(rows, threads) + extra,
+            decompose_s=[self._seconds(9 * (a**3 + g**3)) for a, g in self.factors],
+            n_a=[a for a, _ in self.factors],
+            n_g=[g for _, g in self.factors],
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.config import RunConfig
-from deepjimu.plan.cluster import Cluster, Device, links_from_probe, read_cluster
+from deepjimu.plan.cluster import Cluster, probed_cluster, read_cluster
 from deepjimu.plan.profile import AnalyticCompute, Compute, Layer
 
 __all__ = ["cluster_and_compute", "probe_cluster"]
@@ -38,20 +38,10 @@ def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> Cluster:
     )  # fmt: skip
     assert probed is not None
     found = Probe.from_dict(probed["probe"])
-    links = links_from_probe(found.links, found.world)
-    cores = available_cores()
-    return Cluster(
-        name=f"this machine ({cores} cores, {found.device})",
-        nodes=1,
-        ranks_per_node=max(workers, world),
-        device=Device(name=found.device, flops={"fp32": 1.0}, memory_bytes=0),
-        # a point-to-point message is one hop of the all-gather's ring
-        intra=links["all_gather"],
-        inter=None,
-        cores_per_node=cores if found.device == "cpu" else None,
-        collectives=links,
-        source="probe",
+    cluster = probed_cluster(
+        found.links, found.world, found.device, available_cores() if found.device == "cpu" else None
     )
+    return dataclasses.replace(cluster, ranks_per_node=max(workers, world))
 
 
 def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
@@ -80,6 +70,20 @@ def _admm_flops(model: Any, feature_shape: tuple[int, ...], cfg: RunConfig) -> A
         return costs, refits, [math.prod(op.out_shape) for op in ops]
 
     return flops
+
+
+def _factors(model: Any) -> list[tuple[int, int]]:
+    """K-FAC's factor sizes (n_a, n_g) of each Linear and Conv2d layer, as ``kfac.layers`` sizes them."""
+    import torch
+
+    from deepjimu.kfac.layers import kfac_candidates
+
+    out = []
+    for _, m in kfac_candidates(model):
+        w = m.weight
+        assert isinstance(w, torch.Tensor)
+        out.append((w[0].numel() + (m.bias is not None), int(w.shape[0])))
+    return out
 
 
 def cluster_and_compute(

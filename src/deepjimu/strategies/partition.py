@@ -14,8 +14,6 @@ sends nothing).
 
 from __future__ import annotations
 
-import copy
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -174,31 +172,17 @@ def block_shapes(model: nn.Sequential, sample: Tensor) -> list[Shape]:
 def balance_by_time(model: nn.Sequential, sample: Tensor, k: int, repeats: int = 3) -> list[int]:
     """Stage sizes from the measured forward + backward time of each block on ``sample``.
 
-    Profiles a copy of ``model`` (its weights, statistics and ``.grad`` stay untouched) under a
-    forked RNG, so profiling does not change what training does afterwards. Each block's time is
-    the median of ``repeats`` runs after one warm-up.
+    The blocks are timed by the planning layer's profiler
+    (:func:`deepjimu.plan.measure.block_times`: a copy of ``model`` under a forked RNG, so
+    profiling changes neither the weights nor what training does afterwards; each block's
+    time the median of ``repeats`` runs after a warm-up).
 
     Returns:
         ``k`` block counts (see :func:`partition`).
     """
-    probe = copy.deepcopy(model).to(sample.device)
-    devices = [sample.device] if sample.device.type == "cuda" else []
-    times: list[list[float]] = [[] for _ in probe]
-    with torch.random.fork_rng(devices=devices):
-        for r in range(repeats + 1):
-            x = sample
-            for i, block in enumerate(probe):
-                x = x.detach().requires_grad_(x.is_floating_point())
-                t0 = time.perf_counter()
-                y = block(x)
-                y.backward(torch.ones_like(y))
-                if sample.device.type == "cuda":
-                    torch.cuda.synchronize(sample.device)
-                if r > 0:
-                    times[i].append(time.perf_counter() - t0)
-                x = y
-    costs = [sorted(t)[len(t) // 2] for t in times]
-    return partition(costs, k)
+    from deepjimu.plan.measure import block_times
+
+    return partition(block_times(model, sample, repeats).costs(), k)
 
 
 def balance_by_size(model: nn.Sequential, k: int) -> list[int]:
