@@ -60,7 +60,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cluster",
         default="probe",
-        help="probe (measure this machine) or a cluster TOML file (see examples/clusters)",
+        help="probe (measure this machine), a probe.json of jimu probe (its link; the model's "
+        "work measured here) or a cluster TOML file (see examples/clusters)",
     )
     p.add_argument(
         "--out", default=None, help="folder for plan.json (default: plans/plan-YYYYmmdd-HHMMSS)"

@@ -211,7 +211,8 @@ def admm_times(
     maps = weight_layers(blocks)
     ops = layer_ops(blocks, tuple(x.shape[1:]), cg_max_iter=cfg.admm_cg_iters)
     L, n = len(maps), len(x)
-    params = admm_params(cfg, admm_settings(cfg, ops, keep=False))
+    settings = admm_settings(cfg, ops, keep=False)
+    params = admm_params(cfg, settings)
     W = [m.weight.detach().clone() for m in maps]
     b = [
         m.bias.detach().clone() if m.bias is not None else torch.zeros(m.weight.shape[0])
@@ -220,7 +221,14 @@ def admm_times(
     block = LayerBlock(0, L, L, W, b, params, ops)
     inputs = x if isinstance(ops[0], ConvOp) else x.flatten(1)
     ex = Exchange(Comm(CommStats()), cfg.quantize, x.device)
+    t0 = time.perf_counter()
     init_blocks_forward(block, inputs, n, ex, 0, 1)
+    with torch.no_grad():
+        for _ in range(int(settings["sweeps"])):
+            block.sweep_backward(y)
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)
+    start_s = time.perf_counter() - t0
     phases: dict[str, list[float]] = {"p": [], "wbz": [], "qu": [], "momentum": [], "readout": []}
 
     def timed(name: str, run: Callable[[], object]) -> None:
@@ -252,6 +260,7 @@ def admm_times(
         threads=torch.get_num_threads(),
         layer_s=per_layer,
         readout_s=med["readout"],
+        start_s=start_s,
         costs=[op.flops(n, with_p=l > 0) for l, op in enumerate(ops)],
         widths=[math.prod(op.out_shape) for op in ops],
     )

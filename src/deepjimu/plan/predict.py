@@ -317,6 +317,8 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
     )
     readout = (a.readout_s + chain) / cfg.eval_every
     step = iteration + readout
+    # the start (a forward chain and the backward sweeps, rank after rank) once per run
+    start = a.start_s + chain
     sent = sum(2 * train_size * a.widths[c] * word for c in cuts)
     sent += sum(2 * train_size * a.widths[c] * _FLOAT for c in cuts) / cfg.eval_every
     mem = max(
@@ -327,10 +329,15 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
         strategy=cfg.strategy,
         workers=p,
         step_s=step,
-        samples_per_s=train_size / step,
+        samples_per_s=cfg.epochs * train_size / (cfg.epochs * step + start),
         bytes_per_sample=sent / train_size,
         peak_mem_mb=mem / 1e6,
-        parts={"compute_s": max(ranks), "exchange_s": 2 * exchange, "readout_s": readout},
+        parts={
+            "compute_s": max(ranks),
+            "exchange_s": 2 * exchange,
+            "readout_s": readout,
+            "start_s": start,
+        },
     )
 
 

@@ -71,7 +71,9 @@ class AdmmTimes:
     """One full-batch pdADMM iteration over ``rows`` samples: each layer's seconds (its p,
     (W, b), z, q, u updates and extrapolation), the readout's seconds (each log runs it),
     each layer's FLOP estimate (what the strategy partitions by) and output width (elements
-    per sample of the q and p that cross a boundary after it)."""
+    per sample of the q and p that cross a boundary after it); ``start_s`` the run's start
+    on one worker (the forward pass that sets every variable and the backward sweeps), a
+    chain that no rank shares."""
 
     rows: int
     threads: int
@@ -79,6 +81,7 @@ class AdmmTimes:
     readout_s: float
     costs: list[float]
     widths: list[int]
+    start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class AnalyticCompute:
             threads=threads,
             layer_s=[self._seconds(c) for c in costs],
             readout_s=sum(self._seconds(c) for c in refits),
+            start_s=sum(self._seconds(c) for c in costs),  # one sweep
             costs=costs,
             widths=widths,
         )

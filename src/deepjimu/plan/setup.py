@@ -6,7 +6,9 @@ workers as the plan's largest configuration (at least 2; the ring formulas of
 (:func:`deepjimu.threads.available_cores`), and the model's work in this process
 (:class:`~deepjimu.plan.measure.MeasuredCompute`). A TOML file describes a cluster that
 is not here: the model's FLOPs over its device's rate
-(:class:`~deepjimu.plan.profile.AnalyticCompute`).
+(:class:`~deepjimu.plan.profile.AnalyticCompute`). A ``probe.json`` of ``jimu probe``
+(run anywhere: two nodes under torchrun over their real link) gives the collectives of
+that link, with the model's work measured here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.config import RunConfig
+from deepjimu.errors import JimuError
 from deepjimu.plan.cluster import Cluster, probed_cluster, read_cluster
 from deepjimu.plan.profile import AnalyticCompute, Compute, Layer
 
@@ -42,6 +45,21 @@ def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> Cluster:
         found.links, found.world, found.device, available_cores() if found.device == "cpu" else None
     )
     return dataclasses.replace(cluster, ranks_per_node=max(workers, world))
+
+
+def _probe_file(path: Path, workers: int) -> Cluster:
+    """The cluster of a ``probe.json`` that ``jimu probe`` wrote, wherever it ran (under
+    torchrun across nodes too): its fitted collectives, this machine's cores (the model's
+    work is measured here)."""
+    from deepjimu.compress.probe import read_probe
+    from deepjimu.threads import available_cores
+
+    found = read_probe(path)
+    if found.world < 2:
+        raise JimuError(f"probe file {path} was measured on one worker: it holds no link")
+    cores = available_cores() if found.device == "cpu" else None
+    cluster = probed_cluster(found.links, found.world, found.device, cores)
+    return dataclasses.replace(cluster, ranks_per_node=max(workers, found.world), source=str(path))
 
 
 def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
@@ -92,8 +110,11 @@ def cluster_and_compute(
     """The cluster, compute, blocks and training-set size that predict ``cfg``; ``made``
     keeps what configurations share (the cluster, each model's figures)."""
     if "cluster" not in made:
+        most = max(c.workers or 1 for c in all_cfgs)
         if cluster_arg == "probe":
-            made["cluster"] = probe_cluster(cfg, max(c.workers or 1 for c in all_cfgs), out)
+            made["cluster"] = probe_cluster(cfg, most, out)
+        elif cluster_arg.endswith(".json"):
+            made["cluster"] = _probe_file(Path(cluster_arg), most)
         else:
             made["cluster"] = read_cluster(cluster_arg)
     cluster: Cluster = made["cluster"]
@@ -109,7 +130,7 @@ def cluster_and_compute(
     if key not in made:
         model, data, layers = _layers_and_data(cfg)
         compute: Compute
-        if cluster.source == "probe":
+        if cluster.source == "probe" or cluster.source.endswith(".json"):
             from deepjimu.plan.measure import MeasuredCompute
 
             compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)
