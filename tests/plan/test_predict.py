@@ -26,6 +26,8 @@ class Fixed:
     admm_s: list[float] = dataclasses.field(default_factory=list)
     readout_s: float = 0.0
     widths: list[int] = dataclasses.field(default_factory=list)
+    ddp_extra: float = 0.0  # DDP's own work per step
+    action: float = 0.0  # the pipelining runtime's per action
 
     def blocks(self, rows: int, threads: int) -> BlockTimes:
         return BlockTimes(
@@ -37,6 +39,12 @@ class Fixed:
 
     def admm(self, rows: int, threads: int) -> AdmmTimes:
         return AdmmTimes(rows, threads, self.admm_s, self.readout_s, list(self.admm_s), self.widths)
+
+    def ddp_step(self, rows: int, threads: int) -> float:
+        return self.step(rows, threads) + self.ddp_extra
+
+    def pipeline_action(self, rows: int, m: int, threads: int) -> float:
+        return self.action
 
 
 def layers(params: list[int], outs: list[int]) -> list[Layer]:
@@ -191,3 +199,30 @@ def test_kfac_splits_the_decompositions_over_the_ranks() -> None:
     # rank 1 layer 1's (9 + 3 + 4 + 2)
     bcast = (1e-3 + 50 * 4 / 1e6) + (1e-3 + 18 * 4 / 1e6)
     assert two.step_s == pytest.approx(0.010 + grads + factors + (0.040 + bcast) / 10)
+
+
+def test_ddp_pays_ddps_own_work_and_local_does_not() -> None:
+    compute = Fixed([0.001], ddp_extra=0.002)
+    lay = layers([1], [2])
+    local = predict(cfg("local", 1), lay, 10, compute, gpus(1))
+    ddp = predict(cfg("ddp", 1), lay, 10, compute, gpus(1))
+    assert ddp.step_s == pytest.approx(local.step_s + 0.002)
+
+
+def test_pipeline_actions_pay_the_runtime() -> None:
+    lay = layers([1, 1], [8, 2])
+    c = cfg("pipeline", 2, microbatches=4, balance="1,1")
+    plain = predict(c, lay, 10, Fixed([0.001, 0.001]), gpus(2)).parts["makespan_s"]
+    paid = predict(c, lay, 10, Fixed([0.001, 0.001], action=5e-4), gpus(2)).parts["makespan_s"]
+    # the same critical path as test_pipeline_gpipe_makespan_from_the_schedule: 1 + 4 + 4 + 1
+    # forward and backward actions on it, each 0.5 ms longer
+    assert paid == pytest.approx(plain + 10 * 5e-4)
+
+
+def test_a_measured_sharing_of_the_cores_replaces_the_rule() -> None:
+    lay = layers([1], [2])
+    rule = cpus(3, 2)
+    measured = dataclasses.replace(rule, sharing={3: 2.3})
+    one = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), rule).parts["compute_s"]
+    two = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), measured).parts["compute_s"]
+    assert two == pytest.approx(one / 1.5 * 2.3)

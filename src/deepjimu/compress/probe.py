@@ -3,7 +3,9 @@
 The probe is collective: every rank of the run's group calls :func:`measure`. It times
 
 - ``all_reduce`` of float32, float16 and bfloat16 tensors and ``all_gather`` (bytes) over
-  the real group for payloads of 4 KB, 16 KB, ... 64 MB per rank (a size is measured only
+  the real group, and a blocking send from rank 0 to rank 1 (``p2p``, what the
+  model-parallel strategies hand on; for the planning layer), for payloads of 4 KB,
+  16 KB, ... 64 MB per rank (a size is measured only
   while the previous one took under ``max_op_s``: on a slow link the small sizes already
   fix the fit), and fits t(n) = alpha + beta n to each (:func:`fit_alpha_beta`). A
   reduction's time depends on its dtype, not only on its bytes: gloo adds 16-bit floats
@@ -54,6 +56,7 @@ from deepjimu.run import Run
 from deepjimu.units import format_bytes
 
 __all__ = [
+    "PIPELINE_M",
     "SIZES",
     "TIMED_AT_SIZE",
     "LinkFit",
@@ -131,7 +134,9 @@ class Probe:
     ``links``: the fit per collective; ``points``: its measured (bytes per rank, seconds);
     ``compute_s``: one training step without communication; ``codec_s``: per option, the
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
-    shapes of each DDP bucket; ``message_s``: the measured time of each all-gather the
+    shapes of each DDP bucket; ``pipeline_step_s``: a GPipe step of :data:`PIPELINE_M`
+    micro-batches through one tiny stage per rank (the pipelining runtime's own cost, for
+    the planning layer); ``message_s``: the measured time of each all-gather the
     probed options make (:data:`TIMED_AT_SIZE`), keyed ``"collective:bytes"``
     (:func:`message_key`).
     """
@@ -146,6 +151,7 @@ class Probe:
     points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     buckets: list[list[list[int]]] = field(default_factory=list)
     message_s: dict[str, float] = field(default_factory=dict)
+    pipeline_step_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,6 +188,44 @@ def read_probe(path: Path) -> Probe:
         raise JimuError(f"probe file {path} is damaged: {e}") from None
 
 
+PIPELINE_M = 4
+"""Micro-batches of the probe's pipeline step (:func:`_time_pipeline`)."""
+
+
+def _time_pipeline(device: torch.device, reps: int = 7) -> float:
+    """Collective: the median seconds of a GPipe step over the group's ranks, one stage each
+    of a 4 x 4 linear layer, :data:`PIPELINE_M` micro-batches of 4 rows: what
+    torch.distributed.pipelining's runtime costs per action and transfer, the layers' own
+    work being negligible. Every rank returns the slowest rank's median."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stage = PipelineStage(
+        nn.Linear(4, 4).to(device), rank, world, device,
+        input_args=torch.empty(4, 4, device=device, requires_grad=rank > 0),
+        output_args=torch.empty(4, 4, device=device, requires_grad=True),
+    )  # fmt: skip
+    schedule = ScheduleGPipe(
+        stage, PIPELINE_M, loss_fn=lambda o, t: F.mse_loss(o, t), scale_grads=False
+    )
+    x = torch.zeros(4 * PIPELINE_M, 4, device=device)
+    times = []
+    for r in range(reps + 2):  # two warm steps
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=x, losses=[])
+        else:
+            schedule.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if r >= 2:
+            times.append(time.perf_counter() - t0)
+    return _slowest({"step": statistics.median(times)}, device)["step"]
+
+
 def _time_collective(name: str, nbytes: int, device: torch.device, reps: int) -> float:
     """Median seconds of one blocking collective ``name`` (:data:`COLLECTIVES`) of ``nbytes`` per rank, the slowest rank's."""
     world = dist.get_world_size()
@@ -207,12 +251,41 @@ def _time_collective(name: str, nbytes: int, device: torch.device, reps: int) ->
     return float(slowest)
 
 
+def _time_p2p(nbytes: int, device: torch.device, reps: int) -> float:
+    """Median seconds of one blocking send of ``nbytes`` from rank 0 to rank 1 (half a
+    round trip: rank 1 sends it back), as the model-parallel strategies hand activations
+    on; every rank returns rank 0's figure."""
+    t = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    rank = dist.get_rank()
+    times = []
+    for r in range(reps + 1):  # the first round trip warms the connection
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(t, 1)
+            dist.recv(t, 1)
+        elif rank == 1:
+            dist.recv(t, 0)
+            dist.send(t, 0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if r:
+            times.append((time.perf_counter() - t0) / 2)
+    mine = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.broadcast(mine, src=0)
+    return float(mine)
+
+
 def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tuple[int, float]]]:
     points: dict[str, list[tuple[int, float]]] = {}
-    for name in COLLECTIVES:
+    for name in [*COLLECTIVES, "p2p"]:
         points[name] = []
         for size in SIZES:
-            seconds = _time_collective(name, size, device, reps=5 if size <= 2**20 else 3)
+            reps = 5 if size <= 2**20 else 3
+            if name == "p2p":
+                seconds = _time_p2p(size, device, reps)
+            else:
+                seconds = _time_collective(name, size, device, reps)
             points[name].append((size, seconds))
             if seconds > max_op_s and len(points[name]) >= 2:
                 break
@@ -374,6 +447,7 @@ def measure(
         buckets=layout,
     )
     if world > 1:  # every rank derives the same messages from the same layout
+        probe.pipeline_step_s = _time_pipeline(run.device)
         cost = CostModel(probe)
         probe.message_s = _time_messages([m for o in options for m in cost.messages(o)], run.device)
     return probe

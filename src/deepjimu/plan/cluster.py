@@ -133,6 +133,8 @@ class Cluster:
     cores_per_node: int | None = None
     collectives: dict[str, Link] = field(default_factory=dict)
     source: str = ""
+    sharing: dict[int, float] = field(default_factory=dict)
+    pipeline_action_s: float | None = None
 
     def __post_init__(self) -> None:
         where = self.source or f"cluster {self.name!r}"
@@ -281,6 +283,11 @@ class Cluster:
             >>> c.ranks_sharing_cores(2), c.ranks_sharing_cores(3)
             (1.0, 1.5)
 
+        Where a probe measured it (:attr:`sharing`: ranks on a node -> slowdown of a step
+        they take together, against one rank alone), the measurement replaces the rule:
+        ranks that step in lockstep on time-shared cores wait for the one the scheduler
+        ran last, which the rule does not see.
+
         Returns:
             max(1, ranks on the busiest node / cores_per_node); 1.0 for GPU clusters.
 
@@ -288,6 +295,8 @@ class Cluster:
             JimuError: p outside 1..world.
         """
         busiest = self._busiest_node_ranks(p)
+        if busiest in self.sharing:
+            return self.sharing[busiest]
         if self.cores_per_node is None:
             return 1.0
         return max(1.0, busiest / self.cores_per_node)
@@ -341,9 +350,11 @@ def links_from_probe(links: Mapping[str, _AlphaBeta], world: int) -> dict[str, L
             hops, share = 2 * (p - 1), 2 * (p - 1) / p
         elif name.startswith("all_gather"):
             hops, share = p - 1, float(p - 1)
+        elif name == "p2p":  # one message between two ranks: the hop itself
+            hops, share = 1, 1.0
         else:
             raise JimuError(
-                f"probe link {name!r} is neither an all_reduce nor an all_gather (link: {name!r})"
+                f"probe link {name!r} is neither an all_reduce, an all_gather nor p2p (link: {name!r})"
             )
         beta = fit.beta_s_per_byte
         out[name] = Link(fit.alpha_s / hops, share / beta if beta > 0 else math.inf)
@@ -473,8 +484,9 @@ def probed_cluster(
 ) -> Cluster:
     """One node of ``world`` ranks whose collectives are a probe's fits (:func:`links_from_probe`).
 
-    A point-to-point message is one hop of the all-gather's ring. The device has no FLOP
-    figures: compute on a probed cluster is measured, not derived.
+    A point-to-point message takes the probe's ``p2p`` fit (a probe file from before it was
+    timed: one hop of the all-gather's ring). The device has no FLOP figures: compute on a
+    probed cluster is measured, not derived.
 
     Args:
         links: the probe's fits; world: its ranks; device: where it ran ("cpu", "cuda:0").
@@ -486,7 +498,7 @@ def probed_cluster(
         nodes=1,
         ranks_per_node=world,
         device=Device(name=device, flops={"fp32": 1.0}, memory_bytes=0),
-        intra=hops["all_gather"],
+        intra=hops.get("p2p", hops["all_gather"]),
         inter=None,
         cores_per_node=cores,
         collectives=hops,

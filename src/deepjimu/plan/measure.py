@@ -92,7 +92,7 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
     return out
 
 
-def block_times(model: nn.Sequential, x: Tensor, repeats: int = 3) -> BlockTimes:
+def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes:
     """Forward and backward seconds of each block on the rows of ``x``, one block at a time.
 
     Profiles a copy (the model's weights and ``.grad`` stay untouched) under a forked RNG,
@@ -189,7 +189,7 @@ def kfac_times(
 
 
 def admm_times(
-    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, iterations: int = 3
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, iterations: int = 6
 ) -> AdmmTimes:
     """pdADMM on one worker over the rows of ``x`` (full batch): each phase's seconds per iteration.
 
@@ -248,7 +248,8 @@ def admm_times(
                 "readout",
                 lambda: choose_readout(block, inputs, y, n, ex, 0, 1, cfg.admm_readout),
             )
-    med = {k: statistics.median(v[1:] or v) for k, v in phases.items()}
+    # the first iterations still allocate and warm the solvers: a run's steady state is later
+    med = {k: statistics.median(v[2:] or v) for k, v in phases.items()}
     p_flops = [op.flops(n) - op.flops(n, with_p=False) if l else 0.0 for l, op in enumerate(ops)]
     wb_flops = [op.flops(n, with_p=False) for op in ops]
     per_layer = [
@@ -272,6 +273,81 @@ def _share(total: float, weights: list[float], i: int) -> float:
     return total * weights[i] / s if s > 0 else total / len(weights)
 
 
+@contextmanager
+def solo_group() -> Iterator[None]:
+    """A process group of this process alone (gloo), for timing DDP and the pipelining
+    runtime without other ranks; one that exists already is used as it is."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp_step_time(
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 7
+) -> float:
+    """Seconds of one ``ddp`` step on ``x`` under torch's DDP over this process alone: the
+    plain step plus DDP's own work (its buckets, the strategy's comm hook and the
+    all-reduce call)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from deepjimu.comm import Comm, CommStats
+    from deepjimu.compress.hooks import comm_hook
+    from deepjimu.compress.spec import parse_compress
+    from deepjimu.strategies.base import make_optimizer
+
+    devices = [x.device] if x.device.type == "cuda" else []
+    with solo_group(), torch.random.fork_rng(devices=devices):
+        ids = [x.device.index] if x.device.type == "cuda" else None
+        ddp = DistributedDataParallel(copy.deepcopy(model).to(x.device), device_ids=ids)
+        # the strategy's own comm hook (it counts the bytes of every bucket it all-reduces)
+        state, hook = comm_hook(
+            parse_compress("none"), Comm(CommStats()), 2, x.device, seed=cfg.seed
+        )
+        ddp.register_comm_hook(state, hook)
+        optimizer = make_optimizer(ddp.parameters(), cfg)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+
+        for _ in range(3):  # DDP rebuilds its buckets after the first step
+            step()
+        return _median_s(step, repeats, x.device)
+
+
+def pipeline_action_time(
+    model: nn.Sequential, x: Tensor, y: Tensor, m: int, repeats: int = 5
+) -> float:
+    """Seconds the pipelining runtime adds to each forward or backward action: a GPipe
+    schedule of the whole model as one stage over this process alone, with ``m``
+    micro-batches of ``x``'s rows each, less the blocks' own forward and backward."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    probe = copy.deepcopy(model).to(x.device)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with solo_group(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad():
+            out = probe(x)
+        stage = PipelineStage(
+            probe, 0, 1, x.device, input_args=x, output_args=out.detach().requires_grad_(True)
+        )
+        schedule = ScheduleGPipe(
+            stage, m, loss_fn=lambda o, t: F.cross_entropy(o, t), scale_grads=False
+        )
+        xs, ys = x.repeat(m, *[1] * (x.dim() - 1)), y.repeat(m)
+        step = _median_s(lambda: schedule.step(xs, target=ys, losses=[]), repeats, x.device)
+    compute = sum(block_times(model, x).costs())
+    return max(0.0, (step - m * compute) / (2 * m))
+
+
 class MeasuredCompute:
     """:class:`~deepjimu.plan.profile.Compute` of this device, measured on first use and kept.
 
@@ -288,6 +364,8 @@ class MeasuredCompute:
         self._steps: dict[tuple[int, int], float] = {}
         self._admm: dict[tuple[int, int], AdmmTimes] = {}
         self._kfac: dict[tuple[int, int], KfacTimes] = {}
+        self._ddp: dict[tuple[int, int], float] = {}
+        self._actions: dict[tuple[int, int, int], float] = {}
 
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:
         index = torch.arange(rows, device=self.x.device) % len(self.x)
@@ -316,3 +394,17 @@ class MeasuredCompute:
             with use_threads(threads):
                 self._kfac[rows, threads] = kfac_times(self.model, *self._rows(rows), self.cfg)
         return self._kfac[rows, threads]
+
+    def ddp_step(self, rows: int, threads: int) -> float:
+        if (rows, threads) not in self._ddp:
+            with use_threads(threads):
+                self._ddp[rows, threads] = ddp_step_time(self.model, *self._rows(rows), self.cfg)
+        return self._ddp[rows, threads]
+
+    def pipeline_action(self, rows: int, m: int, threads: int) -> float:
+        if (rows, m, threads) not in self._actions:
+            with use_threads(threads):
+                self._actions[rows, m, threads] = pipeline_action_time(
+                    self.model, *self._rows(rows), m
+                )
+        return self._actions[rows, m, threads]

@@ -77,12 +77,14 @@ def threads_per_rank(cluster: Cluster, p: int) -> int:
     return cluster.threads_per_rank(p) or 1
 
 
-def _slowdown(cluster: Cluster, busy: float, threads: int) -> float:
-    """How much slower each of ``busy`` ranks (on average) computing at once runs than alone:
-    their threads over the node's cores, when more (1 on a GPU cluster)."""
-    if cluster.cores_per_node is None:
-        return 1.0
-    return max(1.0, min(busy, cluster.ranks_per_node) * threads / cluster.cores_per_node)
+def _slowdown(cluster: Cluster, p: int, busy: float | None = None) -> float:
+    """How much slower each of ``p`` ranks computes when they run at once
+    (:meth:`Cluster.ranks_sharing_cores`); where only ``busy`` of them compute at a time on
+    average (a pipeline's bubbles), the slowdown in proportion."""
+    full = cluster.ranks_sharing_cores(p)
+    if busy is None:
+        return full
+    return 1.0 + (full - 1.0) * min(1.0, busy / p)
 
 
 def predict(
@@ -153,11 +155,12 @@ def _gradient(cfg, layers, train_size, compute, cluster, comm) -> Prediction:  #
     """``local`` (``comm`` None) and ``ddp``: every rank steps on its share of each batch."""
     p = cfg.workers
     t = threads_per_rank(cluster, p)
-    slow = _slowdown(cluster, p, t)
+    slow = _slowdown(cluster, p)
     comm_s, sent = comm(cfg, layers, cluster, p) if comm is not None and p > 1 else (0.0, 0)
+    step_of = compute.ddp_step if comm is not None else compute.step
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in _batches(train_size, cfg.batch_size):
-        c = compute.step(math.ceil(rows / p), t) * slow
+        c = step_of(math.ceil(rows / p), t) * slow
         if cluster.cores_per_node is None and comm_s:  # a GPU overlaps all but the last bucket
             bwd = sum(compute.blocks(math.ceil(rows / p), t).bwd_s)
             hidden = bwd * (1 - layers[0].params / max(1, sum(l.params for l in layers)))
@@ -257,8 +260,12 @@ def _pipeline(cfg, layers, train_size, compute, cluster) -> Prediction:  # type:
     times = compute.blocks(r, t)
     sizes = _stage_sizes(cfg, times.costs(), layers, n_stages)
     starts = _starts(sizes)
-    fwd = [sum(times.fwd_s[a : a + s]) for a, s in starts]
-    bwd = [sum(times.bwd_s[a : a + s]) for a, s in starts]
+    # each action pays the pipelining runtime's own work besides its blocks
+    action = cluster.pipeline_action_s
+    if action is None:
+        action = compute.pipeline_action(r, m, t)
+    fwd = [sum(times.fwd_s[a : a + s]) + action for a, s in starts]
+    bwd = [sum(times.bwd_s[a : a + s]) + action for a, s in starts]
     stage_rank = stage_ranks(p, chunks)
     ends = [a + s - 1 for a, s in starts]
 
@@ -268,7 +275,7 @@ def _pipeline(cfg, layers, train_size, compute, cluster) -> Prediction:  # type:
 
     sim = simulate(actions(str(cfg.schedule), p, m, chunks), fwd, bwd, send, stage_rank)
     busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
-    step = sim.makespan_s * _slowdown(cluster, busy, t) + _overhead(cfg, compute, r * m, t) / p
+    step = sim.makespan_s * _slowdown(cluster, p, busy) + _overhead(cfg, compute, r * m, t) / p
     per_step = sum(2 * m * r * layers[e].out_elems * _FLOAT for e in ends[:-1])
     params = max(sum(l.params for l in layers[a : a + s]) for a, s in starts)
     return Prediction(
@@ -297,7 +304,7 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
         sizes = partition(a.costs, p)
     else:
         sizes = parse_balance(cfg.balance, L, p)
-    slow = _slowdown(cluster, p, t)
+    slow = _slowdown(cluster, p)
     ranks = [sum(a.layer_s[s : s + k]) * slow for s, k in _starts(sizes)]
     rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
     cuts = _cuts(sizes)
@@ -356,7 +363,7 @@ def _kfac(
     assert cfg.workers is not None
     p = cfg.workers
     t = threads_per_rank(cluster, p)
-    slow = _slowdown(cluster, p, t)
+    slow = _slowdown(cluster, p)
     grad_s, grad_bytes = _ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in _batches(train_size, cfg.batch_size):

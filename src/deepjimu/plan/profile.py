@@ -21,6 +21,7 @@ from deepjimu.plan.cluster import Device
 
 __all__ = [
     "LAUNCH_S",
+    "RUNTIME_S",
     "AdmmTimes",
     "AnalyticCompute",
     "BlockTimes",
@@ -32,6 +33,11 @@ __all__ = [
 LAUNCH_S = 10e-6
 """Seconds a GPU kernel costs beyond its FLOPs (launch and a small kernel's floor): a few
 microseconds each, and a block runs a few kernels."""
+
+RUNTIME_S = 100e-6
+"""Seconds of host work that torch's DDP adds to a step, and torch.distributed.pipelining
+to each action, on a device that is not here: an estimate (on the 2-core VM, measured, they
+are 0.3-1 ms)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,10 @@ class Compute(Protocol):
 
     def kfac(self, rows: int, threads: int) -> KfacTimes: ...
 
+    def ddp_step(self, rows: int, threads: int) -> float: ...
+
+    def pipeline_action(self, rows: int, m: int, threads: int) -> float: ...
+
 
 @dataclass(frozen=True)
 class AnalyticCompute:
@@ -173,3 +183,9 @@ class AnalyticCompute:
             n_a=[a for a, _ in self.factors],
             n_g=[g for _, g in self.factors],
         )
+
+    def ddp_step(self, rows: int, threads: int) -> float:
+        return self.step(rows, threads) + RUNTIME_S
+
+    def pipeline_action(self, rows: int, m: int, threads: int) -> float:
+        return RUNTIME_S

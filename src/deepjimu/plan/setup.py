@@ -25,26 +25,25 @@ from deepjimu.plan.profile import AnalyticCompute, Compute, Layer
 __all__ = ["cluster_and_compute", "probe_cluster"]
 
 
-def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> Cluster:
-    """This machine as a one-node cluster: ``jimu probe``'s collective fits over ``workers``
-    real workers (written to ``out/probe``), its cores shared by the ranks."""
+def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any]:
+    """This machine as a one-node cluster of ``workers`` ranks (2 or more): ``jimu probe``'s
+    collective fits over that many real workers (written to ``out/probe-w<workers>``), its
+    cores shared by the ranks. Also returns the probe (its ddp step of ``workers`` ranks
+    stepping together, from which the sharing of the cores is measured)."""
     from deepjimu.compress.probe import Probe
     from deepjimu.launch import probe
     from deepjimu.threads import available_cores
 
-    world = max(2, workers)
     probed = probe(
         dataclasses.replace(
-            cfg, strategy="ddp", workers=world, runs_dir=str(out), name="probe", quiet=True,
-            compress="none", given={},
+            cfg, strategy="ddp", workers=workers, runs_dir=str(out), name=f"probe-w{workers}",
+            quiet=True, compress="none", given={},
         )
     )  # fmt: skip
     assert probed is not None
     found = Probe.from_dict(probed["probe"])
-    cluster = probed_cluster(
-        found.links, found.world, found.device, available_cores() if found.device == "cpu" else None
-    )
-    return dataclasses.replace(cluster, ranks_per_node=max(workers, world))
+    cores = available_cores() if found.device == "cpu" else None
+    return probed_cluster(found.links, found.world, found.device, cores), found
 
 
 def _probe_file(path: Path, workers: int) -> Cluster:
@@ -108,16 +107,83 @@ def cluster_and_compute(
     cfg: RunConfig, cluster_arg: str, out: Path, made: dict[Any, Any], all_cfgs: list[RunConfig]
 ) -> tuple[Cluster, Compute, list[Layer], int]:
     """The cluster, compute, blocks and training-set size that predict ``cfg``; ``made``
-    keeps what configurations share (the cluster, each model's figures)."""
-    if "cluster" not in made:
-        most = max(c.workers or 1 for c in all_cfgs)
-        if cluster_arg == "probe":
-            made["cluster"] = probe_cluster(cfg, most, out)
-        elif cluster_arg.endswith(".json"):
-            made["cluster"] = _probe_file(Path(cluster_arg), most)
+    keeps what configurations share (the clusters, each model's figures).
+
+    With ``probe`` each worker count of 2 or more gets its own probe, so its collectives
+    are fitted at that count and the slowdown of that many ranks stepping together on
+    this machine's cores is measured (the probe's ddp step against the same step of one
+    rank alone, :attr:`Cluster.sharing`).
+    """
+    p = cfg.workers or 1
+    most = max(c.workers or 1 for c in all_cfgs)
+    measured = cluster_arg == "probe" or cluster_arg.endswith(".json")
+    if "file" not in made:
+        if cluster_arg.endswith(".json"):
+            made["file"] = _probe_file(Path(cluster_arg), most)
+        elif not measured:
+            made["file"] = read_cluster(cluster_arg)
+    compute, layers, n = _model_figures(cfg, made, made.get("file"), measured)
+    if not measured or cluster_arg.endswith(".json"):
+        return made["file"], compute, layers, n
+    if ("cluster", p) not in made:
+        if p < 2:
+            made["cluster", p] = _alone()
         else:
-            made["cluster"] = read_cluster(cluster_arg)
-    cluster: Cluster = made["cluster"]
+            cluster, found = probe_cluster(cfg, p, out)
+            t = cluster.threads_per_rank(p) or 1
+            own, _, _ = _model_figures(
+                dataclasses.replace(cfg, model=found.model), made, None, True
+            )
+            alone = own.ddp_step(found.batch_per_rank, t)
+            sharing = {p: max(1.0, found.compute_s / alone)}
+            made["cluster", p] = dataclasses.replace(
+                cluster, sharing=sharing, pipeline_action_s=_action_s(cluster, found)
+            )
+    return made["cluster", p], compute, layers, n
+
+
+def _action_s(cluster: Cluster, found: Any) -> float | None:
+    """The pipelining runtime's seconds per action on this machine: the probe's GPipe step
+    of tiny stages (:func:`deepjimu.compress.probe._time_pipeline`) replayed by the schedule
+    simulator, solved for the one duration every action takes (the makespan grows linearly
+    with it; the transfers are the probe's point-to-point fit)."""
+    from deepjimu.compress.probe import PIPELINE_M
+    from deepjimu.plan.schedule import actions, simulate, stage_ranks
+
+    if found.pipeline_step_s is None:
+        return None
+    world = found.world
+    orders, ranks = actions("gpipe", world, PIPELINE_M), stage_ranks(world)
+
+    def makespan(a: float) -> float:
+        send = lambda i, j: cluster.p2p_s(4 * 4 * 4, ranks[i], ranks[j])  # noqa: E731
+        return simulate(orders, [a] * world, [a] * world, send, ranks).makespan_s
+
+    zero, one = makespan(0.0), makespan(1.0)
+    return max(0.0, (found.pipeline_step_s - zero) / (one - zero))
+
+
+def _alone() -> Cluster:
+    """This machine for one worker: no link is used."""
+    from deepjimu.plan.cluster import Device, Link
+    from deepjimu.threads import available_cores
+
+    return Cluster(
+        name=f"this machine ({available_cores()} cores)",
+        nodes=1,
+        ranks_per_node=1,
+        device=Device("cpu", {"fp32": 1.0}, 0),
+        intra=Link(0.0, float("inf")),
+        inter=None,
+        cores_per_node=available_cores(),
+        source="probe",
+    )
+
+
+def _model_figures(
+    cfg: RunConfig, made: dict[Any, Any], cluster: Cluster | None, measured: bool
+) -> tuple[Compute, list[Layer], int]:
+    """The compute, blocks and training-set size of ``cfg``'s model (kept in ``made``)."""
     key = (
         cfg.model,
         cfg.dataset,
@@ -130,17 +196,18 @@ def cluster_and_compute(
     if key not in made:
         model, data, layers = _layers_and_data(cfg)
         compute: Compute
-        if cluster.source == "probe" or cluster.source.endswith(".json"):
+        if measured:
             from deepjimu.plan.measure import MeasuredCompute
 
             compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)
         else:
+            assert cluster is not None
             compute = AnalyticCompute(
                 layers,
                 cluster.device,
                 str(cfg.precision),
                 _admm_flops(model, data.feature_shape, cfg),
+                _factors(model),
             )
         made[key] = (compute, layers, len(data.train_y))
-    compute, layers, n = made[key]
-    return cluster, compute, layers, n
+    return made[key]  # type: ignore[no-any-return]

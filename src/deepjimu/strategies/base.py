@@ -275,6 +275,9 @@ class GradientStrategy(Strategy):
             self.load_rank_state(run.resumed.rank_state)
             start, step = run.resumed.epoch, run.resumed.step
             samples = run.resumed.extra.get("samples", 0)
+        # the ranks start training together: what one rank still sets up (another's
+        # balance profiling, building its stages) is set-up, not the first step's training
+        run.barrier()
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):

@@ -371,6 +371,9 @@ class AdmmStrategy(Strategy):
         """Epochs ``start`` .. the last, with their logs and checkpoints; returns the steps so far."""
         cfg, run, lo = self.cfg, self.run, self.block.lo
         assert cfg.epochs is not None
+        # the ranks start training together: what one rank still sets up (another's
+        # balance profiling, building its stages) is set-up, not the first step's training
+        run.barrier()
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):
@@ -501,10 +504,12 @@ class AdmmStrategy(Strategy):
                     )
             except torch.linalg.LinAlgError as e:
                 raise JimuError(readout_failed(e, "--admm-readout iterate")) from None
-        fit = self.block.iterate_fit if self.block.hi == self.block.L else None
-        self._readout_choice, self._iterate_fit = run.broadcast_object(
-            (choice, fit), src=run.world - 1
-        )
+            # the choice is known once the chain has reached the last rank: the other ranks'
+            # wait for it is the readout's time on their clocks too (rank 0's is the run's)
+            fit = self.block.iterate_fit if self.block.hi == self.block.L else None
+            self._readout_choice, self._iterate_fit = run.broadcast_object(
+                (choice, fit), src=run.world - 1
+            )
 
     def _write_back(self) -> None:
         """The readout's weights into the model, for evaluation and checkpoints (once per
