@@ -21,15 +21,23 @@ The namespaces are removed afterwards, also when a run fails or the script is in
 and leftovers of an earlier run are removed first. Without root the script prints one line
 and exits 0.
 
+With ``--admm`` each rate also runs ``jimu train --strategy admm`` over the two nodes; with
+``--plan`` each rate's probe also feeds ``jimu plan --cluster <probe.json>`` (the link as
+probed, the model's work measured on this machine at one thread, as each node runs), and a
+second table gives each run's predicted against measured samples per second (training
+samples over training time, as ``jimu bench`` reports them).
+
 Usage (as root, from the repository root):
     python benchmarks/slow_link.py                       # 100mbit, 1gbit, uncapped; 5 epochs
     python benchmarks/slow_link.py --rates 100mbit --options none,powersgd:4,auto --epochs 2
+    python benchmarks/slow_link.py --rates 100mbit,none --options none,fp16,bf16 --admm --plan
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shutil
 import signal
@@ -212,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=None, help="folder for runs and logs (default: bench/slow-link-<time>)"
     )
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--admm", action="store_true", help="also run admm over the two nodes")
+    p.add_argument(
+        "--plan", action="store_true", help="predict every run with jimu plan from the rate's probe"
+    )
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("slow_link: needs root (network namespaces and tc); skipped")
@@ -227,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--model", args.model, "--epochs", str(args.epochs), "--threads", "1", "--quiet"]
     common += args.train_args.split()
     rows: dict[str, list[dict[str, Any]]] = {}
+    checks: list[str] = []
     remove_namespaces()  # leftovers of an interrupted run
     port = 29400
     try:
@@ -269,6 +282,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{row['s_per_epoch']:.2f} s/epoch, test acc {row['test_acc']:.4f}", flush=True
                 )
+            if args.admm:
+                print(f"[{rate}] admm ...", end=" ", flush=True)
+                port += 1
+                argv_ = [
+                    "train",
+                    "--strategy",
+                    "admm",
+                    *common,
+                    "--runs-dir",
+                    str(runs),
+                    "--name",
+                    "admm",
+                ]
+                try:
+                    two_nodes(argv_, port, out / f"{rate}-admm", args.timeout)
+                    print(f"test acc {read_summary(runs / 'admm')['test_acc']:.4f}", flush=True)  # type: ignore[index]
+                except (RuntimeError, JimuError, KeyError, TypeError) as e:
+                    print(f"failed: {e}", flush=True)
+            if args.plan:
+                checks += _plan_check(rate, runs, args, common)
     finally:
         remove_namespaces()
     print("[reference] single-node ddp x2 ...", flush=True)
@@ -296,8 +329,52 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(rows, summary["test_acc"] if summary else None)
     header = f"{args.model}, digits, {args.epochs} epochs, {args.train_args or 'default flags'}; runs in {out}"
     print(f"\n{header}\n{table}")
+    if checks:
+        plan = "\n".join(
+            [
+                "| link | run | predicted samples/s | measured samples/s | error |",
+                "|---|---|---|---|---|",
+                *checks,
+            ]
+        )
+        print(f"\njimu plan against the runs (from each rate's probe.json):\n{plan}")
+        table += f"\n\njimu plan against the runs (from each rate's probe.json):\n\n{plan}"
     (out / "table.md").write_text(f"{header}\n\n{table}\n")
     return 0
+
+
+def _plan_check(rate: str, runs: Path, args: argparse.Namespace, common: list[str]) -> list[str]:
+    """``jimu plan`` on this rate's probe for the runs made at it; a table row per run."""
+    options = [o for o in args.options.split(",") if o in ("none", "fp16", "bf16")]
+    strategies = "ddp,admm" if args.admm else "ddp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepjimu",
+        "plan",
+        "--cluster",
+        str(runs / "probe" / "probe.json"),
+    ]
+    cmd += ["--strategies", strategies, "--workers", "2", "--models", args.model]
+    cmd += ["--epochs", str(args.epochs), "--threads", "1", "--out", str(runs / "plan")]
+    if options:
+        cmd += ["--compress", ",".join(options)]
+    cmd += args.train_args.split()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"[{rate}] jimu plan failed: {done.stderr.strip()}", flush=True)
+        return []
+    out = []
+    for row in json.loads((runs / "plan" / "plan.json").read_text())["rows"]:
+        option = row["options"].get("compress", "none")
+        name = "admm" if row["strategy"] == "admm" else option.replace(":", "-")
+        summary = read_summary(runs / name)
+        if not summary or not row.get("predicted"):
+            continue
+        pred, real = row["predicted"]["samples_per_s"], summary["samples_per_s"]
+        label = "admm" if row["strategy"] == "admm" else f"ddp --compress {option}"
+        out.append(f"| {rate} | {label} | {pred:.0f} | {real:.0f} | {(pred - real) / real:+.0%} |")
+    return out
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ machines it names.
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
   Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``;
   ``--synthetic-n`` at 5,000; a bench runs 1 epoch, 2 workers and, unless named, local and
-  admm); nothing else changes.
+  admm; a plan 1 and 2 workers and, unless named, local and admm, its checks 1 epoch);
+  nothing else changes.
 - ``python`` blocks: run as a script after :data:`PRELUDE`, which defines the ``model``,
   ``x``, ``y``, ``x_test``, ``y_test`` that the README's snippets take as given.
 - ``text`` blocks with ``$`` lines are transcripts: each command runs exactly as shown and
@@ -135,8 +136,8 @@ def _argv(words: list[str]) -> list[str]:
 
 def shorten(words: list[str]) -> list[str]:
     """A tour command made short enough for the suite: fewer epochs, a smaller bench."""
-    sub = next((w for w in words if w in ("train", "bench", "probe", "report")), None)
-    if "--help" in words or sub not in ("train", "bench"):
+    sub = next((w for w in words if w in ("train", "bench", "probe", "report", "plan")), None)
+    if "--help" in words or sub not in ("train", "bench", "plan"):
         return words
     out = list(words)
 
@@ -152,6 +153,12 @@ def shorten(words: list[str]) -> list[str]:
     if sub == "train":
         cap("--epochs", 2)
         out.append("--quiet")
+    elif sub == "plan":  # its --check trains
+        cap("--epochs", 1)
+        if "--workers" not in out:
+            out += ["--workers", "1,2"]
+        if "--strategies" not in out:
+            out += ["--strategies", "local,admm"]
     else:
         cap("--epochs", 1)
         if "--workers" not in out:

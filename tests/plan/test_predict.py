@@ -219,10 +219,14 @@ def test_pipeline_actions_pay_the_runtime() -> None:
     assert paid == pytest.approx(plain + 10 * 5e-4)
 
 
-def test_a_measured_sharing_of_the_cores_replaces_the_rule() -> None:
+def test_a_measured_synchronisation_penalty_is_paid_once_a_step() -> None:
     lay = layers([1], [2])
     rule = cpus(3, 2)
-    measured = dataclasses.replace(rule, sharing={3: 2.3})
-    one = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), rule).parts["compute_s"]
-    two = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), measured).parts["compute_s"]
-    assert two == pytest.approx(one / 1.5 * 2.3)
+    measured = dataclasses.replace(rule, sync_s={3: 0.002})
+    one = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), rule)
+    two = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), measured)
+    assert two.step_s == pytest.approx(one.step_s + 0.002)
+    admm = Fixed([], admm_s=[1.0, 1.0, 1.0], widths=[4, 4, 4])
+    a = predict(cfg("admm", 3, eval_every=1), layers([1] * 3, [4] * 3), 10, admm, rule)
+    b = predict(cfg("admm", 3, eval_every=1), layers([1] * 3, [4] * 3), 10, admm, measured)
+    assert b.step_s == pytest.approx(a.step_s + 3 * 0.002)  # the p and q exchanges, the readout

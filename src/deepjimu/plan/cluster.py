@@ -133,7 +133,7 @@ class Cluster:
     cores_per_node: int | None = None
     collectives: dict[str, Link] = field(default_factory=dict)
     source: str = ""
-    sharing: dict[int, float] = field(default_factory=dict)
+    sync_s: dict[int, float] = field(default_factory=dict)
     pipeline_action_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -267,6 +267,11 @@ class Cluster:
             return None
         return max(1, self.cores_per_node // busiest)
 
+    def sync_penalty_s(self, p: int) -> float:
+        """Seconds each synchronisation of p ranks loses beyond their fair share of the
+        cores: measured by a probe (:attr:`sync_s`, per ranks on a node), else 0."""
+        return self.sync_s.get(self._busiest_node_ranks(p), 0.0)
+
     def ranks_sharing_cores(self, p: int) -> float:
         """How much slower each rank computes when p ranks run at once on a CPU cluster.
 
@@ -283,10 +288,8 @@ class Cluster:
             >>> c.ranks_sharing_cores(2), c.ranks_sharing_cores(3)
             (1.0, 1.5)
 
-        Where a probe measured it (:attr:`sharing`: ranks on a node -> slowdown of a step
-        they take together, against one rank alone), the measurement replaces the rule:
-        ranks that step in lockstep on time-shared cores wait for the one the scheduler
-        ran last, which the rule does not see.
+        Ranks that synchronise on time-shared cores also wait for the one the scheduler
+        ran last, once per synchronisation: :meth:`sync_penalty_s`.
 
         Returns:
             max(1, ranks on the busiest node / cores_per_node); 1.0 for GPU clusters.
@@ -295,8 +298,6 @@ class Cluster:
             JimuError: p outside 1..world.
         """
         busiest = self._busiest_node_ranks(p)
-        if busiest in self.sharing:
-            return self.sharing[busiest]
         if self.cores_per_node is None:
             return 1.0
         return max(1.0, busiest / self.cores_per_node)

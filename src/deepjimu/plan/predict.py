@@ -20,9 +20,13 @@ Every predictor composes the same two inputs, a :class:`~deepjimu.plan.profile.C
   q exchange across each cut; per log the readout's forward chain, rank after rank.
 
 Ranks that share a CPU node's cores slow each other down: a rank runs ``cores // P``
-threads and, when more threads compute at once than there are cores, each runs
-``threads / cores`` slower (:meth:`Cluster.ranks_sharing_cores`). Samples per second mean
-what ``jimu bench`` reports: training samples over training time.
+threads, and P ranks computing at once run :meth:`Cluster.ranks_sharing_cores` slower
+(a pipeline's ranks, busy only part of the time, in proportion); ranks that synchronise on
+time-shared cores lose :meth:`Cluster.sync_penalty_s` more at each synchronisation
+(measured by the probe where it ran). DDP's own work and the pipelining runtime's per action come from the compute
+figures (measured here, or an estimate elsewhere). Samples per second mean what ``jimu
+bench`` reports: training samples over training time (admm's start, once per run,
+included over its ``--epochs``).
 """
 
 from __future__ import annotations
@@ -167,6 +171,8 @@ def _gradient(cfg, layers, train_size, compute, cluster, comm) -> Prediction:  #
             step = c + max(0.0, comm_s - hidden)
         else:
             step = c + comm_s
+        if comm is not None:
+            step += cluster.sync_penalty_s(p)
         epoch += count * step
         steps += count
         compute_s += count * c
@@ -276,6 +282,7 @@ def _pipeline(cfg, layers, train_size, compute, cluster) -> Prediction:  # type:
     sim = simulate(actions(str(cfg.schedule), p, m, chunks), fwd, bwd, send, stage_rank)
     busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
     step = sim.makespan_s * _slowdown(cluster, p, busy) + _overhead(cfg, compute, r * m, t) / p
+    step += cluster.sync_penalty_s(p)
     per_step = sum(2 * m * r * layers[e].out_elems * _FLOAT for e in ends[:-1])
     params = max(sum(l.params for l in layers[a : a + s]) for a, s in starts)
     return Prediction(
@@ -316,7 +323,8 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
         ),
         default=0.0,
     )
-    iteration = max(ranks) + 2 * exchange
+    # three synchronisations: the p and q exchanges, the readout's choice
+    iteration = max(ranks) + 2 * exchange + 3 * cluster.sync_penalty_s(p)
     # the readout's forward chain (the plain and the refitted activations) runs rank after rank
     chain = sum(
         2 * cluster.p2p_s(train_size * a.widths[c] * _FLOAT, rank_of[c], rank_of[c + 1])
@@ -402,6 +410,7 @@ def _kfac(
         c = k.step_s * slow
         step = (
             c
+            + cluster.sync_penalty_s(p)
             + grad_s
             + grads
             + factors / cfg.kfac_factor_every

@@ -58,7 +58,12 @@ def _probe_file(path: Path, workers: int) -> Cluster:
         raise JimuError(f"probe file {path} was measured on one worker: it holds no link")
     cores = available_cores() if found.device == "cpu" else None
     cluster = probed_cluster(found.links, found.world, found.device, cores)
-    return dataclasses.replace(cluster, ranks_per_node=max(workers, found.world), source=str(path))
+    return dataclasses.replace(
+        cluster,
+        ranks_per_node=max(workers, found.world),
+        source=str(path),
+        pipeline_action_s=_action_s(cluster, found),
+    )
 
 
 def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
@@ -110,9 +115,9 @@ def cluster_and_compute(
     keeps what configurations share (the clusters, each model's figures).
 
     With ``probe`` each worker count of 2 or more gets its own probe, so its collectives
-    are fitted at that count and the slowdown of that many ranks stepping together on
-    this machine's cores is measured (the probe's ddp step against the same step of one
-    rank alone, :attr:`Cluster.sharing`).
+    are fitted at that count, and what that many ranks stepping together on this
+    machine's cores lose at each synchronisation is measured (the probe's ddp step against
+    the same step of one rank alone at a fair share of the cores, :attr:`Cluster.sync_s`).
     """
     p = cfg.workers or 1
     most = max(c.workers or 1 for c in all_cfgs)
@@ -134,10 +139,12 @@ def cluster_and_compute(
             own, _, _ = _model_figures(
                 dataclasses.replace(cfg, model=found.model), made, None, True
             )
-            alone = own.ddp_step(found.batch_per_rank, t)
-            sharing = {p: max(1.0, found.compute_s / alone)}
+            fair = own.ddp_step(found.batch_per_rank, t) * cluster.ranks_sharing_cores(p)
+            # the probe's ranks step together: what their step took beyond a fair share of
+            # the cores is lost once per synchronisation
+            sync = {p: max(0.0, found.compute_s - fair)}
             made["cluster", p] = dataclasses.replace(
-                cluster, sharing=sharing, pipeline_action_s=_action_s(cluster, found)
+                cluster, sync_s=sync, pipeline_action_s=_action_s(cluster, found)
             )
     return made["cluster", p], compute, layers, n
 
@@ -145,8 +152,8 @@ def cluster_and_compute(
 def _action_s(cluster: Cluster, found: Any) -> float | None:
     """The pipelining runtime's seconds per action on this machine: the probe's GPipe step
     of tiny stages (:func:`deepjimu.compress.probe._time_pipeline`) replayed by the schedule
-    simulator, solved for the one duration every action takes (the makespan grows linearly
-    with it; the transfers are the probe's point-to-point fit)."""
+    simulator, solved (by bisection: the makespan grows with it) for the one duration every
+    action takes; the transfers are the probe's point-to-point fit."""
     from deepjimu.compress.probe import PIPELINE_M
     from deepjimu.plan.schedule import actions, simulate, stage_ranks
 
@@ -159,8 +166,14 @@ def _action_s(cluster: Cluster, found: Any) -> float | None:
         send = lambda i, j: cluster.p2p_s(4 * 4 * 4, ranks[i], ranks[j])  # noqa: E731
         return simulate(orders, [a] * world, [a] * world, send, ranks).makespan_s
 
-    zero, one = makespan(0.0), makespan(1.0)
-    return max(0.0, (found.pipeline_step_s - zero) / (one - zero))
+    target = found.pipeline_step_s
+    if makespan(0.0) >= target:
+        return 0.0
+    lo, hi = 0.0, target  # the makespan grows with a, and exceeds the step at a = step
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if makespan(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _alone() -> Cluster:
