@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from deepjimu.errors import JimuError, one_line
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
+
+from deepjimu.errors import JimuError, one_line
 
 __all__ = [
     "PRECISIONS",

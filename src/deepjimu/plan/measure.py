@@ -193,11 +193,10 @@ def admm_times(
 ) -> AdmmTimes:
     """pdADMM on one worker over the rows of ``x`` (full batch): each phase's seconds per iteration.
 
-    Runs the strategy's own serial iteration (:func:`~deepjimu.strategies.admm.driver.serial_iteration`
-    phases, timed apart) after its forward start, and the readout that each log runs
-    (``--admm-readout``). The per-layer split of a phase follows the layer operators' FLOP
-    estimates (what the strategy partitions by), so a block of layers on one rank gets its
-    layers' share.
+    Runs the strategy's own serial iteration after its forward start, each layer's updates
+    timed apart (:meth:`~deepjimu.strategies.admm.blocks.LayerBlock.layer_updates`), and
+    the readout that each log runs (``--admm-readout``); the extrapolation (``momentum``),
+    one pass over the block, is shared over the layers by their (W, b) FLOP estimates.
     """
     from deepjimu.comm import Comm, CommStats
     from deepjimu.strategies.admm.blocks import LayerBlock
@@ -229,38 +228,40 @@ def admm_times(
     if x.device.type == "cuda":
         torch.cuda.synchronize(x.device)
     start_s = time.perf_counter() - t0
-    phases: dict[str, list[float]] = {"p": [], "wbz": [], "qu": [], "momentum": [], "readout": []}
+    layers: list[list[float]] = []  # per iteration, each layer's seconds
+    momentum: list[float] = []
+    readout: list[float] = []
 
-    def timed(name: str, run: Callable[[], object]) -> None:
+    def timed(run: Callable[[], object]) -> float:
         t0 = time.perf_counter()
         run()
         if x.device.type == "cuda":
             torch.cuda.synchronize(x.device)
-        phases[name].append(time.perf_counter() - t0)
+        return time.perf_counter() - t0
 
     with torch.no_grad():
         for _ in range(iterations):
-            timed("p", block.step_p)
-            timed("wbz", lambda: block.step_wbz(y))
-            timed("qu", block.step_qu)
-            timed("momentum", block.extrapolate if params.momentum else lambda: None)
-            timed(
-                "readout",
-                lambda: choose_readout(block, inputs, y, n, ex, 0, 1, cfg.admm_readout),
+            seconds = [0.0] * L
+            for l, update in block.layer_updates(y):
+                seconds[l] += timed(update)
+            layers.append(seconds)
+            momentum.append(timed(block.extrapolate) if params.momentum else 0.0)
+            readout.append(
+                timed(lambda: choose_readout(block, inputs, y, n, ex, 0, 1, cfg.admm_readout))
             )
     # the first iterations still allocate and warm the solvers: a run's steady state is later
-    med = {k: statistics.median(v[2:] or v) for k, v in phases.items()}
-    p_flops = [op.flops(n) - op.flops(n, with_p=False) if l else 0.0 for l, op in enumerate(ops)]
+    warm = 2 if iterations > 2 else 0
     wb_flops = [op.flops(n, with_p=False) for op in ops]
+    extra = statistics.median(momentum[warm:])
     per_layer = [
-        _share(med["p"], p_flops, l) + _share(med["wbz"] + med["qu"] + med["momentum"], wb_flops, l)
+        statistics.median(s[l] for s in layers[warm:]) + _share(extra, wb_flops, l)
         for l in range(L)
     ]
     return AdmmTimes(
         rows=n,
         threads=torch.get_num_threads(),
         layer_s=per_layer,
-        readout_s=med["readout"],
+        readout_s=statistics.median(readout[warm:]),
         start_s=start_s,
         costs=[op.flops(n, with_p=l > 0) for l, op in enumerate(ops)],
         widths=[math.prod(op.out_shape) for op in ops],

@@ -176,6 +176,18 @@ def _gradient(cfg, layers, train_size, compute, cluster, comm) -> Prediction:  #
         epoch += count * step
         steps += count
         compute_s += count * c
+    return _replicated(cfg, layers, train_size, epoch, steps, compute_s, comm_s, sent)
+
+
+def _replicated(
+    cfg: RunConfig, layers: list[Layer], train_size: int, epoch: float, steps: int,
+    compute_s: float, comm_s: float, sent: int,
+) -> Prediction:  # fmt: skip
+    """The prediction of a strategy whose every rank holds the whole model (``local``,
+    ``ddp``, K-FAC on them) from an epoch's seconds and steps, the compute of those
+    steps, a step's communication and the bytes one rank hands to it per step."""
+    assert cfg.workers is not None
+    p = cfg.workers
     params = sum(l.params for l in layers)
     rows = math.ceil(cfg.batch_size / p)
     return Prediction(
@@ -419,17 +431,7 @@ def _kfac(
         epoch += count * step
         steps += count
         compute_s += count * c
-    params = sum(l.params for l in layers)
-    rows = math.ceil(cfg.batch_size / p)
-    return Prediction(
-        strategy=cfg.strategy,
-        workers=p,
-        step_s=epoch / steps,
-        samples_per_s=train_size / epoch,
-        bytes_per_sample=p * grad_bytes * steps / train_size,
-        peak_mem_mb=_state_mb(cfg, params, rows, sum(l.out_elems for l in layers)),
-        parts={"compute_s": compute_s / steps, "comm_s": grad_s},
-    )
+    return _replicated(cfg, layers, train_size, epoch, steps, compute_s, grad_s, grad_bytes)
 
 
 def _broadcast_s(cluster: Cluster, nbytes: int, ranks: int) -> float:

@@ -168,3 +168,20 @@ def test_fewer_samples_than_inputs_iterate_as_the_inputs_side_solve_with_momentu
     for name in ("W", "b", "z", "q", "u"):
         for l, t in getattr(inputs, name).items():
             torch.testing.assert_close(getattr(kernel, name)[l], t, msg=f"{name}{l}")
+
+
+def test_layer_updates_in_order_are_one_serial_iteration() -> None:
+    """The per-layer updates a profiler times give exactly the iterate of serial_iteration."""
+    params = AdmmParams(rho=0.7, nu=1.3, tau=0.5, ridge=0.01)
+    one, x, y = _block(params)
+    two, _, _ = _block(params)
+    one.init_forward(x)
+    two.init_forward(x)
+    serial_iteration(one, y)
+    with torch.no_grad():
+        for _, update in two.layer_updates(y):
+            update()
+    for name in ("p", "W", "b", "z", "q", "u"):
+        for l, t in getattr(one, name).items():
+            assert torch.equal(t, getattr(two, name)[l]), (name, l)
+    assert [l for l, _ in two.layer_updates(y)] == [1, 2, 0, 1, 2, 0, 1]

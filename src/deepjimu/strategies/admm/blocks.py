@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -333,6 +334,18 @@ class LayerBlock:
         p_next = self._p_next(l)
         self.q[l] = self._grid(U.update_q(p_next, self.u[l], self.z[l], rho, nu))
         self.u[l] = U.update_u(self.u[l], p_next, self.q[l], rho)
+
+    def layer_updates(self, y: Tensor | None) -> list[tuple[int, Callable[[], None]]]:
+        """One Jacobi iteration as (layer, update) pairs in the order :meth:`step_p`,
+        :meth:`step_wbz` and :meth:`step_qu` run them, so that a profiler can time each
+        layer's share apart (``deepjimu.plan.measure``); run in order, under ``no_grad``,
+        they are exactly those three phases."""
+        out: list[tuple[int, Callable[[], None]]] = [
+            (l, functools.partial(self._p_layer, l)) for l in self.layers if l > 0
+        ]
+        out += [(l, functools.partial(self._wbz_layer, l, y)) for l in self.layers]
+        out += [(l, functools.partial(self._qu_layer, l)) for l in self.layers if l < self.L - 1]
+        return out
 
     @torch.no_grad()
     def step_p(self) -> None:
