@@ -65,3 +65,21 @@ def test_plan_probes_this_machine_and_checks_against_real_runs(
             r["predicted"]["samples_per_s"] / r["measured"]["samples_per_s"] - 1
         )
     assert "check: 3 configurations" in text
+
+
+def test_configurations_without_a_prediction_say_why_and_come_last(tmp_path, capsys) -> None:
+    out = tmp_path / "plan"
+    code = main(
+        [
+            "plan", "--cluster", str(EXAMPLES / "h100-node.toml"), "--strategies", "ddp,local",
+            "--workers", "1,2", "--models", "mlp:16x1", "--compress", "qsgd:8", "--out", str(out),
+        ]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    rows = json.loads((out / "plan.json").read_text())["rows"]
+    # ddp with one worker sends nothing, so qsgd costs it nothing; with two it is not predicted
+    assert [(r["strategy"], r["workers"]) for r in rows][-1] == ("ddp", 2)
+    assert all(r["predicted"] is not None for r in rows[:-1])
+    assert rows[-1]["predicted"] is None and "qsgd:8" in rows[-1]["not_predicted"]
+    assert "not predicted: the planner predicts ddp with --compress none, fp16 or bf16" in text

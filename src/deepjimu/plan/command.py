@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import datetime
 import json
-import shlex
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -140,7 +140,8 @@ def plan_from_args(args: argparse.Namespace) -> Path:
     if (out / "plan.json").exists():
         raise JimuError(f"plan folder {out} already holds a plan.json; pick another --out")
     rows = _predict(configs, args.cluster, out)
-    rows.sort(key=lambda r: -r["predicted"]["samples_per_s"] if r.get("predicted") else 0.0)
+    # fastest first; configurations without a prediction last
+    rows.sort(key=lambda r: -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf)
     print(_table(rows))
     for cell in skipped:
         print(f"skipped {cell.label}: {cell.skip}")
@@ -150,7 +151,8 @@ def plan_from_args(args: argparse.Namespace) -> Path:
         out / "plan.json",
         json.dumps(
             {
-                "cluster": rows and rows[0].pop("_cluster"),
+                # the cluster of the most workers (with a probe, each count has its own fits)
+                "cluster": max(rows, key=lambda r: r["workers"])["_cluster"] if rows else None,
                 "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
             },
             indent=2,
@@ -262,8 +264,3 @@ def _check_summary(rows: list[dict[str, Any]]) -> str:
         f"check: {len(done)} configurations, |error| of samples/s median {statistics.median(errors):.0%}, "
         f"worst {max(errors):.0%}; the predicted fastest ({_label(first)}) is {verdict}"
     )
-
-
-def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces the plan (for its record)."""
-    return "jimu plan " + shlex.join([f"--cluster={args.cluster}"])

@@ -32,6 +32,7 @@ included over its ``--epochs``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepjimu.config import RunConfig
@@ -76,6 +77,12 @@ class Prediction:
         }
 
 
+def _workers(cfg: RunConfig) -> int:
+    """The run's worker count (a validated config has one)."""
+    assert cfg.workers is not None, "config not resolved"
+    return cfg.workers
+
+
 def threads_per_rank(cluster: Cluster, p: int) -> int:
     """Threads of each of ``p`` ranks (:meth:`Cluster.threads_per_rank`; 1 on a GPU cluster)."""
     return cluster.threads_per_rank(p) or 1
@@ -107,7 +114,7 @@ def predict(
         ValueError: a strategy or option the planner does not predict.
     """
     assert cfg.workers is not None
-    p = cfg.workers
+    p = _workers(cfg)
     if p > cluster.world:
         raise ValueError(f"{p} workers on a cluster of {cluster.world} ranks")
     kind = cfg.strategy
@@ -141,6 +148,10 @@ def _state_mb(cfg: RunConfig, params: int, rows: int, activations: int) -> float
     return (copies * params + 2 * rows * activations) * _FLOAT / 1e6
 
 
+_Comm = Callable[[RunConfig, list[Layer], Cluster, int], tuple[float, int]]
+"""A step's communication: (seconds, bytes one rank hands to collectives)."""
+
+
 def _ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
     """Seconds and bytes (one rank's payload) of one step's collectives (:mod:`deepjimu.plan.ddp`)."""
     compress = str(cfg.compress)
@@ -155,9 +166,16 @@ def _ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> 
     return sum(message_s(cluster, c, b, p) for c, b in msgs), sum(b for _, b in msgs)
 
 
-def _gradient(cfg, layers, train_size, compute, cluster, comm) -> Prediction:  # type: ignore[no-untyped-def]
+def _gradient(
+    cfg: RunConfig,
+    layers: list[Layer],
+    train_size: int,
+    compute: Compute,
+    cluster: Cluster,
+    comm: _Comm | None,
+) -> Prediction:
     """``local`` (``comm`` None) and ``ddp``: every rank steps on its share of each batch."""
-    p = cfg.workers
+    p = _workers(cfg)
     t = threads_per_rank(cluster, p)
     slow = _slowdown(cluster, p)
     comm_s, sent = comm(cfg, layers, cluster, p) if comm is not None and p > 1 else (0.0, 0)
@@ -187,7 +205,7 @@ def _replicated(
     ``ddp``, K-FAC on them) from an epoch's seconds and steps, the compute of those
     steps, a step's communication and the bytes one rank hands to it per step."""
     assert cfg.workers is not None
-    p = cfg.workers
+    p = _workers(cfg)
     params = sum(l.params for l in layers)
     rows = math.ceil(cfg.batch_size / p)
     return Prediction(
@@ -224,9 +242,11 @@ def _overhead(cfg: RunConfig, compute: Compute, rows: int, t: int) -> float:
     return max(0.0, compute.step(rows, t) - sum(compute.blocks(rows, t).costs()))
 
 
-def _model_parallel(cfg, layers, train_size, compute, cluster) -> Prediction:  # type: ignore[no-untyped-def]
+def _model_parallel(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
     """Stages one after the other on the whole batch; activations and gradients cross each cut."""
-    p = cfg.workers
+    p = _workers(cfg)
     t = threads_per_rank(cluster, p)
     epoch, steps = 0.0, 0
     sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p)
@@ -263,13 +283,15 @@ def _starts(sizes: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _pipeline(cfg, layers, train_size, compute, cluster) -> Prediction:  # type: ignore[no-untyped-def]
+def _pipeline(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
     """The schedule's actions replayed with each stage's micro-batch times (see the module docstring).
 
     Every micro-batch has the rows of the largest batch's largest micro-batch (the strategy
     pads the others to it), so every step costs the same.
     """
-    p, m = cfg.workers, cfg.microbatches
+    p, m = _workers(cfg), cfg.microbatches
     chunks = 2 if str(cfg.schedule) == "interleaved" else 1
     n_stages = p * chunks
     t = threads_per_rank(cluster, p)
@@ -315,7 +337,7 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
             f"the planner predicts full-batch admm only (admm-batch: {cfg.admm_batch})"
         )
     assert cfg.workers is not None and cfg.epochs is not None
-    p = cfg.workers
+    p = _workers(cfg)
     t = threads_per_rank(cluster, p)
     a = compute.admm(train_size, t)
     L = len(a.layer_s)
@@ -381,7 +403,7 @@ def _kfac(
     from deepjimu.kfac.precondition import METHODS
 
     assert cfg.workers is not None
-    p = cfg.workers
+    p = _workers(cfg)
     t = threads_per_rank(cluster, p)
     slow = _slowdown(cluster, p)
     grad_s, grad_bytes = _ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
