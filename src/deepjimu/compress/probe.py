@@ -278,7 +278,8 @@ def _time_p2p(nbytes: int, device: torch.device, reps: int) -> float:
 
 def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tuple[int, float]]]:
     points: dict[str, list[tuple[int, float]]] = {}
-    for name in [*COLLECTIVES, "p2p"]:
+    # a point-to-point send needs a second rank
+    for name in [*COLLECTIVES, "p2p"] if dist.get_world_size() > 1 else list(COLLECTIVES):
         points[name] = []
         for size in SIZES:
             reps = 5 if size <= 2**20 else 3
