@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -361,51 +362,41 @@ class MeasuredCompute:
 
     def __init__(self, model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig) -> None:
         self.model, self.x, self.y, self.cfg = model, x, y, cfg
-        self._blocks: dict[tuple[int, int], BlockTimes] = {}
-        self._steps: dict[tuple[int, int], float] = {}
-        self._admm: dict[tuple[int, int], AdmmTimes] = {}
-        self._kfac: dict[tuple[int, int], KfacTimes] = {}
-        self._ddp: dict[tuple[int, int], float] = {}
-        self._actions: dict[tuple[int, int, int], float] = {}
+        self._kept: dict[tuple[object, ...], Any] = {}
+
+    def _once(self, key: tuple[object, ...], threads: int, measure: Callable[[], Any]) -> Any:
+        """``measure()`` with ``threads`` threads the first time ``key`` (with ``threads``) is
+        asked for; the figure is kept."""
+        full = (*key, threads)
+        if full not in self._kept:
+            with use_threads(threads):
+                self._kept[full] = measure()
+        return self._kept[full]
 
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:
         index = torch.arange(rows, device=self.x.device) % len(self.x)
         return self.x[index], self.y[index]
 
     def blocks(self, rows: int, threads: int) -> BlockTimes:
-        if (rows, threads) not in self._blocks:
-            with use_threads(threads):
-                self._blocks[rows, threads] = block_times(self.model, self._rows(rows)[0])
-        return self._blocks[rows, threads]
+        run = lambda: block_times(self.model, self._rows(rows)[0])  # noqa: E731
+        return self._once(("blocks", rows), threads, run)  # type: ignore[no-any-return]
 
     def step(self, rows: int, threads: int) -> float:
-        if (rows, threads) not in self._steps:
-            with use_threads(threads):
-                self._steps[rows, threads] = step_time(self.model, *self._rows(rows), self.cfg)
-        return self._steps[rows, threads]
+        run = lambda: step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
+        return self._once(("step", rows), threads, run)  # type: ignore[no-any-return]
 
     def admm(self, rows: int, threads: int) -> AdmmTimes:
-        if (rows, threads) not in self._admm:
-            with use_threads(threads):
-                self._admm[rows, threads] = admm_times(self.model, *self._rows(rows), self.cfg)
-        return self._admm[rows, threads]
+        run = lambda: admm_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
+        return self._once(("admm", rows), threads, run)  # type: ignore[no-any-return]
 
     def kfac(self, rows: int, threads: int) -> KfacTimes:
-        if (rows, threads) not in self._kfac:
-            with use_threads(threads):
-                self._kfac[rows, threads] = kfac_times(self.model, *self._rows(rows), self.cfg)
-        return self._kfac[rows, threads]
+        run = lambda: kfac_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
+        return self._once(("kfac", rows), threads, run)  # type: ignore[no-any-return]
 
     def ddp_step(self, rows: int, threads: int) -> float:
-        if (rows, threads) not in self._ddp:
-            with use_threads(threads):
-                self._ddp[rows, threads] = ddp_step_time(self.model, *self._rows(rows), self.cfg)
-        return self._ddp[rows, threads]
+        run = lambda: ddp_step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
+        return self._once(("ddp", rows), threads, run)  # type: ignore[no-any-return]
 
     def pipeline_action(self, rows: int, m: int, threads: int) -> float:
-        if (rows, m, threads) not in self._actions:
-            with use_threads(threads):
-                self._actions[rows, m, threads] = pipeline_action_time(
-                    self.model, *self._rows(rows), m
-                )
-        return self._actions[rows, m, threads]
+        run = lambda: pipeline_action_time(self.model, *self._rows(rows), m)  # noqa: E731
+        return self._once(("pipeline", rows, m), threads, run)  # type: ignore[no-any-return]
