@@ -15,7 +15,7 @@ from deepjimu.checkpoint import Checkpointer
 from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
-from deepjimu.errors import JimuError
+from deepjimu.errors import Interrupted, JimuError
 from deepjimu.events import EventLog
 from disks import small_disk
 from distributed import distributed_test
@@ -148,6 +148,41 @@ def test_a_first_checkpoint_on_a_full_disk_leaves_no_folder(tmp_path: Path) -> N
         )
         assert str(e.value).endswith("(no earlier checkpoint)")
         assert not ckpt.dir.exists()
+
+
+def test_a_signal_mid_write_stops_the_run_with_its_own_line(tmp_path: Path) -> None:
+    """Ctrl-C inside torch.save: torch's writer then fails closing the zip ("unexpected
+    pos ..."); the signal's Interrupted must come out, not that RuntimeError (seen in CI)."""
+    real_open = open
+    signum = 2
+
+    class Interrupting:  # a file whose second write is where the signal handler raises
+        def __init__(self, path: Path, mode: str) -> None:
+            self.f, self.writes = real_open(path, mode), 0
+
+        def write(self, data: bytes) -> int:
+            self.writes += 1
+            if self.writes == 2:
+                raise Interrupted(signum)
+            return self.f.write(data)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.f, name)
+
+        def __enter__(self) -> Interrupting:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+    ckpt = _checkpointer(tmp_path, 0, 1)
+    with (
+        mock.patch("deepjimu.checkpoint.open", Interrupting, create=True),
+        pytest.raises(Interrupted) as e,
+    ):
+        ckpt.save(1, 1, torch.nn.Linear(50, 50), {})
+    assert e.value.signum == signum
+    assert not list(ckpt.dir.glob(".tmp-step-*")), "no half-written checkpoint left"
 
 
 @pytest.mark.parametrize("name", ["model.pt", "rank0.pt"])

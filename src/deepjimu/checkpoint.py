@@ -186,6 +186,10 @@ class Checkpointer:
         failed = None
         try:
             write()
+        except KeyboardInterrupt:  # a signal mid-write: the run stops; no half-written folder
+            if self.is_main:
+                self._drop_unfinished(tmp, final)
+            raise
         except OSError as e:
             what = f"checkpoint at step {step} not written"
             if no_space(e):
@@ -345,9 +349,11 @@ def _torch_save(obj: Any, path: Path) -> None:
         try:
             torch.save(obj, f)
         except RuntimeError as e:
-            # torch's writer reports a failed write as "unexpected pos ..."; the OSError
-            # that says why (no space left, ...) is the context it was raised in
-            if isinstance(e.__context__, OSError):
+            # torch's writer reports a write cut short as "unexpected pos ..." while it
+            # closes the zip; what cut it short is the context it was raised in: the
+            # OSError that says why (no space left, ...), or a signal's Interrupted that
+            # arrived mid-write (which must still stop the run, with its own line)
+            if isinstance(e.__context__, (OSError, KeyboardInterrupt)):
                 raise e.__context__ from None
             raise
 
