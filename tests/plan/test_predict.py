@@ -19,10 +19,12 @@ LINK = Link(alpha_s=1e-3, bytes_per_s=1e6)  # 1 ms + 1 us per byte: easy sums
 @dataclasses.dataclass
 class Fixed:
     """Compute of made-up figures: block l takes ``per_row[l]`` s per row forward, twice
-    that backward; a step adds ``overhead`` s; admm's layers ``admm_s``."""
+    that backward; a step adds ``overhead`` s (the loss) and the optimizer's update of every
+    block (``update_s[l]``, none by default); admm's layers ``admm_s``."""
 
     per_row: list[float]
     overhead: float = 0.0
+    update_s: list[float] = dataclasses.field(default_factory=list)
     admm_s: list[float] = dataclasses.field(default_factory=list)
     readout_s: float = 0.0
     widths: list[int] = dataclasses.field(default_factory=list)
@@ -35,7 +37,11 @@ class Fixed:
         )
 
     def step(self, rows: int, threads: int) -> float:
-        return sum(self.blocks(rows, threads).costs()) + self.overhead
+        n = len(self.per_row)
+        return sum(self.blocks(rows, threads).costs()) + self.overhead + self.update(0, n, threads)
+
+    def update(self, first: int, count: int, threads: int) -> float:
+        return sum(self.update_s[first : first + count])
 
     def admm(self, rows: int, threads: int) -> AdmmTimes:
         return AdmmTimes(rows, threads, self.admm_s, self.readout_s, list(self.admm_s), self.widths)
@@ -117,15 +123,22 @@ def test_ddp_on_gpus_hides_the_all_reduce_behind_the_backward_pass() -> None:
 
 
 def test_model_parallel_runs_the_stages_one_after_the_other() -> None:
-    compute = Fixed([0.001, 0.001, 0.002], overhead=0.004)
     lay = layers([1, 1, 1], [8, 16, 2])
-    p = predict(cfg("model-parallel", 2, balance="1,2"), lay, 10, compute, gpus(2))
-    # one step of 10 rows: all blocks forward and backward, the 8-wide activation and its
-    # gradient across the cut after block 0, each rank's share of the optimizer at once
+    c = cfg("model-parallel", 2, balance="1,2")
+    compute = Fixed([0.001, 0.001, 0.002], overhead=0.004, update_s=[0.003, 0.001, 0.002])
+    p = predict(c, lay, 10, compute, gpus(2))
+    # one step of 10 rows: all blocks forward and backward, the loss, the 8-wide activation
+    # and its gradient across the cut after block 0; rank 1 updates while rank 0 runs its
+    # backward, so only rank 0's update (block 0's) comes after
     blocks = 3 * 10 * 0.004
-    moves = 2 * (1e-3 + 10 * 8 * 4 / 1e6)
-    assert p.step_s == pytest.approx(blocks + moves + 0.004 / 2)
+    move = 1e-3 + 10 * 8 * 4 / 1e6
+    assert p.step_s == pytest.approx(blocks + 0.004 + 2 * move + 0.003)
     assert p.bytes_per_sample == pytest.approx(2 * 8 * 4)
+    # an update longer than the way back to rank 0 and its backward is the step's end
+    heavy = dataclasses.replace(compute, update_s=[0.003, 0.02, 0.02])
+    q = predict(c, lay, 10, heavy, gpus(2))
+    rank1_done = 10 * 0.001 + move + 10 * 0.003 + 10 * 0.006 + 0.004
+    assert q.step_s == pytest.approx(rank1_done + 0.04)
 
 
 def test_pipeline_gpipe_makespan_from_the_schedule() -> None:

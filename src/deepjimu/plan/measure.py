@@ -35,6 +35,7 @@ __all__ = [
     "kfac_times",
     "layers_of",
     "step_time",
+    "update_time",
     "use_threads",
 ]
 
@@ -142,6 +143,38 @@ def step_time(
 
     with torch.random.fork_rng(devices=devices):
         return _median_s(step, repeats, x.device)
+
+
+def update_time(
+    model: nn.Sequential, x: Tensor, cfg: RunConfig, first: int, count: int, repeats: int = 7
+) -> float:
+    """Seconds of one optimizer update of blocks ``first .. first + count - 1`` alone, as a
+    stage's rank runs it after its backward: zero_grad and the optimizer's step (Adam's and
+    SGD's cost is mostly per call and per tensor, so a stage's update is not its share of
+    the whole model's). Gradients come from one backward of the blocks on ``x``'s rows."""
+    from deepjimu.strategies.base import make_optimizer
+
+    probe = copy.deepcopy(model).to(x.device)
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        with torch.no_grad():
+            inp = probe[:first](x) if first else x
+        stage = probe[first : first + count]
+        params = list(stage.parameters())
+        if not params:
+            return 0.0
+        optimizer = make_optimizer(params, cfg)
+        out = stage(inp.detach().requires_grad_(inp.is_floating_point()))
+        out.backward(torch.ones_like(out))
+        grads = [p.grad for p in params]
+
+        def update() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
+            optimizer.step()
+
+        return _median_s(update, repeats, x.device)
 
 
 def kfac_times(
@@ -297,6 +330,7 @@ def ddp_step_time(
     """Seconds of one ``ddp`` step on ``x`` under torch's DDP over this process alone: the
     plain step plus DDP's own work (its buckets, the strategy's comm hook and the
     all-reduce call)."""
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from deepjimu.comm import Comm, CommStats
@@ -322,7 +356,13 @@ def ddp_step_time(
 
         for _ in range(3):  # DDP rebuilds its buckets after the first step
             step()
-        return _median_s(step, repeats, x.device)
+        seconds = _median_s(step, repeats, x.device)
+        # DDP goes while the group lives, and the group's thread has run every callback of
+        # the hook (the barrier queues behind them): else the group, freed with DDP's
+        # reducer under the GIL, joins a thread that waits for the GIL to free a callback
+        del ddp, optimizer, step
+        dist.barrier()
+        return seconds
 
 
 def pipeline_action_time(
@@ -384,6 +424,10 @@ class MeasuredCompute:
     def step(self, rows: int, threads: int) -> float:
         run = lambda: step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
         return self._once(("step", rows), threads, run)  # type: ignore[no-any-return]
+
+    def update(self, first: int, count: int, threads: int) -> float:
+        run = lambda: update_time(self.model, self._rows(1)[0], self.cfg, first, count)  # noqa: E731
+        return self._once(("update", first, count), threads, run)  # type: ignore[no-any-return]
 
     def admm(self, rows: int, threads: int) -> AdmmTimes:
         run = lambda: admm_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731

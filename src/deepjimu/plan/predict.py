@@ -11,11 +11,12 @@ Every predictor composes the same two inputs, a :class:`~deepjimu.plan.profile.C
   and the gradients share the cores, :mod:`deepjimu.compress.cost`); on a GPU it overlaps
   all but the last bucket's backward. ``--compress fp16|bf16`` halves the bytes and uses
   that dtype's fitted all-reduce.
-- ``model-parallel``: the stages one after the other, each block's forward and backward
-  on the whole batch, an activation and its gradient across each cut.
 - ``pipeline``: the schedule's actions (:func:`deepjimu.plan.schedule.actions`) replayed
   through the cost model (:func:`deepjimu.plan.schedule.simulate`) with each stage's
-  micro-batch times and the cuts' transfers.
+  micro-batch times and the cuts' transfers, then each rank's optimizer update of its
+  own blocks.
+- ``model-parallel``: the same with GPipe's order of one micro-batch: the stages one
+  after the other on the whole batch, an activation and its gradient across each cut.
 - ``admm``: per iteration the slowest rank's layers (ranks work at once), then the p and
   q exchange across each cut; per log the readout's forward chain, rank after rank.
 
@@ -237,9 +238,63 @@ def _cuts(sizes: list[int]) -> list[int]:
     return out
 
 
-def _overhead(cfg: RunConfig, compute: Compute, rows: int, t: int) -> float:
-    """A step's work beyond the blocks' forward and backward (loss, optimizer, zeroing)."""
-    return max(0.0, compute.step(rows, t) - sum(compute.blocks(rows, t).costs()))
+def _loss_s(compute: Compute, rows: int, t: int, n_blocks: int) -> float:
+    """A step's work beyond the blocks' forward and backward and the optimizer's update:
+    the loss and its gradient, on ``rows`` rows."""
+    return max(
+        0.0,
+        compute.step(rows, t) - sum(compute.blocks(rows, t).costs()) - compute.update(0, n_blocks, t),
+    )
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """One step of a split model (``model-parallel``, ``pipeline``): its seconds, its
+    replayed schedule, each stage's (first block, blocks) and the bytes it sends."""
+
+    step_s: float
+    makespan_s: float
+    bubble: float
+    sent: int
+
+
+def _staged(
+    cfg: RunConfig, layers: list[Layer], compute: Compute, cluster: Cluster,
+    sizes: list[int], rows: int, m: int, action_s: float,
+) -> _Staged:  # fmt: skip
+    """A split model's step: its schedule's actions (``model-parallel``: GPipe's order with
+    one micro-batch) replayed with each stage's forward and backward on ``rows`` rows (plus
+    ``action_s``, the runtime's own work per action), the loss in the last stage's
+    backward and each cut's hand-offs; then each rank's optimizer update of its own blocks
+    once its last action ended (an update costs mostly per call and per tensor, so the
+    rank that finishes last pays its own, not a share of the model's)."""
+    p = _workers(cfg)
+    chunks = 2 if cfg.strategy == "pipeline" and str(cfg.schedule) == "interleaved" else 1
+    schedule = str(cfg.schedule) if cfg.strategy == "pipeline" else "gpipe"
+    t = threads_per_rank(cluster, p)
+    times = compute.blocks(rows, t)
+    starts = _starts(sizes)
+    fwd = [sum(times.fwd_s[a : a + s]) + action_s for a, s in starts]
+    bwd = [sum(times.bwd_s[a : a + s]) + action_s for a, s in starts]
+    bwd[-1] += _loss_s(compute, rows, t, len(layers))
+    stage_rank = stage_ranks(p, chunks)
+    ends = [a + s - 1 for a, s in starts]
+
+    def send(a: int, b: int) -> float:
+        nbytes = rows * layers[ends[min(a, b)]].out_elems * _FLOAT
+        return cluster.p2p_s(nbytes, stage_rank[a], stage_rank[b])
+
+    sim = simulate(actions(schedule, p, m, chunks), fwd, bwd, send, stage_rank)
+    finish = max(
+        max((span.end_s for span in sim.spans[r]), default=0.0)
+        + sum(compute.update(*starts[s], t) for s in range(len(starts)) if stage_rank[s] == r)
+        for r in range(p)
+    )
+    busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
+    # one synchronisation of the ranks a step (the hand-offs of a chain follow each other)
+    step = finish * _slowdown(cluster, p, busy) + cluster.sync_penalty_s(p)
+    sent = sum(2 * m * rows * layers[e].out_elems * _FLOAT for e in ends[:-1])
+    return _Staged(step, sim.makespan_s, sim.bubble_fraction, sent)
 
 
 def _model_parallel(
@@ -248,28 +303,20 @@ def _model_parallel(
     """Stages one after the other on the whole batch; activations and gradients cross each cut."""
     p = _workers(cfg)
     t = threads_per_rank(cluster, p)
-    epoch, steps = 0.0, 0
     sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p)
-    cuts = _cuts(sizes)
-    rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
+    epoch, steps, sent = 0.0, 0, 0
     for rows, count in _batches(train_size, cfg.batch_size):
-        times = compute.blocks(rows, t)
-        moves = sum(
-            2 * cluster.p2p_s(rows * layers[c].out_elems * _FLOAT, rank_of[c], rank_of[c + 1])
-            for c in cuts
-        )
-        # each rank updates its own blocks, all at once
-        step = sum(times.costs()) + moves + _overhead(cfg, compute, rows, t) / p
-        epoch += count * step
+        one = _staged(cfg, layers, compute, cluster, sizes, rows, 1, 0.0)
+        epoch += count * one.step_s
         steps += count
-    per_sample = sum(2 * layers[c].out_elems * _FLOAT for c in cuts)
+        sent += count * one.sent
     params = max(sum(l.params for l in layers[a : a + s]) for a, s in _starts(sizes))
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
         step_s=epoch / steps,
         samples_per_s=train_size / epoch,
-        bytes_per_sample=float(per_sample),
+        bytes_per_sample=sent / train_size,
         peak_mem_mb=_state_mb(cfg, params, cfg.batch_size, max(l.out_elems for l in layers)),
         parts={"stages": float(p)},
     )
@@ -293,40 +340,24 @@ def _pipeline(
     """
     p, m = _workers(cfg), cfg.microbatches
     chunks = 2 if str(cfg.schedule) == "interleaved" else 1
-    n_stages = p * chunks
     t = threads_per_rank(cluster, p)
     steps = math.ceil(train_size / cfg.batch_size)
     r = math.ceil(math.ceil(train_size / steps) / m)
-    times = compute.blocks(r, t)
-    sizes = _stage_sizes(cfg, times.costs(), layers, n_stages)
-    starts = _starts(sizes)
+    sizes = _stage_sizes(cfg, compute.blocks(r, t).costs(), layers, p * chunks)
     # each action pays the pipelining runtime's own work besides its blocks
     action = cluster.pipeline_action_s
     if action is None:
         action = compute.pipeline_action(r, m, t)
-    fwd = [sum(times.fwd_s[a : a + s]) + action for a, s in starts]
-    bwd = [sum(times.bwd_s[a : a + s]) + action for a, s in starts]
-    stage_rank = stage_ranks(p, chunks)
-    ends = [a + s - 1 for a, s in starts]
-
-    def send(a: int, b: int) -> float:
-        nbytes = r * layers[ends[min(a, b)]].out_elems * _FLOAT
-        return cluster.p2p_s(nbytes, stage_rank[a], stage_rank[b])
-
-    sim = simulate(actions(str(cfg.schedule), p, m, chunks), fwd, bwd, send, stage_rank)
-    busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
-    step = sim.makespan_s * _slowdown(cluster, p, busy) + _overhead(cfg, compute, r * m, t) / p
-    step += cluster.sync_penalty_s(p)
-    per_step = sum(2 * m * r * layers[e].out_elems * _FLOAT for e in ends[:-1])
-    params = max(sum(l.params for l in layers[a : a + s]) for a, s in starts)
+    one = _staged(cfg, layers, compute, cluster, sizes, r, m, action)
+    params = max(sum(l.params for l in layers[a : a + s]) for a, s in _starts(sizes))
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
-        step_s=step,
-        samples_per_s=train_size / (steps * step),
-        bytes_per_sample=per_step * steps / train_size,
+        step_s=one.step_s,
+        samples_per_s=train_size / (steps * one.step_s),
+        bytes_per_sample=one.sent * steps / train_size,
         peak_mem_mb=_state_mb(cfg, params, r * m, max(l.out_elems for l in layers)),
-        parts={"makespan_s": sim.makespan_s, "bubble": sim.bubble_fraction},
+        parts={"makespan_s": one.makespan_s, "bubble": one.bubble},
     )
 
 

@@ -3,7 +3,8 @@
 A *profile* is split in two. :class:`Layer` holds what does not depend on the device
 (forward FLOPs, parameters, activation sizes per sample). A :class:`Compute` answers
 "how long does this work take here": each block's forward and backward on ``rows``
-rows with ``threads`` threads (:class:`BlockTimes`), a whole plain training step, and
+rows with ``threads`` threads (:class:`BlockTimes`), a whole plain training step, the optimizer's update of a run of
+blocks (a stage's), and
 one pdADMM iteration's per-layer work (:class:`AdmmTimes`). On the machine we run on the
 answers are measured (:class:`deepjimu.plan.measure.MeasuredCompute`); for a device that
 is not here, :class:`AnalyticCompute` scales FLOPs by the device's peak and efficiency.
@@ -112,6 +113,8 @@ class Compute(Protocol):
 
     def step(self, rows: int, threads: int) -> float: ...
 
+    def update(self, first: int, count: int, threads: int) -> float: ...
+
     def admm(self, rows: int, threads: int) -> AdmmTimes: ...
 
     def kfac(self, rows: int, threads: int) -> KfacTimes: ...
@@ -150,7 +153,10 @@ class AnalyticCompute:
         )
 
     def step(self, rows: int, threads: int) -> float:
-        return sum(self.blocks(rows, threads).costs()) + LAUNCH_S * len(self.layers)
+        return sum(self.blocks(rows, threads).costs()) + self.update(0, len(self.layers), threads)
+
+    def update(self, first: int, count: int, threads: int) -> float:
+        return LAUNCH_S * count
 
     def admm(self, rows: int, threads: int) -> AdmmTimes:
         if self.admm_flops is None:
