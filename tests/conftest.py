@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepjimu.config import RunConfig
-from processes import FAULT
+from processes import fault_options
 
 # A fixed OpenMP wait policy for the whole suite: `--omp-wait auto` would otherwise choose by
 # the machine's load at each run's start, and a one-worker run leaves this process (and the
@@ -43,7 +43,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, in
         out = root / f"{strategy}-{workers}"
         if not out.exists():
             cfg = RunConfig(strategy=strategy, workers=workers, runs_dir=str(root), name=out.name)
-            assert train(RunConfig(**{**cfg.to_dict(), **FAULT})) is not None
+            assert train(RunConfig(**{**cfg.to_dict(), **fault_options(strategy)})) is not None
         return out
 
     return folder

@@ -34,10 +34,18 @@ FAULT: dict[str, Any] = {
 }
 
 
-def fault_flags(**extra: Any) -> list[str]:
-    """:data:`FAULT` and ``extra`` as ``jimu train`` flags."""
+def fault_options(strategy: str) -> dict[str, Any]:
+    """:data:`FAULT` for ``strategy``: a strategy that may split its work by the workers'
+    measured speeds (``--balance auto``) splits evenly, so that two runs of the config
+    (one killed and resumed, one not) split alike whatever a busy machine measured."""
+    even = {"balance": "even"} if strategy in ("ddp", "admm", "model-parallel", "pipeline") else {}
+    return {**FAULT, **even}
+
+
+def fault_flags(strategy: str, **extra: Any) -> list[str]:
+    """:func:`fault_options` of ``strategy`` and ``extra`` as ``jimu train`` flags."""
     out = []
-    for k, v in {**FAULT, **extra}.items():
+    for k, v in {**fault_options(strategy), **extra}.items():
         flag = "--" + k.replace("_", "-")
         out += [flag] if v is True else [flag, str(v)]
     return out

@@ -126,9 +126,9 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
     ),
     ({"strategy": "pipeline"}, {"schedule": "1f1b", "microbatches": 8}, None),
     (
-        {"strategy": "ddp"},
+        {"strategy": "local"},
         {"balance": "1,2"},
-        "--balance applies to strategies model-parallel, pipeline, admm; strategy ddp is not one",
+        "--balance applies to strategies model-parallel, pipeline, admm, ddp; strategy local is not one",
     ),
     (
         {"strategy": "local"},

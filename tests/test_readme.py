@@ -6,7 +6,8 @@ is one test, its commands run in order in a folder of its own, the way a user ru
 from a fresh checkout: ``data/`` holds small generated MNIST and Planetoid files (nothing is
 downloaded), ``examples/`` is the repository's; every command that fails is named. A
 multi-machine launch (``torchrun --nnodes 2``) is the one command not run: it needs the
-machines it names.
+machines it names, and so is ``--emulate-speeds`` where there is no root or no cpu cgroup
+controller.
 
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
   Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``;
@@ -42,6 +43,7 @@ from pytest_codeblocks import extract_from_file
 
 from data.datafiles import make_idx_set
 from data.graphfiles import make_planetoid_set
+from deepjimu.emulate import find_cpu_controller
 from processes import env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,6 +233,8 @@ def _check(step: Step, cwd: Path) -> str | None:
         return None
     if "--nnodes" in words and words[words.index("--nnodes") + 1] != "1":
         return "a multi-machine launch: needs the machines it names"
+    if "--emulate-speeds" in words and (os.geteuid() != 0 or find_cpu_controller() is None):
+        return "--emulate-speeds needs root and a mounted cpu cgroup controller"
     if step.kind == "shell":
         r = _run(_argv(shorten(words)), cwd)
         assert r.returncode == 0, r.stderr[-3000:]

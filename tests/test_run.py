@@ -164,7 +164,7 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(
     tmp_path: Path, uninterrupted: Callable[[str, int], Path], strategy: str, workers: int
 ) -> None:
     run = tmp_path / "k"
-    argv = ["train", "--strategy", strategy, "--workers", str(workers), *fault_flags()]
+    argv = ["train", "--strategy", strategy, "--workers", str(workers), *fault_flags(strategy)]
     proc = start([*argv, "--runs-dir", str(tmp_path), "--name", "k"])
     try:
         wait_for_epochs(run, 2, proc)

@@ -229,10 +229,19 @@ class RunConfig:
     schedule: Schedule = _opt(Schedule.GPIPE, "pipeline schedule", applies=_PIPELINE)
     microbatches: int = _opt(4, "micro-batches per mini-batch", applies=_PIPELINE)
     balance: str = _opt(
-        "time",
-        "stage split: time, size or N,N,... (admm: time and size both split by its cost estimate)",
+        "auto",
+        "work per worker: auto (speed when the fastest worker measures more than 1.1x the "
+        "slowest, else even), even (the strategy's own split: stages by time, admm by its cost "
+        "estimate, ddp equal shards), speed (that split weighted by each worker's measured "
+        "speed); stages also: time, size or N,N,...",
         commas=True,
-        applies=Applies(strategies=("model-parallel", "pipeline", "admm")),
+        applies=Applies(strategies=("model-parallel", "pipeline", "admm", "ddp")),
+    )
+    emulate_speeds: str = _opt(
+        "",
+        "one factor in (0, 1] per worker, e.g. 1,0.3: each worker runs in a CPU cgroup with "
+        "that share of its threads' CPU time (root; a rehearsal of a mixed cluster)",
+        commas=True,
     )
     # admm
     rho: float = _opt(1.0, "penalty of the p = q coupling", applies=_ADMM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -20,6 +21,7 @@ import torch
 from deepjimu.atomic import atomic_write_text, space_error
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
+from deepjimu.emulate import parse_speeds, speed_groups
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.memory import available_memory, check_workers_fit, worker_bytes
 from deepjimu.models import build_model
@@ -106,6 +108,11 @@ def _start(
                 raise JimuError(
                     f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}"
                 )
+            if cfg.emulate_speeds:  # the groups are made by the launcher of every worker
+                raise JimuError(
+                    "--emulate-speeds runs under jimu's own launcher (jimu train --workers N), "
+                    "not under torchrun"
+                )
             if cfg.max_restarts:  # torchrun's agent restarts its workers, not this process
                 raise JimuError(
                     f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
@@ -130,7 +137,13 @@ def _start(
         data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
         _check_machine(cfg, plan, data, model)
         out_dir = run_dir_of(cfg, job)
-        with lock_run_dir(out_dir):
+        with contextlib.ExitStack() as held:
+            if cfg.emulate_speeds:  # refused here, before the run folder, without root
+                factors = parse_speeds(cfg.emulate_speeds)
+                held.enter_context(
+                    scoped_env(held.enter_context(speed_groups(factors, plan.threads)))
+                )
+            held.enter_context(lock_run_dir(out_dir))
             if not cfg.resume:
                 check_new(out_dir)
             try:
@@ -189,7 +202,13 @@ def _run_workers(
     (out_dir / _ERRORS_LOG).unlink(missing_ok=True)
     if not cfg.quiet:
         print(f"threads: {plan.describe()}", flush=True)
-    if cfg.workers == 1 and not cfg.max_restarts and plan.matches(os.environ):
+    # in this process only where nothing sets it apart (--emulate-speeds: a cgroup of its own)
+    if (
+        cfg.workers == 1
+        and not cfg.max_restarts
+        and not cfg.emulate_speeds
+        and plan.matches(os.environ)
+    ):
         return worker_main(cfg_dict, str(out_dir), False, plan, job, model_factory)
     summary = _launch_local(
         cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job, model_factory

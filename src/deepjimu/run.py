@@ -15,6 +15,7 @@ from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
 from deepjimu.events import EventLog
 from deepjimu.precision import autocast
+from deepjimu.speeds import chosen_balance
 
 __all__ = ["Run"]
 
@@ -59,6 +60,10 @@ class Run:
         self.checkpoints = Checkpointer(
             cfg, self.out_dir, rank, world, self.counters, self.events, self.bookkeeping
         )
+        # the work split the ranks agreed on (deepjimu.speeds): --balance once resolved
+        # ("auto" becomes "speed" or "even") and, balancing by speed, each rank's speed
+        self.balance: str = chosen_balance(cfg.balance, None)
+        self.speeds: list[float] | None = None
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -23,6 +23,7 @@ from deepjimu.config import (
 )
 from deepjimu.data import dataset_family, dataset_names, datasets_of
 from deepjimu.defaults import describe, table_defaults
+from deepjimu.emulate import speeds_problems
 from deepjimu.errors import JimuError
 from deepjimu.models import count_blocks, parse_spec
 from deepjimu.strategies import get_strategy, strategy_names
@@ -90,6 +91,7 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
             f"strategy {cfg.strategy} needs at least one block per worker "
             f"(workers: {workers}, blocks in {cfg.model}: {n_blocks})"
         )
+    problems.extend(speeds_problems(cfg.emulate_speeds, workers))
     if isinstance(cfg.precision, Precision) and cfg.precision not in strategy.precisions:
         problems.append(
             f"strategy {cfg.strategy} does not support --precision {cfg.precision} "

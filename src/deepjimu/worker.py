@@ -23,6 +23,7 @@ from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
+from deepjimu.emulate import join_own_group, parse_speeds
 from deepjimu.errors import JimuError, one_line, signals_interrupt
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.models import build_model
@@ -30,6 +31,7 @@ from deepjimu.precision import matmul_precision
 from deepjimu.report import best_validation, read_events
 from deepjimu.run import Run
 from deepjimu.rundir import MORE_ROOM, check_new, lock_run_dir
+from deepjimu.speeds import balance_speeds
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import accuracies
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
@@ -198,6 +200,7 @@ def _work(
     model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    join_own_group(rank)  # --emulate-speeds: this worker's CPU quota, before any work
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
     attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     plan = plan or plan_threads(local_world, cfg.threads, cfg.omp_wait)
@@ -334,15 +337,18 @@ def _train(
     data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
     if rank == 0 and data.info and not cfg.quiet:
         print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))
-    if strategy_cls.shards_data:
-        data = data.shard(rank, world)
     strategy = strategy_cls(cfg)
-    data = data.to(strategy.data_device(device))
     if model_factory is None:
         model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
     else:  # the same start on every rank, as build_model's seeded init
         torch.manual_seed(cfg.seed)
         model = model_factory()
+    # each rank's speed, where the run may balance its work by it (--balance auto, speed)
+    sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
+    balance_speeds(model, *sample, run, resume, _time_shared(cfg, plan, device))
+    if strategy_cls.shards_data:
+        data = data.shard(rank, world, run.speeds)
+    data = data.to(strategy.data_device(device))
     if resume is not None:
         ckpt = run.load_checkpoint(resume)
         if ckpt is None and cfg.resume:
@@ -398,12 +404,25 @@ def _train(
             "wait_s_per_rank": [round(t[3], 4) for t in totals],
             "peak_mem_mb_per_rank": last.get("peak_mem_mb_per_rank"),
             "threads": {**plan.record(), "env": speed_env()},
+            "balance": run.balance,
+            **({"speeds": run.speeds} if run.speeds is not None else {}),
+            **({"emulated_speeds": parse_speeds(cfg.emulate_speeds)} if cfg.emulate_speeds else {}),
             **({"data_info": data.info} if data.info else {}),
             **result.extra,
         }
     )
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _time_shared(cfg: RunConfig, plan: ThreadPlan, device: torch.device) -> bool:
+    """Whether this node's workers (their threads, each at its ``--emulate-speeds`` share)
+    and the other tasks runnable when the run started want more of its cores than it has,
+    so that the scheduler takes turns among them."""
+    if device.type != "cpu":
+        return False
+    shares = parse_speeds(cfg.emulate_speeds) if cfg.emulate_speeds else [1.0] * plan.processes
+    return sum(shares) * plan.threads + plan.busy > plan.cores
 
 
 def _probe(

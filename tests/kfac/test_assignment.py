@@ -67,3 +67,18 @@ def test_comm_opt_and_mem_opt_are_the_two_ends() -> None:
 def test_grad_workers_must_divide_the_world(world: int, grad_workers: int) -> None:
     with pytest.raises(ValueError, match="grad_workers must divide world"):
         WorkAssignment.greedy([1.0], world, grad_workers)
+
+
+def test_with_speeds_a_slow_rank_decomposes_less() -> None:
+    costs = [4.0] * 6
+    even = WorkAssignment.greedy(costs, 2, 2)
+    assert even.loads(costs) == [12.0, 12.0]
+    slow = WorkAssignment.greedy(costs, 2, 2, speeds=[1.0, 0.25])
+    fast, slow_load = slow.loads(costs)
+    assert slow_load < fast  # rank 1 at a quarter of the speed takes fewer layers
+    # the slowest rank's time is no more than with the even split
+    speeds = [1.0, 0.25]
+    even_time = max(load / v for load, v in zip(even.loads(costs), speeds, strict=True))
+    assert max(fast / 1.0, slow_load / 0.25) <= even_time
+    with pytest.raises(ValueError, match="need 2 speeds > 0"):
+        WorkAssignment.greedy(costs, 2, 2, speeds=[1.0])

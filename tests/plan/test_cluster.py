@@ -211,6 +211,9 @@ def test_the_base_file_reads(tmp_path: Path) -> None:
     # the file that each bad-field case below breaks in one place
     c = read_cluster(write(tmp_path, BASE))
     assert (c.world, c.device.flops, c.intra) == (2, {"fp32": 1e12}, Link(1e-6, 1e9))
+    assert c.rank_speeds(2) == [1.0, 1.0]
+    mixed = read_cluster(write(tmp_path, BASE.replace("nodes = 1", "nodes = 1\nspeeds = [1, 0.5]")))
+    assert mixed.rank_speeds(2) == [1.0, 0.5]
 
 
 @pytest.mark.parametrize(
@@ -238,6 +241,22 @@ def test_the_base_file_reads(tmp_path: Path) -> None:
             '[device]\nname = "d"\nmemory_gb = 1\n[device.tflops]\nfp32 = 1\n',
             "device = 3\n",
             ["device must be a table ([device]) (device: 3)"],
+        ),
+        # a mixed cluster's speeds: one in (0, 1] per rank
+        (
+            "nodes = 1",
+            "nodes = 1\nspeeds = [1, 2]",
+            ["speeds[1] must be a number in (0, 1] (speeds[1]: 2)"],
+        ),
+        (
+            "nodes = 1",
+            "nodes = 1\nspeeds = 0.5",
+            ["speeds must be a list of numbers in (0, 1] (speeds: 0.5)"],
+        ),
+        (
+            "nodes = 1",
+            "nodes = 1\nspeeds = [1]",
+            ["speeds must give one factor in (0, 1] per rank, 2 in all (speeds: [1.0])"],
         ),
         # numbers out of range
         (

@@ -243,3 +243,43 @@ def test_a_measured_synchronisation_penalty_is_paid_once_a_step() -> None:
     a = predict(cfg("admm", 3, eval_every=1), layers([1] * 3, [4] * 3), 10, admm, rule)
     b = predict(cfg("admm", 3, eval_every=1), layers([1] * 3, [4] * 3), 10, admm, measured)
     assert b.step_s == pytest.approx(a.step_s + 3 * 0.002)  # the p and q exchanges, the readout
+
+
+def test_a_slow_rank_sets_the_pace_and_balancing_by_speed_gives_it_less() -> None:
+    compute = Fixed([0.001])
+    lay = layers([1], [2])
+    mixed = dataclasses.replace(gpus(2), speeds=(1.0, 0.25))
+    # ddp, batch 10 of 10 rows: even, each rank 5 rows, the slow one 4x longer
+    even = predict(cfg("ddp", 2, balance="even"), lay, 10, compute, mixed)
+    assert even.parts["compute_s"] == pytest.approx(3 * 5 * 0.001 / 0.25)
+    # by speed: 8 and 2 rows (shard_sizes), the slower of 8 rows at 1 and 2 at 0.25
+    fast = predict(cfg("ddp", 2, balance="speed"), lay, 10, compute, mixed)
+    assert fast.parts["compute_s"] == pytest.approx(max(3 * 8 * 0.001, 3 * 2 * 0.001 / 0.25))
+    # auto balances by speed when the speeds differ by more than 10%
+    auto = predict(cfg("ddp", 2), lay, 10, compute, mixed)
+    assert auto.step_s == pytest.approx(fast.step_s)
+    same = predict(cfg("ddp", 2), lay, 10, compute, gpus(2))
+    assert same.parts["compute_s"] == pytest.approx(3 * 5 * 0.001)
+
+
+def test_admm_by_speed_gives_the_slow_rank_fewer_layers() -> None:
+    admm = Fixed([], admm_s=[1.0, 1.0, 1.0, 1.0], widths=[4, 4, 4, 4])
+    lay = layers([1] * 4, [4] * 4)
+    mixed = dataclasses.replace(gpus(2), speeds=(1.0, 0.25))
+    even = predict(cfg("admm", 2, balance="even", eval_every=1), lay, 10, admm, mixed)
+    fast = predict(cfg("admm", 2, balance="speed", eval_every=1), lay, 10, admm, mixed)
+    assert even.parts["compute_s"] == pytest.approx(2 / 0.25)  # 2 layers at a quarter speed
+    # 3 layers at speed 1 (3 s) and 1 at a quarter (4 s): the slowest 4 s, not 8
+    assert fast.parts["compute_s"] == pytest.approx(4.0)
+    assert fast.step_s < even.step_s
+
+
+def test_stages_run_at_their_ranks_speed() -> None:
+    lay = layers([1, 1], [8, 2])
+    c = cfg("model-parallel", 2, balance="1,1")
+    base = predict(c, lay, 10, Fixed([0.001, 0.001]), gpus(2))
+    slow = predict(
+        c, lay, 10, Fixed([0.001, 0.001]), dataclasses.replace(gpus(2), speeds=(1.0, 0.5))
+    )
+    # stage 1's forward (10 ms) and backward (20 ms) take twice as long
+    assert slow.step_s == pytest.approx(base.step_s + 0.030)

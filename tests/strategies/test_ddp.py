@@ -1,7 +1,10 @@
-"""ddp with --compress and --local-sgd on 2 gloo ranks: accuracy against plain ddp, bytes per step, auto."""
+"""ddp with --compress and --local-sgd on 2 gloo ranks: accuracy against plain ddp, bytes per step,
+auto; on shards of uneven size (--balance speed), the same model as one process."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ import torch
 from deepjimu.comm import nbytes
 from deepjimu.compress import probe
 from deepjimu.compress.cost import CANDIDATES, PROBED
-from deepjimu.config import RunConfig
+from deepjimu.config import ConfigErrors, RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
 from deepjimu.run import Run
@@ -166,3 +169,70 @@ def test_replicas_stay_equal_and_every_gradient_byte_is_counted(
     if rank == 0:
         (event,) = _events(Path(tmp) / "w")
         assert event["bytes_sent_per_rank"] == [result.steps * grads] * world
+
+
+class _Recording(DDPStrategy):
+    """ddp that keeps every batch it trains on."""
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def batches(self, data: Any, epoch: int, run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = super().batches(data, epoch, run)
+        self.seen = [*getattr(self, "seen", []), *out]
+        return out
+
+
+def _uneven(rank: int, world: int, tmp: str, speeds: list[float]) -> dict[str, Any]:
+    """ddp in float64 on shards in proportion to ``speeds``; rank 0 replays the same steps
+    in one process on each step's whole batch and returns both models' parameters."""
+    cfg = validate(
+        RunConfig(
+            strategy="ddp", workers=world, quiet=True, runs_dir=tmp, name="uneven", epochs=2,
+            optimizer="sgd", lr=0.1, momentum=0.9, batch_size=50, model="mlp:32x2",
+        )
+    )  # fmt: skip
+    run = Run(cfg, Path(tmp) / "uneven", rank, world)
+    run.balance, run.speeds = "speed", speeds
+    full = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+    full = dataclasses.replace(
+        full, train_x=full.train_x.double(), val_x=full.val_x.double(), test_x=full.test_x.double()
+    )
+    data = full.shard(rank, world, speeds)
+    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed).double()
+    start = copy.deepcopy(model)
+    strategy = _Recording(cfg)
+    strategy.fit(model, data, run)
+    steps = run.gather_objects([(x, y) for x, y in strategy.seen])
+    if rank != 0:
+        return {}
+    alone = start
+    optimizer = torch.optim.SGD(alone.parameters(), lr=0.1, momentum=0.9)
+    for parts in zip(*steps, strict=True):  # step i of every rank: the whole batch
+        x = torch.cat([p[0] for p in parts])
+        y = torch.cat([p[1] for p in parts])
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(alone(x), y).backward()
+        optimizer.step()
+    rows = [len(torch.cat([p[1] for p in steps[r]])) for r in range(world)]
+    return {
+        "ddp": dict(model.named_parameters()),
+        "alone": dict(alone.named_parameters()),
+        "rows": rows,
+    }
+
+
+def test_ddp_on_uneven_shards_equals_one_process_on_the_whole_batch(tmp_path: Path) -> None:
+    out = run_world(_uneven, 2, str(tmp_path), [1.0, 0.3])[0]
+    fast, slow = out["rows"]
+    assert slow < fast / 2  # the shards follow the speeds (1293 rows: 995 and 298 a epoch)
+    for name, p in out["ddp"].items():
+        torch.testing.assert_close(p, out["alone"][name], rtol=1e-9, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("balance", ["time", "size", "1,1"])
+def test_ddp_takes_only_the_balances_of_a_batch_split(balance: str) -> None:
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy="ddp", workers=2, balance=balance))
+    assert str(e.value).splitlines() == [
+        f"ddp splits each batch over the workers: --balance auto, even or speed (balance: {balance})"
+    ]

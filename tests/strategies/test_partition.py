@@ -72,7 +72,7 @@ def test_parse_balance() -> None:
             "fast",
             4,
             2,
-        ): "balance must be time, size or block counts per stage like 2,2 (balance: 'fast')",
+        ): "balance must be auto, even, speed, time, size or block counts per stage like 2,2 (balance: 'fast')",
     }
     for args, message in cases.items():
         with pytest.raises(JimuError) as err:
@@ -119,3 +119,51 @@ def test_balance_by_time_leaves_model_and_rng_alone() -> None:
     assert torch.rand(1) == expected_draw
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_partition_over_speeds_and_cut_costs_is_optimal_on_random_costs() -> None:
+    """The exact minimiser of the slowest part's time: costs over its rank's speed plus the
+    cuts at its two ends, against every way to cut (brute force)."""
+    rng = random.Random(7)
+    for _ in range(150):
+        n, k = rng.randint(2, 7), rng.randint(1, 4)
+        if k > n:
+            continue
+        costs = [rng.uniform(0, 5) for _ in range(n)]
+        speeds = [rng.uniform(0.1, 1) for _ in range(k)]
+        cuts = [rng.uniform(0, 2) for _ in range(n - 1)]
+
+        def slowest(
+            sizes: list[int],
+            costs: list[float] = costs,
+            speeds: list[float] = speeds,
+            cuts: list[float] = cuts,
+            n: int = n,
+        ) -> float:
+            worst, at = 0.0, 0
+            for j, size in enumerate(sizes):
+                left = cuts[at - 1] if at > 0 else 0.0
+                right = cuts[at + size - 1] if at + size < n else 0.0
+                worst = max(worst, sum(costs[at : at + size]) / speeds[j] + left + right)
+                at += size
+            return worst
+
+        sizes = partition(costs, k, speeds, cuts)
+        assert sum(sizes) == n and len(sizes) == k and min(sizes) >= 1
+        best = min(
+            slowest([b - a for a, b in zip((0, *ends), (*ends, n), strict=True)])
+            for ends in itertools.combinations(range(1, n), k - 1)
+        )
+        assert slowest(sizes) == pytest.approx(best)
+
+
+def test_a_slower_rank_gets_fewer_blocks_and_bad_speeds_are_refused() -> None:
+    assert partition([1.0] * 8, 2) == [4, 4]
+    assert partition([1.0] * 8, 2, speeds=[1.0, 0.3]) == [6, 2]
+    assert partition([1.0] * 8, 2, speeds=[0.3, 1.0]) == [2, 6]
+    # a costly cut is avoided (ties: the latest cut)
+    assert partition([1.0] * 4, 2, cut_costs=[0.0, 5.0, 0.0]) == [3, 1]
+    with pytest.raises(JimuError, match=r"need 2 speeds > 0 \(speeds: \[1.0, 0.0\]\)"):
+        partition([1.0] * 4, 2, speeds=[1.0, 0.0])
+    with pytest.raises(JimuError, match="need 3 cut costs >= 0"):
+        partition([1.0] * 4, 2, cut_costs=[1.0])

@@ -101,7 +101,10 @@ def test_pipeline_run_through_launcher(tmp_path: Path, capfd: pytest.CaptureFixt
             ["--schedule", "interleaved", "--balance", "2,2"],
             "balance must give one block count per stage (stages: 4, entries: 2)",
         ),
-        (["--balance", "fastest"], "balance must be time, size or block counts per stage like 2,2"),
+        (
+            ["--balance", "fastest"],
+            "balance must be auto, even, speed, time, size or block counts per stage like 2,2",
+        ),
     ],
 )
 def test_pipeline_refuses_impossible_settings(

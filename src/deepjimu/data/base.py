@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,18 +129,29 @@ class DataSplits:
     graph: GraphData | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
-    def shard(self, rank: int, world: int) -> DataSplits:
+    def shard(self, rank: int, world: int, weights: Sequence[float] | None = None) -> DataSplits:
         """This rank's rows of the training split (rows ``rank::world``); eval splits kept whole.
+
+        With ``weights`` (one per rank, e.g. the ranks' speeds) rank r gets a share of the
+        rows in proportion to its weight instead (:func:`shard_sizes`): consecutive runs of
+        one fixed shuffle of the rows, the same on every rank.
 
         Example:
             >>> d = load_dataset("digits").shard(1, 2)
         """
         if world == 1:
             return self
+        if weights is None:
+            rows = torch.arange(rank, len(self.train_y), world)
+        else:
+            sizes = shard_sizes(len(self.train_y), weights)
+            start = sum(sizes[:rank])
+            shuffle = torch.randperm(len(self.train_y), generator=torch.Generator().manual_seed(0))
+            rows = shuffle[start : start + sizes[rank]].sort().values
         return replace(
             self,
-            train_x=self.train_x[rank::world].clone(),
-            train_y=self.train_y[rank::world].clone(),
+            train_x=self.train_x[rows].clone(),
+            train_y=self.train_y[rows].clone(),
         )
 
     def to(self, device: torch.device | str) -> DataSplits:
@@ -155,6 +166,26 @@ class DataSplits:
             test_y=self.test_y.to(device),
             graph=self.graph.to(device) if self.graph is not None else None,
         )
+
+
+def shard_sizes(n: int, weights: Sequence[float]) -> list[int]:
+    """Rows of each rank when ``n`` rows are shared in proportion to ``weights``: the
+    largest-remainder rounding, every rank at least one row.
+
+    Example:
+        >>> shard_sizes(10, [1.0, 0.25])
+        [8, 2]
+    """
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    sizes = [max(1, int(e)) for e in exact]
+    order = sorted(range(len(weights)), key=lambda r: exact[r] - int(exact[r]), reverse=True)
+    for r in order[: max(0, n - sum(sizes))]:
+        sizes[r] += 1
+    while sum(sizes) > n:  # the floor of one row took more than there are
+        big = max(range(len(sizes)), key=lambda r: sizes[r])
+        sizes[big] -= 1
+    return sizes
 
 
 Loader = Callable[[DataOptions], RawData]

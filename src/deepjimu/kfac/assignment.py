@@ -51,25 +51,41 @@ class WorkAssignment:
             raise ValueError(f"inverse workers must be ranks < {self.world} ({self.inv_workers})")
 
     @classmethod
-    def greedy(cls, costs: Sequence[float], world: int, grad_workers: int) -> WorkAssignment:
+    def greedy(
+        cls,
+        costs: Sequence[float],
+        world: int,
+        grad_workers: int,
+        speeds: Sequence[float] | None = None,
+    ) -> WorkAssignment:
         """Greedy load balancing: the costliest layer first, to the least loaded group, then rank.
 
         Each layer goes to the gradient-worker group whose ranks carry the least
         decomposition cost so far, and within it to the least loaded rank (ties: the lower
-        group, the lower rank), as KAISA assigns with its factors colocated.
+        group, the lower rank), as KAISA assigns with its factors colocated. With
+        ``speeds`` a load is time, cost over the rank's speed, and within the group the
+        layer goes to the rank that would finish it first.
 
         Args:
             costs: per layer, the cost of its decomposition (:func:`decomposition_cost`).
             world, grad_workers: as for the class.
+            speeds: each rank's speed (> 0; default all 1).
+
+        Example:
+            >>> WorkAssignment.greedy([4.0, 4.0, 4.0], 2, 2, speeds=[1.0, 0.25]).inv_workers
+            (0, 0, 1)
         """
         groups = cls(world, grad_workers, ()).worker_groups()  # (checks world and grad_workers)
+        speed = list(speeds) if speeds is not None else [1.0] * world
+        if len(speed) != world or any(not v > 0 for v in speed):
+            raise ValueError(f"need {world} speeds > 0 (speeds: {speed})")
         load = [0.0] * world
         owner = [0] * len(costs)
         for layer in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
             group = min(groups, key=lambda g: sum(load[r] for r in g))
-            rank = min(group, key=lambda r: load[r])
+            rank = min(group, key=lambda r: load[r] + costs[layer] / speed[r])
             owner[layer] = rank
-            load[rank] += costs[layer]
+            load[rank] += costs[layer] / speed[rank]
         return cls(world, grad_workers, tuple(owner))
 
     @property

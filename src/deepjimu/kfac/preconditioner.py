@@ -41,6 +41,8 @@ class KFACSettings:
         inv_every: steps between decompositions (and their broadcast).
         grad_workers: the fraction F of ranks that precondition each layer, 1/world..1.
         method: ``eigen`` or ``inverse``.
+        speeds: each rank's measured speed (``--balance speed``): the decompositions are
+            assigned by time (cost over speed), not cost; None: equal ranks.
     """
 
     damping: float = 0.1
@@ -50,6 +52,7 @@ class KFACSettings:
     inv_every: int = 10
     grad_workers: float = 1.0
     method: KfacMethod = KfacMethod.EIGEN
+    speeds: tuple[float, ...] | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> KFACSettings:
@@ -136,7 +139,9 @@ class KFACPreconditioner:
             if c.name not in keep:
                 c.remove()
         costs = [decomposition_cost(layer.n_a, layer.n_g) for layer in self.layers]
-        self.assignment = WorkAssignment.greedy(costs, self.world, self.grad_workers)
+        self.assignment = WorkAssignment.greedy(
+            costs, self.world, self.grad_workers, self.settings.speeds
+        )
 
     def _set_collect(self) -> None:
         collect = self.steps % self.settings.factor_every == 0

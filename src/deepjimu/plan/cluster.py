@@ -135,9 +135,17 @@ class Cluster:
     source: str = ""
     sync_s: dict[int, float] = field(default_factory=dict)
     pipeline_action_s: float | None = None
+    speeds: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         where = self.source or f"cluster {self.name!r}"
+        if self.speeds and (
+            len(self.speeds) != self.world or any(not 0 < v <= 1 for v in self.speeds)
+        ):
+            raise JimuError(
+                f"{where}: speeds must give one factor in (0, 1] per rank, {self.world} in all "
+                f"(speeds: {list(self.speeds)})"
+            )
         for key in ("nodes", "ranks_per_node", "cores_per_node"):
             value = getattr(self, key)
             if value is not None and value < 1:
@@ -152,6 +160,12 @@ class Cluster:
     def world(self) -> int:
         """The number of ranks: nodes * ranks_per_node."""
         return self.nodes * self.ranks_per_node
+
+    def rank_speeds(self, p: int) -> list[float]:
+        """The speeds of ranks 0..p-1 (1 each unless :attr:`speeds` says otherwise): a
+        rank at speed 0.5 takes twice as long for the same work (a mixed cluster, or
+        ``--emulate-speeds``)."""
+        return list(self.speeds[:p]) if self.speeds else [1.0] * p
 
     def node_of(self, rank: int) -> int:
         """The node of ``rank`` (ranks are placed node by node).
@@ -367,7 +381,9 @@ _TERA = 1e12
 _GIGA = 1e9
 _MICRO = 1e-6
 
-_TOP_KEYS = ("name", "nodes", "ranks_per_node", "cores_per_node", "device", "intra", "inter")
+_TOP_KEYS = (
+    "name", "nodes", "ranks_per_node", "cores_per_node", "device", "intra", "inter", "speeds",
+)  # fmt: skip
 _DEVICE_KEYS = ("name", "memory_gb", "efficiency", "speed", "tflops")
 _LINK_KEYS = ("latency_us", "bandwidth_gbit")
 
@@ -423,6 +439,17 @@ class _File:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.fail(f"{label} must be {want} ({label}: {value!r})")
         return value
+
+    def speeds(self, table: dict[str, Any]) -> tuple[float, ...]:
+        """``speeds``, if given: a list of numbers in (0, 1] (their count is the cluster's
+        to check)."""
+        value = table.get("speeds", [])
+        if not isinstance(value, list):
+            raise self.fail(f"speeds must be a list of numbers in (0, 1] (speeds: {value!r})")
+        return tuple(
+            self.number({"v": v}, "v", f"speeds[{i}]", at_most_one=True)
+            for i, v in enumerate(value)
+        )
 
     def number(
         self,
@@ -515,7 +542,8 @@ def read_cluster(path: str | Path) -> Cluster:
     ``memory_gb``, ``[device.tflops]`` with one or more of fp32, tf32, bf16) and
     ``[intra]`` (``latency_us``, ``bandwidth_gbit``); ``[inter]`` too when nodes > 1.
     Optional: ``cores_per_node`` (CPU clusters), ``device.efficiency`` (0.6),
-    ``device.speed`` (1).
+    ``device.speed`` (1), ``speeds`` (one factor in (0, 1] per rank: a mixed cluster whose
+    rank r computes at ``speeds[r]`` of the device's rate).
 
     Args:
         path: the TOML file.
@@ -561,6 +589,7 @@ def read_cluster(path: str | Path) -> Cluster:
         inter=f.link(raw, "inter"),
         cores_per_node=cores,
         source=str(p),
+        speeds=f.speeds(raw),
     )
 
 

@@ -126,7 +126,7 @@ def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes
 
 
 def step_time(
-    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 5
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 15
 ) -> float:
     """Seconds of one plain training step (``local``'s) on ``x``: zero_grad, forward, loss,
     backward and the optimizer's step, on a copy of ``model`` under a forked RNG."""
@@ -146,7 +146,7 @@ def step_time(
 
 
 def update_time(
-    model: nn.Sequential, x: Tensor, cfg: RunConfig, first: int, count: int, repeats: int = 7
+    model: nn.Sequential, x: Tensor, cfg: RunConfig, first: int, count: int, repeats: int = 15
 ) -> float:
     """Seconds of one optimizer update of blocks ``first .. first + count - 1`` alone, as a
     stage's rank runs it after its backward: zero_grad and the optimizer's step (Adam's and
@@ -325,12 +325,24 @@ def solo_group() -> Iterator[None]:
 
 
 def ddp_step_time(
-    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 7
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 15
 ) -> float:
     """Seconds of one ``ddp`` step on ``x`` under torch's DDP over this process alone: the
     plain step plus DDP's own work (its buckets, the strategy's comm hook and the
     all-reduce call)."""
     import torch.distributed as dist
+
+    devices = [x.device] if x.device.type == "cuda" else []
+    with solo_group(), torch.random.fork_rng(devices=devices):
+        seconds = _ddp_steps(model, x, y, cfg, repeats)
+        # DDP is gone (with _ddp_steps' frame) while the group lives, and the barrier queues
+        # behind every callback of the hook: else the group, freed with DDP's reducer under
+        # the GIL, joins its thread while that thread waits for the GIL to free a callback
+        dist.barrier()
+        return seconds
+
+
+def _ddp_steps(model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int) -> float:
     from torch.nn.parallel import DistributedDataParallel
 
     from deepjimu.comm import Comm, CommStats
@@ -338,31 +350,21 @@ def ddp_step_time(
     from deepjimu.compress.spec import parse_compress
     from deepjimu.strategies.base import make_optimizer
 
-    devices = [x.device] if x.device.type == "cuda" else []
-    with solo_group(), torch.random.fork_rng(devices=devices):
-        ids = [x.device.index] if x.device.type == "cuda" else None
-        ddp = DistributedDataParallel(copy.deepcopy(model).to(x.device), device_ids=ids)
-        # the strategy's own comm hook (it counts the bytes of every bucket it all-reduces)
-        state, hook = comm_hook(
-            parse_compress("none"), Comm(CommStats()), 2, x.device, seed=cfg.seed
-        )
-        ddp.register_comm_hook(state, hook)
-        optimizer = make_optimizer(ddp.parameters(), cfg)
+    ids = [x.device.index] if x.device.type == "cuda" else None
+    ddp = DistributedDataParallel(copy.deepcopy(model).to(x.device), device_ids=ids)
+    # the strategy's own comm hook (it counts the bytes of every bucket it all-reduces)
+    state, hook = comm_hook(parse_compress("none"), Comm(CommStats()), 2, x.device, seed=cfg.seed)
+    ddp.register_comm_hook(state, hook)
+    optimizer = make_optimizer(ddp.parameters(), cfg)
 
-        def step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(ddp(x), y).backward()
-            optimizer.step()
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
 
-        for _ in range(3):  # DDP rebuilds its buckets after the first step
-            step()
-        seconds = _median_s(step, repeats, x.device)
-        # DDP goes while the group lives, and the group's thread has run every callback of
-        # the hook (the barrier queues behind them): else the group, freed with DDP's
-        # reducer under the GIL, joins a thread that waits for the GIL to free a callback
-        del ddp, optimizer, step
-        dist.barrier()
-        return seconds
+    for _ in range(3):  # DDP rebuilds its buckets after the first step
+        step()
+    return _median_s(step, repeats, x.device)
 
 
 def pipeline_action_time(

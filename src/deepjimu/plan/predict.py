@@ -37,11 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from deepjimu.config import RunConfig
+from deepjimu.data.base import shard_sizes
 from deepjimu.plan.cluster import Cluster
 from deepjimu.plan.ddp import buckets_of, message_s, messages
 from deepjimu.plan.profile import Compute, Layer
 from deepjimu.plan.schedule import actions, simulate, stage_ranks
-from deepjimu.strategies.partition import parse_balance, partition
+from deepjimu.speeds import chosen_balance
+from deepjimu.strategies.partition import listed_balance, parse_balance, partition
 
 __all__ = ["Prediction", "predict", "threads_per_rank"]
 
@@ -97,6 +99,14 @@ def _slowdown(cluster: Cluster, p: int, busy: float | None = None) -> float:
     if busy is None:
         return full
     return 1.0 + (full - 1.0) * min(1.0, busy / p)
+
+
+def _speeds(cfg: RunConfig, cluster: Cluster) -> tuple[list[float], bool]:
+    """The run's ranks' speeds (:meth:`Cluster.rank_speeds`) and whether the run balances
+    its work by them (``--balance`` resolved as the workers resolve it,
+    :func:`deepjimu.speeds.chosen_balance`)."""
+    speeds = cluster.rank_speeds(_workers(cfg))
+    return speeds, chosen_balance(str(cfg.balance), speeds) == "speed"
 
 
 def predict(
@@ -180,10 +190,21 @@ def _gradient(
     t = threads_per_rank(cluster, p)
     slow = _slowdown(cluster, p)
     comm_s, sent = comm(cfg, layers, cluster, p) if comm is not None and p > 1 else (0.0, 0)
-    step_of = compute.ddp_step if comm is not None else compute.step
+
+    def step_of(rows: int, t: int) -> float:
+        # DDP adds work to the plain step: a ddp step measured below it is the noise of
+        # two separate timings, and the plain step is the better figure
+        if comm is None:
+            return compute.step(rows, t)
+        return max(compute.ddp_step(rows, t), compute.step(rows, t))
+
+    speeds, by_speed = _speeds(cfg, cluster)
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in _batches(train_size, cfg.batch_size):
-        c = step_of(math.ceil(rows / p), t) * slow
+        # each rank's rows: an equal share, or one in proportion to its speed; the slowest
+        # rank's step sets the pace
+        shares = shard_sizes(rows, speeds) if by_speed else [math.ceil(rows / p)] * p
+        c = max(step_of(r, t) / v for r, v in zip(shares, speeds, strict=True)) * slow
         if cluster.cores_per_node is None and comm_s:  # a GPU overlaps all but the last bucket
             bwd = sum(compute.blocks(math.ceil(rows / p), t).bwd_s)
             hidden = bwd * (1 - layers[0].params / max(1, sum(l.params for l in layers)))
@@ -220,9 +241,15 @@ def _replicated(
     )
 
 
-def _stage_sizes(cfg: RunConfig, costs: list[float], layers: list[Layer], k: int) -> list[int]:
-    """Blocks per stage as the strategy splits them (``--balance``)."""
-    if cfg.balance == "time":
+def _stage_sizes(
+    cfg: RunConfig, costs: list[float], layers: list[Layer], k: int, cluster: Cluster
+) -> list[int]:
+    """Blocks per stage as the strategy splits them (``--balance``; by speed, stage s on
+    rank s % P)."""
+    speeds, by_speed = _speeds(cfg, cluster)
+    if by_speed:
+        return partition(costs, k, [speeds[s % len(speeds)] for s in range(k)])
+    if cfg.balance in ("time", "even", "auto", "speed"):
         return partition(costs, k)
     if cfg.balance == "size":
         return partition([float(l.params) for l in layers], k)
@@ -243,7 +270,9 @@ def _loss_s(compute: Compute, rows: int, t: int, n_blocks: int) -> float:
     the loss and its gradient, on ``rows`` rows."""
     return max(
         0.0,
-        compute.step(rows, t) - sum(compute.blocks(rows, t).costs()) - compute.update(0, n_blocks, t),
+        compute.step(rows, t)
+        - sum(compute.blocks(rows, t).costs())
+        - compute.update(0, n_blocks, t),
     )
 
 
@@ -274,10 +303,17 @@ def _staged(
     t = threads_per_rank(cluster, p)
     times = compute.blocks(rows, t)
     starts = _starts(sizes)
-    fwd = [sum(times.fwd_s[a : a + s]) + action_s for a, s in starts]
-    bwd = [sum(times.bwd_s[a : a + s]) + action_s for a, s in starts]
-    bwd[-1] += _loss_s(compute, rows, t, len(layers))
     stage_rank = stage_ranks(p, chunks)
+    speed = [cluster.rank_speeds(p)[r] for r in stage_rank]  # each stage's rank's
+    fwd = [
+        (sum(times.fwd_s[a : a + s]) + action_s) / v
+        for (a, s), v in zip(starts, speed, strict=True)
+    ]
+    bwd = [
+        (sum(times.bwd_s[a : a + s]) + action_s) / v
+        for (a, s), v in zip(starts, speed, strict=True)
+    ]
+    bwd[-1] += _loss_s(compute, rows, t, len(layers)) / speed[-1]
     ends = [a + s - 1 for a, s in starts]
 
     def send(a: int, b: int) -> float:
@@ -287,7 +323,11 @@ def _staged(
     sim = simulate(actions(schedule, p, m, chunks), fwd, bwd, send, stage_rank)
     finish = max(
         max((span.end_s for span in sim.spans[r]), default=0.0)
-        + sum(compute.update(*starts[s], t) for s in range(len(starts)) if stage_rank[s] == r)
+        + sum(
+            compute.update(*starts[s], t) / speed[s]
+            for s in range(len(starts))
+            if stage_rank[s] == r
+        )
         for r in range(p)
     )
     busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
@@ -303,7 +343,7 @@ def _model_parallel(
     """Stages one after the other on the whole batch; activations and gradients cross each cut."""
     p = _workers(cfg)
     t = threads_per_rank(cluster, p)
-    sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p)
+    sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p, cluster)
     epoch, steps, sent = 0.0, 0, 0
     for rows, count in _batches(train_size, cfg.batch_size):
         one = _staged(cfg, layers, compute, cluster, sizes, rows, 1, 0.0)
@@ -343,7 +383,7 @@ def _pipeline(
     t = threads_per_rank(cluster, p)
     steps = math.ceil(train_size / cfg.batch_size)
     r = math.ceil(math.ceil(train_size / steps) / m)
-    sizes = _stage_sizes(cfg, compute.blocks(r, t).costs(), layers, p * chunks)
+    sizes = _stage_sizes(cfg, compute.blocks(r, t).costs(), layers, p * chunks, cluster)
     # each action pays the pipelining runtime's own work besides its blocks
     action = cluster.pipeline_action_s
     if action is None:
@@ -372,12 +412,22 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
     t = threads_per_rank(cluster, p)
     a = compute.admm(train_size, t)
     L = len(a.layer_s)
-    if cfg.balance in ("time", "size"):
-        sizes = partition(a.costs, p)
-    else:
+    speeds, by_speed = _speeds(cfg, cluster)
+    if listed_balance(cfg.balance):
         sizes = parse_balance(cfg.balance, L, p)
+    else:
+        sizes = partition(a.costs, p, speeds if by_speed else None)
     slow = _slowdown(cluster, p)
-    ranks = [sum(a.layer_s[s : s + k]) * slow for s, k in _starts(sizes)]
+    ranks = [
+        sum(a.layer_s[s : s + k]) * slow / v
+        for (s, k), v in zip(_starts(sizes), speeds, strict=True)
+    ]
+    # the readout and the start run rank after rank: each rank its layers, at its speed
+    total = sum(a.layer_s) or 1.0
+    chain_factor = sum(
+        sum(a.layer_s[s : s + k]) / total / v
+        for (s, k), v in zip(_starts(sizes), speeds, strict=True)
+    )
     rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
     cuts = _cuts(sizes)
     word = cfg.quantize / 8 if cfg.quantize else _FLOAT
@@ -395,10 +445,10 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
         2 * cluster.p2p_s(train_size * a.widths[c] * _FLOAT, rank_of[c], rank_of[c + 1])
         for c in cuts
     )
-    readout = (a.readout_s + chain) / cfg.eval_every
+    readout = (a.readout_s * chain_factor + chain) / cfg.eval_every
     step = iteration + readout
     # the start (a forward chain and the backward sweeps, rank after rank) once per run
-    start = a.start_s + chain
+    start = a.start_s * chain_factor + chain
     sent = sum(2 * train_size * a.widths[c] * word for c in cuts)
     sent += sum(2 * train_size * a.widths[c] * _FLOAT for c in cuts) / cfg.eval_every
     mem = max(
@@ -438,13 +488,20 @@ def _kfac(
     t = threads_per_rank(cluster, p)
     slow = _slowdown(cluster, p)
     grad_s, grad_bytes = _ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
+    speeds, by_speed = _speeds(cfg, cluster)
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in _batches(train_size, cfg.batch_size):
-        k = compute.kfac(math.ceil(rows / p), t)
+        # each rank's rows (in proportion to its speed where the run balances by it); the
+        # slowest rank's step sets the pace
+        shares = shard_sizes(rows, speeds) if by_speed else [math.ceil(rows / p)] * p
+        k = compute.kfac(max(shares), t)
+        step_s = max(compute.kfac(r, t).step_s / v for r, v in zip(shares, speeds, strict=True))
         costs = [decomposition_cost(a, g) for a, g in zip(k.n_a, k.n_g, strict=True)]
         workers = max(1, round(cfg.kfac_grad_workers * p))
-        assignment = WorkAssignment.greedy(costs, p, workers)
-        decompose = max(assignment.loads(k.decompose_s))
+        assignment = WorkAssignment.greedy(costs, p, workers, speeds if by_speed else None)
+        decompose = max(
+            load / v for load, v in zip(assignment.loads(k.decompose_s), speeds, strict=True)
+        )
         triangles = sum(
             a * (a + 1) // 2 + g * (g + 1) // 2 for a, g in zip(k.n_a, k.n_g, strict=True)
         )
@@ -472,7 +529,7 @@ def _kfac(
             if row > 1
             else 0.0
         )
-        c = k.step_s * slow
+        c = step_s * slow
         step = (
             c
             + cluster.sync_penalty_s(p)

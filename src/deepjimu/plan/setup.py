@@ -37,7 +37,7 @@ def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any
     probed = probe(
         dataclasses.replace(
             cfg, strategy="ddp", workers=workers, runs_dir=str(out), name=f"probe-w{workers}",
-            quiet=True, compress="none", given={},
+            quiet=True, compress="none", given={}, emulate_speeds="", balance="even",
         )
     )  # fmt: skip
     assert probed is not None
@@ -109,6 +109,22 @@ def _factors(model: Any) -> list[tuple[int, int]]:
 
 
 def cluster_and_compute(
+    cfg: RunConfig, cluster_arg: str, out: Path, made: dict[Any, Any], all_cfgs: list[RunConfig]
+) -> tuple[Cluster, Compute, list[Layer], int]:
+    """:func:`_cluster_and_compute`, its ranks at ``--emulate-speeds``' factors where given
+    (the cluster is measured at full speed; the factors slow its first ranks, as the
+    emulation slows the workers)."""
+    cluster, compute, layers, n = _cluster_and_compute(cfg, cluster_arg, out, made, all_cfgs)
+    if cfg.emulate_speeds:
+        from deepjimu.emulate import parse_speeds
+
+        factors = parse_speeds(cfg.emulate_speeds)
+        speeds = (*factors, *[1.0] * (cluster.world - len(factors)))
+        cluster = dataclasses.replace(cluster, speeds=speeds)
+    return cluster, compute, layers, n
+
+
+def _cluster_and_compute(
     cfg: RunConfig, cluster_arg: str, out: Path, made: dict[Any, Any], all_cfgs: list[RunConfig]
 ) -> tuple[Cluster, Compute, list[Layer], int]:
     """The cluster, compute, blocks and training-set size that predict ``cfg``; ``made``

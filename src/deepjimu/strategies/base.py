@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -125,12 +127,17 @@ def log_grid(center: float, trials: int, span: float = 10.0) -> list[float]:
 
 
 def make_optimizer(
-    params: Any, cfg: RunConfig, model: nn.Module | None = None, comm: Comm | None = None
+    params: Any,
+    cfg: RunConfig,
+    model: nn.Module | None = None,
+    comm: Comm | None = None,
+    speeds: Sequence[float] | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of ``cfg`` (Adam, SGD with momentum, or K-FAC-preconditioned SGD) over ``params``.
 
     ``kfac`` also needs the ``model`` whose layers it hooks and this rank's ``comm`` (its
-    messages are collective over the ranks that hold replicas of ``model``).
+    messages are collective over the ranks that hold replicas of ``model``), and assigns
+    its decompositions by the ranks' ``speeds`` where given (``--balance speed``).
     """
     assert cfg.lr is not None, "config not resolved"
     if cfg.optimizer == Optimizer.KFAC:
@@ -138,6 +145,8 @@ def make_optimizer(
 
         assert model is not None, "kfac needs the model"
         settings = KFACSettings.from_config(cfg)
+        if speeds is not None:
+            settings = dataclasses.replace(settings, speeds=tuple(speeds))
         return KFAC(params, model, cfg.lr, cfg.momentum, cfg.weight_decay, settings, comm)
     if cfg.optimizer == Optimizer.ADAM:
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -15,7 +15,9 @@ from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_s
 from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
+from deepjimu.data.base import shard_sizes
 from deepjimu.run import Run
+from deepjimu.speeds import SPEED_BALANCES
 from deepjimu.strategies.base import (
     FitResult,
     GradientStrategy,
@@ -55,6 +57,11 @@ class DDPStrategy(GradientStrategy):
             return [
                 f"batch-size must be >= workers for ddp (batch-size: {cfg.batch_size}, workers: {w})"
             ]
+        if cfg.balance not in (*SPEED_BALANCES, "even"):
+            return [
+                f"ddp splits each batch over the workers: --balance auto, even or speed "
+                f"(balance: {cfg.balance})"
+            ]
         return []
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
@@ -87,7 +94,17 @@ class DDPStrategy(GradientStrategy):
                 seed=cfg.seed,
             )
             self.ddp.register_comm_hook(self.hook, hook)
-        self.optimizer = make_optimizer(self.ddp.parameters(), cfg, self.model, run.comm)
+        self.optimizer = make_optimizer(
+            self.ddp.parameters(), cfg, self.model, run.comm, speeds=run.speeds
+        )
+        # every rank's shard (rows rank::world, or in proportion to its speed: the worker's
+        # data.shard), so that each rank knows the whole batch of every step
+        self._shards = (
+            shard_sizes(data.train_size, run.speeds)
+            if run.speeds is not None
+            else [len(range(r, data.train_size, run.world)) for r in range(run.world)]
+        )
+        self._scales: list[float] = []
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
 
@@ -105,12 +122,32 @@ class DDPStrategy(GradientStrategy):
             print(f"{format_probe(probe)}\n{format_predictions(predictions, choice)}", flush=True)
         return parse_compress(choice)
 
+    def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
+        """This rank's batches, and the weight of each one's mean loss: the comm hook
+        averages the ranks' gradients, so a rank whose batch holds b of the step's B rows
+        weighs its mean loss by world * b / B, and the average is the gradient of the
+        whole batch's mean loss, shards even or not (speed-balanced shards differ)."""
+        out = super().batches(data, epoch, run)
+        steps = len(out)
+
+        def rows(n: int, i: int) -> int:  # the i-th of torch.tensor_split(n rows, steps)
+            return n // steps + (i < n % steps)
+
+        self._scales = [
+            run.world * len(y) / sum(rows(n, i) for n in self._shards)
+            for i, (_, y) in enumerate(out)
+        ]
+        self._scales.reverse()  # popped in step order
+        return out
+
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         with self.run.autocast():
             loss = F.cross_entropy(self.ddp(x), y)
-        loss.backward()
+        scale = self._scales.pop() if self._scales else 1.0
+        # local SGD steps each replica on its own gradient between averagings: unweighted
+        (loss if self.averaging is not None else loss * scale).backward()
         self.run.synchronize()
         self.run.stats.wait_s += max(0.0, time.perf_counter() - self.hook.last_call)
         self.optimizer.step()

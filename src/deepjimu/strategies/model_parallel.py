@@ -80,15 +80,22 @@ class ModelParallelStrategy(GradientStrategy):
         return min(self.cfg.batch_size, data.train_size)
 
     def plan_stages(self, model: nn.Sequential, data: DataSplits, run: Run) -> StagePlan:
-        """The stage plan of ``--balance``; with ``time`` rank 0 measures and broadcasts it."""
+        """The stage plan of ``--balance`` (``auto`` resolved, :mod:`deepjimu.speeds`): by
+        the blocks' measured time (``time``, ``even``), over the ranks' speeds (``speed``:
+        stage s runs on rank s % world), by size, or as listed. Rank 0 measures and
+        broadcasts a timed split."""
         n = run.world * self.chunks(self.cfg)
-        how = self.cfg.balance
-        if how == "time":
+        how = run.balance
+        if how in ("time", "even", "speed"):
             sizes = None
             if run.is_main:
                 sample = data.train_x[: self.profile_rows(data)].to(run.device)
-                sizes = balance_by_time(model, sample, n)
+                speeds = None
+                if how == "speed" and run.speeds is not None:
+                    speeds = [run.speeds[s % run.world] for s in range(n)]
+                sizes = balance_by_time(model, sample, n, speeds=speeds)
             sizes = run.broadcast_object(sizes)
+            how = "time" if how == "even" else how
         elif how == "size":
             sizes = balance_by_size(model, n)
         else:

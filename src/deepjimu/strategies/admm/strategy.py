@@ -232,6 +232,8 @@ class AdmmStrategy(Strategy):
         costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
         if listed_balance(cfg.balance):  # layers per worker, as given (checked before the start)
             sizes, how = parse_balance(cfg.balance, L, run.world), "list"
+        elif run.balance == "speed":  # each rank's share of the cost over its measured speed
+            sizes, how = partition(costs, run.world, run.speeds), "estimated cost over speed"
         else:
             sizes, how = partition(costs, run.world), "estimated cost"
         self.plan = StagePlan(tuple(sizes), run.world, how=how)

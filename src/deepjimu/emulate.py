@@ -1,0 +1,216 @@
+"""``--emulate-speeds``: rehearse a cluster of workers of different speeds on one machine.
+
+Each worker process runs in a CPU cgroup of its own whose quota is its factor times the
+CPU time of its threads: with factor 0.3 and 2 threads, 0.6 CPU-seconds per second. The
+kernel's CFS bandwidth control enforces the quota (cgroup v1 ``cpu.cfs_quota_us`` /
+``cpu.cfs_period_us``, v2 ``cpu.max``); no maintained Python package wraps it for one
+process, and the two files are the whole interface, so it is written here.
+
+The launcher (this process) creates the groups before the workers start and removes them
+when they have ended; each worker joins its own group first thing
+(:func:`join_own_group`), before it starts any thread. Creating a group needs root and a
+mounted cpu controller: without them the run ends in one line before anything starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepjimu.errors import JimuError
+
+__all__ = [
+    "ENV",
+    "PERIOD_US",
+    "CpuController",
+    "find_cpu_controller",
+    "join_own_group",
+    "parse_speeds",
+    "speed_groups",
+    "speeds_problems",
+]
+
+ENV = "DEEPJIMU_SPEED_GROUPS"
+"""The folder holding the run's groups (``rank<r>`` each), set for the spawned workers."""
+
+PERIOD_US = 50_000
+"""The bandwidth period: 50 ms. The kernel's default of 100 ms lets a worker at 0.25 run
+25 ms, then stall 75; at 10 ms the throttling itself costs so much that such a worker was
+measured at 0.10 of the full-speed one. At 50 ms it measured 0.49 for 0.5 and 0.18 for 0.25
+(a ddp and an admm run on the 2-core VM)."""
+
+
+def parse_speeds(text: str) -> list[float]:
+    """The factors of ``--emulate-speeds 1,0.3,...``.
+
+    Raises:
+        JimuError: not a comma-separated list of numbers in (0, 1].
+
+    Example:
+        >>> parse_speeds("1,0.5")
+        [1.0, 0.5]
+    """
+    try:
+        factors = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise JimuError(
+            f"--emulate-speeds takes one factor per worker, like 1,0.3 (emulate-speeds: {text!r})"
+        ) from None
+    bad = [f for f in factors if not 0 < f <= 1]
+    if bad:
+        raise JimuError(
+            f"--emulate-speeds factors must be in (0, 1], 1 being a worker's full share of "
+            f"its cores (emulate-speeds: {text}; out of range: {', '.join(map(_fmt, bad))})"
+        )
+    return factors
+
+
+def speeds_problems(text: str, workers: int) -> list[str]:
+    """Validation: the one-line problem of ``--emulate-speeds`` for ``workers`` workers."""
+    if not text:
+        return []
+    try:
+        factors = parse_speeds(text)
+    except JimuError as e:
+        return [str(e)]
+    if len(factors) != workers:
+        return [
+            f"--emulate-speeds gives {len(factors)} factor(s) for {workers} worker(s); "
+            f"give one per worker (emulate-speeds: {text})"
+        ]
+    return []
+
+
+def _fmt(f: float) -> str:
+    return f"{f:g}"
+
+
+@dataclass(frozen=True)
+class CpuController:
+    """Where the cpu controller is mounted, and its cgroup version (1 or 2)."""
+
+    root: Path
+    version: int
+
+
+def find_cpu_controller(mounts: str | None = None) -> CpuController | None:
+    """The cpu controller's mount, from ``/proc/self/mounts`` (or ``mounts``' text).
+
+    A v1 hierarchy with the ``cpu`` option wins; else a v2 (``cgroup2``) mount whose
+    ``cgroup.controllers`` lists ``cpu``. None where neither is mounted.
+
+    Example:
+        >>> find_cpu_controller("cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0")
+        CpuController(root=PosixPath('/sys/fs/cgroup/cpu'), version=1)
+    """
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return None
+    v2 = None
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        _, where, kind, options = parts[:4]
+        if kind == "cgroup" and "cpu" in options.split(","):
+            return CpuController(Path(where), 1)
+        if kind == "cgroup2" and v2 is None:
+            with contextlib.suppress(OSError):
+                if "cpu" in (Path(where) / "cgroup.controllers").read_text().split():
+                    v2 = CpuController(Path(where), 2)
+    return v2
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _create(
+    controller: CpuController, folder: Path, factors: Sequence[float], threads: int
+) -> None:
+    if controller.version == 2:
+        # the parent must hand the cpu controller down to its children
+        control = controller.root / "cgroup.subtree_control"
+        if "cpu" not in control.read_text().split():
+            _write(control, "+cpu")
+    folder.mkdir()
+    if controller.version == 2:
+        _write(folder / "cgroup.subtree_control", "+cpu")
+    for rank, factor in enumerate(factors):
+        group = folder / f"rank{rank}"
+        group.mkdir()
+        quota = max(1000, round(factor * threads * PERIOD_US))  # the kernel's floor: 1 ms
+        if controller.version == 1:
+            _write(group / "cpu.cfs_period_us", str(PERIOD_US))
+            _write(group / "cpu.cfs_quota_us", str(quota))
+        else:
+            _write(group / "cpu.max", f"{quota} {PERIOD_US}")
+
+
+def _remove(controller: CpuController, folder: Path) -> None:
+    """Remove the groups (their processes have ended; any left go back to the root)."""
+    if not folder.exists():
+        return
+    for group in sorted(folder.glob("rank*")):
+        with contextlib.suppress(OSError):
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    _write(controller.root / "cgroup.procs", pid)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+@contextlib.contextmanager
+def speed_groups(
+    factors: Sequence[float], threads: int, controller: CpuController | None = None
+) -> Iterator[dict[str, str]]:
+    """Create one cgroup per worker for the block; yields the environment that tells the
+    spawned workers where to find them (:data:`ENV`). Removed afterwards, whatever happened.
+
+    Raises:
+        JimuError: no cpu controller is mounted, or the groups cannot be created (not root).
+    """
+    controller = controller or find_cpu_controller()
+    if controller is None:
+        raise JimuError(
+            "--emulate-speeds needs the kernel's cpu cgroup controller, and this machine has "
+            "none mounted (no v1 cpu hierarchy, no cgroup2 with cpu)"
+        )
+    folder = controller.root / f"deepjimu-{uuid.uuid4().hex[:12]}"
+    try:
+        _create(controller, folder, factors, threads)
+    except OSError as e:
+        _remove(controller, folder)
+        why = "run as root" if isinstance(e, PermissionError) else "check the cgroup mount"
+        raise JimuError(
+            f"--emulate-speeds cannot create CPU cgroups under {controller.root} "
+            f"({e.strerror or e}); {why}"
+        ) from None
+    try:
+        yield {ENV: str(folder)}
+    finally:
+        _remove(controller, folder)
+
+
+def join_own_group(rank: int) -> None:
+    """A spawned worker joins its group (``rank<rank>`` under :data:`ENV`), if the launcher
+    made any; every thread it starts afterwards is in the group too."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return
+    procs = Path(folder) / f"rank{rank}" / "cgroup.procs"
+    try:
+        _write(procs, str(os.getpid()))
+    except OSError as e:
+        raise JimuError(
+            f"--emulate-speeds: worker {rank} cannot join its CPU cgroup {procs.parent} "
+            f"({e.strerror or e})"
+        ) from None

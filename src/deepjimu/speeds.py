@@ -1,0 +1,138 @@
+"""Each worker's measured speed, and the ``--balance`` it leads to.
+
+At the start of a run of several workers that may balance by speed (``--balance auto`` or
+``speed``), every rank runs the same calibration at once: plain training steps of the
+run's own model on a few rows, in :data:`WINDOWS` windows of :data:`CALIBRATE_S` seconds
+(each spans several periods of a CPU quota, :mod:`deepjimu.emulate`). A rank's rate is its
+best window's, and its speed that rate over the fastest rank's (the fastest is 1.0).
+``auto`` balances by speed when the slowest is more than :data:`UNEVEN` slower than the
+fastest, and splits evenly (the strategy's own split) otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from deepjimu.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from deepjimu.run import Run
+
+__all__ = [
+    "CALIBRATE_S",
+    "SPEEDS_FILE",
+    "UNEVEN",
+    "WINDOWS",
+    "balance_speeds",
+    "calibrate",
+    "chosen_balance",
+]
+
+CALIBRATE_S = 0.25
+"""Seconds of each calibration window (all ranks at once; 5 periods of an emulated quota)."""
+
+WINDOWS = 2
+"""Calibration windows; a rank's rate is its best window's."""
+
+UNEVEN = 1.1
+"""``auto`` balances by speed when the fastest rank is more than this many times the slowest."""
+
+SPEED_BALANCES = ("auto", "speed")
+"""``--balance`` values that measure the ranks' speeds."""
+
+
+def calibrate(
+    model: nn.Module, x: Tensor, y: Tensor, seconds: float = CALIBRATE_S, windows: int = WINDOWS
+) -> float:
+    """Training steps per second of a copy of ``model`` on ``x`` (forward, loss, backward;
+    no optimizer, so nothing of the run changes): the best of ``windows`` windows of
+    ``seconds`` each. A slow device (or a CPU quota) is slow in every window; another
+    task that took the core for a moment slows only one."""
+    probe = copy.deepcopy(model).to(x.device)
+    devices = [x.device] if x.device.type == "cuda" else []
+    best = 0.0
+    with torch.random.fork_rng(devices=devices):
+        F.cross_entropy(probe(x), y).backward()  # warm: allocations, kernels
+        for _ in range(windows):
+            steps, t0 = 0, time.perf_counter()
+            while True:
+                probe.zero_grad(set_to_none=True)
+                F.cross_entropy(probe(x), y).backward()
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize(x.device)
+                steps += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= seconds:
+                    best = max(best, steps / elapsed)
+                    break
+    return best
+
+
+def chosen_balance(balance: str, speeds: Sequence[float] | None) -> str:
+    """What ``--balance`` means once the speeds are known: ``auto`` becomes ``speed`` when
+    they differ by more than :data:`UNEVEN`, else ``even``; other values stay.
+
+    Example:
+        >>> chosen_balance("auto", [1.0, 0.3]), chosen_balance("auto", [1.0, 0.95])
+        ('speed', 'even')
+    """
+    if balance != "auto":
+        return balance
+    if speeds is None or max(speeds) <= UNEVEN * min(speeds):
+        return "even"
+    return "speed"
+
+
+SPEEDS_FILE = "speeds.json"
+"""Where rank 0 keeps the measured speeds in the run folder: a resumed run splits the work
+as the run it goes on did (a checkpoint's per-rank state fits only that split)."""
+
+
+def balance_speeds(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    run: Run,
+    resumed_from: Path | None = None,
+    time_shared: bool = False,
+) -> None:
+    """Collective: set ``run.balance`` (``auto`` resolved) and ``run.speeds`` (each rank's
+    measured speed, where the run balances by speed; else None).
+
+    Ranks calibrate only for ``--balance auto`` or ``speed`` with several workers, on
+    ``x``'s first rows (on the rank's device), and rank 0 prints the speeds and writes
+    :data:`SPEEDS_FILE`; a run resumed from ``resumed_from`` reads that file instead.
+    ``time_shared``: the ranks of a node want more cores than it has, so the scheduler
+    takes turns among them; whose turn a short calibration caught is chance (3 workers on
+    2 cores measured 0.56-1.0 of each other, at random), not a speed, and ``auto`` splits
+    evenly. ``speed`` still trusts the measurement.
+    """
+    balance = run.cfg.balance
+    if balance not in SPEED_BALANCES or run.world < 2:
+        run.balance, run.speeds = chosen_balance(balance, None), None
+        return
+    kept = resumed_from / SPEEDS_FILE if resumed_from is not None else None
+    if kept is not None and kept.exists():
+        speeds = json.loads(kept.read_text())["speeds"]
+    else:
+        rows = min(len(x), 64)
+        rate = calibrate(model, x[:rows], y[:rows])
+        rates = run.gather_objects(rate)
+        speeds = [round(r / max(rates), 4) for r in rates]
+    run.balance = "even" if balance == "auto" and time_shared else chosen_balance(balance, speeds)
+    run.speeds = speeds if run.balance == "speed" else None
+    if run.is_main:
+        atomic_write_text(run.out_dir / SPEEDS_FILE, json.dumps({"speeds": speeds}))
+        if not run.cfg.quiet:
+            shown = ", ".join(f"{s:.2f}" for s in speeds)
+            why = " (the workers take turns on time-shared cores)" if time_shared else ""
+            print(f"worker speeds measured: {shown}; balance: {run.balance}{why}", flush=True)
