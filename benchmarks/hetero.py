@@ -16,6 +16,7 @@ applied to the probed ranks). The speed-up is ``even`` over ``speed``.
 Usage (as root, from the repository root):
     python benchmarks/hetero.py                                   # 1,0.3 and 1,0.5,0.25
     python benchmarks/hetero.py --factors 1,0.3 --strategies admm,ddp --epochs 4
+    python benchmarks/hetero.py --strategies ddp --model mlp:1024x3 --train "--batch-size 512"
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -78,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--model", default="mlp:256x3")
+    ap.add_argument(
+        "--train", default="", help="more jimu train flags for every run, e.g. '--batch-size 512'"
+    )
     args = ap.parse_args(argv)
     if os.geteuid() != 0 or find_cpu_controller() is None:
         print("hetero: needs root and a mounted cpu cgroup controller; nothing was run")
         return 0
     strategies = args.strategies.split(",")
-    base = ["--model", args.model, "--epochs", str(args.epochs)]
+    base = ["--model", args.model, "--epochs", str(args.epochs), *shlex.split(args.train)]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="jimu-hetero-") as tmp:
         runs = Path(tmp)
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 }  # fmt: skip
                 results.append(row)
                 print(_line(row), flush=True)
-    print(f"\n{datetime.date.today()}, {args.epochs} epochs of {args.model} on digits")
+    print(f"\n{datetime.date.today()}, {args.epochs} epochs of {args.model} {args.train}")
     print(
         "| strategy | factors | full s/epoch | even | speed | ideal | speed-up | speed / ideal | plan even | plan speed |"
     )

@@ -17,6 +17,7 @@ from deepjimu.strategies.admm.driver import (
     init_blocks_forward,
     serial_iteration,
 )
+from deepjimu.strategies.partition import partition
 from distributed import run_world
 
 WIDTHS = [12, 16, 16, 16, 5]  # 4 layers
@@ -115,7 +116,10 @@ def test_distributed_iterates_equal_serial(
     bits: int, momentum: float, scale: bool, sweeps: int, ridge: float
 ) -> None:
     serial = _serial(bits, momentum, scale, sweeps, ridge)
-    for sizes in ([2, 2], [1, 2, 1]):
+    # the last: the split --balance speed makes for a second worker at 0.3 of the first's speed
+    by_speed = partition([1.0] * 4, 2, speeds=[1.0, 0.3])
+    assert by_speed == [3, 1]
+    for sizes in ([2, 2], [1, 2, 1], by_speed):
         results = run_world(_distributed, len(sizes), sizes, bits, momentum, scale, sweeps, ridge)
         merged: dict[str, torch.Tensor] = {}
         for snap, _, _ in results:
