@@ -114,25 +114,28 @@ def balance_speeds(
     ``time_shared``: the ranks of a node want more cores than it has, so the scheduler
     takes turns among them; whose turn a short calibration caught is chance (3 workers on
     2 cores measured 0.56-1.0 of each other, at random), not a speed, and ``auto`` splits
-    evenly. ``speed`` still trusts the measurement.
+    evenly without measuring. ``speed`` still measures and trusts the measurement.
     """
     balance = run.cfg.balance
     if balance not in SPEED_BALANCES or run.world < 2:
         run.balance, run.speeds = chosen_balance(balance, None), None
         return
     kept = resumed_from / SPEEDS_FILE if resumed_from is not None else None
-    if kept is not None and kept.exists():
+    speeds: list[float] | None
+    if kept is not None and kept.exists():  # the split of the run this one goes on
         speeds = json.loads(kept.read_text())["speeds"]
+    # every rank decides alike (each node judged its own cores): one time-shared, all even
+    elif balance == "auto" and any(run.gather_objects(time_shared)):
+        speeds = None
     else:
         rows = min(len(x), 64)
         rate = calibrate(model, x[:rows], y[:rows])
         rates = run.gather_objects(rate)
         speeds = [round(r / max(rates), 4) for r in rates]
-    run.balance = "even" if balance == "auto" and time_shared else chosen_balance(balance, speeds)
+    run.balance = chosen_balance(balance, speeds) if speeds is not None else "even"
     run.speeds = speeds if run.balance == "speed" else None
     if run.is_main:
         atomic_write_text(run.out_dir / SPEEDS_FILE, json.dumps({"speeds": speeds}))
-        if not run.cfg.quiet:
+        if speeds is not None and not run.cfg.quiet:
             shown = ", ".join(f"{s:.2f}" for s in speeds)
-            why = " (the workers take turns on time-shared cores)" if time_shared else ""
-            print(f"worker speeds measured: {shown}; balance: {run.balance}{why}", flush=True)
+            print(f"worker speeds measured: {shown}; balance: {run.balance}", flush=True)
