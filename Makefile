@@ -41,9 +41,12 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 # two test processes (pytest-xdist): many tests wait on the workers they start; a test
-# takes the next one as soon as it is done (worksteal), so a long one delays nothing else
+# takes the next one as soon as it is done (worksteal), so a long one delays nothing else.
+# Then the quick claims, alone: one of them is a speed ratio (local against plain PyTorch),
+# which another test's workers beside it would move
 test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python benchmarks/claims.py --quick
 
 bench: $(VENV)/.installed
 	$(BIN)/jimu bench

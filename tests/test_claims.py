@@ -1,4 +1,5 @@
-"""The claims harness: its records are sound, a claim that no longer holds fails, and the quick subset holds."""
+"""The claims harness: its records are sound, a claim that no longer holds fails. (The quick
+subset runs after the suite in `make test`, alone: one of its claims is a speed ratio.)"""
 
 from __future__ import annotations
 
@@ -66,10 +67,3 @@ def test_a_missing_data_set_is_skipped_and_says_why(
     assert claims.unmet(["data:planetoid"]) == (
         "needs the planetoid data set under $DEEPJIMU_DATA or ../shared/data"
     )
-
-
-def test_the_quick_claims_hold(capsys: pytest.CaptureFixture[str]) -> None:
-    code = claims.main(["--quick"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert " NO" not in out
