@@ -63,9 +63,23 @@ def run_world(
     module-level function); fork copies this process, torch already loaded. A rank that
     raises, dies or hangs past ``timeout`` seconds fails the test with that rank's traceback.
 
+    The port is free when chosen, but another test's process may take it before rank 0's
+    store listens (EADDRINUSE): then the world starts again once, on a new port.
+
     Returns:
         the ranks' return values, in rank order.
     """
+    try:
+        return _run_world(fn, world, args, timeout, start_method)
+    except AssertionError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        return _run_world(fn, world, args, timeout, start_method)
+
+
+def _run_world(
+    fn: Callable[..., Any], world: int, args: tuple[Any, ...], timeout: float, start_method: str
+) -> list[Any]:
     ctx = mp.get_context(start_method)
     out = ctx.Queue()
     port = free_port()
