@@ -109,6 +109,12 @@ def _speeds(cfg: RunConfig, cluster: Cluster) -> tuple[list[float], bool]:
     return speeds, chosen_balance(str(cfg.balance), speeds) == "speed"
 
 
+def _shares(rows: int, speeds: list[float], by_speed: bool) -> list[int]:
+    """Each rank's rows of a batch of ``rows``: in proportion to its speed (as the workers
+    shard by it, :func:`~deepjimu.data.base.shard_sizes`), or an equal share."""
+    return shard_sizes(rows, speeds) if by_speed else [math.ceil(rows / len(speeds))] * len(speeds)
+
+
 def predict(
     cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
 ) -> Prediction:
@@ -203,7 +209,7 @@ def _gradient(
     for rows, count in _batches(train_size, cfg.batch_size):
         # each rank's rows: an equal share, or one in proportion to its speed; the slowest
         # rank's step sets the pace
-        shares = shard_sizes(rows, speeds) if by_speed else [math.ceil(rows / p)] * p
+        shares = _shares(rows, speeds, by_speed)
         c = max(step_of(r, t) / v for r, v in zip(shares, speeds, strict=True)) * slow
         if cluster.cores_per_node is None and comm_s:  # a GPU overlaps all but the last bucket
             bwd = sum(compute.blocks(math.ceil(rows / p), t).bwd_s)
@@ -304,7 +310,8 @@ def _staged(
     times = compute.blocks(rows, t)
     starts = _starts(sizes)
     stage_rank = stage_ranks(p, chunks)
-    speed = [cluster.rank_speeds(p)[r] for r in stage_rank]  # each stage's rank's
+    rank_speed = cluster.rank_speeds(p)
+    speed = [rank_speed[r] for r in stage_rank]  # each stage's rank's
     fwd = [
         (sum(times.fwd_s[a : a + s]) + action_s) / v
         for (a, s), v in zip(starts, speed, strict=True)
@@ -493,7 +500,7 @@ def _kfac(
     for rows, count in _batches(train_size, cfg.batch_size):
         # each rank's rows (in proportion to its speed where the run balances by it); the
         # slowest rank's step sets the pace
-        shares = shard_sizes(rows, speeds) if by_speed else [math.ceil(rows / p)] * p
+        shares = _shares(rows, speeds, by_speed)
         k = compute.kfac(max(shares), t)
         step_s = max(compute.kfac(r, t).step_s / v for r, v in zip(shares, speeds, strict=True))
         costs = [decomposition_cost(a, g) for a, g in zip(k.n_a, k.n_g, strict=True)]
