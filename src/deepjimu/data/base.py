@@ -144,7 +144,7 @@ class DataSplits:
         if weights is None:
             rows = torch.arange(rank, len(self.train_y), world)
         else:
-            sizes = shard_sizes(len(self.train_y), weights)
+            sizes = shard_counts(len(self.train_y), world, weights)
             start = sum(sizes[:rank])
             shuffle = torch.randperm(len(self.train_y), generator=torch.Generator().manual_seed(0))
             rows = shuffle[start : start + sizes[rank]].sort().values
@@ -186,6 +186,19 @@ def shard_sizes(n: int, weights: Sequence[float]) -> list[int]:
         big = max(range(len(sizes)), key=lambda r: sizes[r])
         sizes[big] -= 1
     return sizes
+
+
+def shard_counts(n: int, world: int, weights: Sequence[float] | None = None) -> list[int]:
+    """Training rows of each rank's :meth:`DataSplits.shard` of ``n`` rows: ``rank::world``
+    (even), or in proportion to ``weights`` (:func:`shard_sizes`).
+
+    Example:
+        >>> shard_counts(5, 2), shard_counts(5, 2, [1.0, 0.25])
+        ([3, 2], [4, 1])
+    """
+    if weights is None:
+        return [len(range(r, n, world)) for r in range(world)]
+    return shard_sizes(n, weights)
 
 
 Loader = Callable[[DataOptions], RawData]

@@ -15,7 +15,7 @@ from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_s
 from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
-from deepjimu.data.base import shard_sizes
+from deepjimu.data.base import shard_counts
 from deepjimu.run import Run
 from deepjimu.speeds import SPEED_BALANCES
 from deepjimu.strategies.base import (
@@ -97,13 +97,9 @@ class DDPStrategy(GradientStrategy):
         self.optimizer = make_optimizer(
             self.ddp.parameters(), cfg, self.model, run.comm, speeds=run.speeds
         )
-        # every rank's shard (rows rank::world, or in proportion to its speed: the worker's
-        # data.shard), so that each rank knows the whole batch of every step
-        self._shards = (
-            shard_sizes(data.train_size, run.speeds)
-            if run.speeds is not None
-            else [len(range(r, data.train_size, run.world)) for r in range(run.world)]
-        )
+        # every rank's shard, as the worker's data.shard cut it, so that each rank knows the
+        # whole batch of every step
+        self._shards = shard_counts(data.train_size, run.world, run.speeds)
         self._scales: list[float] = []
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
