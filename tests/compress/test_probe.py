@@ -93,3 +93,25 @@ def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
     gathered: list[dict[str, float] | None] = [None] * world
     dist.all_gather_object(gathered, got)
     assert gathered == [got] * world  # the slowest rank's times, on every rank
+
+
+@distributed_test(world_size=[2])
+def test_the_probes_pipeline_step_trains_the_models_own_stages(
+    rank: int, world: int, tmp: str
+) -> None:
+    cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x2", quiet=True))
+    model = build_model(cfg.model, (16,), 4, seed=0)
+    assert len(model) == 3
+    if rank == 1:  # the last stage, one block: 5 ms more per forward
+        model[2].register_forward_pre_hook(lambda *_: time.sleep(0.005))
+    x, y = torch.randn(4, 16), torch.randint(0, 4, (4,))
+    timed = probe_module._time_pipeline(model, x, y, cfg, torch.device("cpu"), reps=2)
+    assert timed is not None
+    step, sizes = timed
+    assert sizes == [2, 1]
+    assert step >= probe_module.PIPELINE_M * 0.005  # each micro-batch's forward on rank 1
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, timed)
+    assert gathered == [timed] * world  # the slowest rank's time, on every rank
+    # fewer blocks than ranks: no pipeline runs the model, none is timed
+    assert probe_module._time_pipeline(model[:1], x, y, cfg, torch.device("cpu")) is None

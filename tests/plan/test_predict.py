@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
+from deepjimu.compress.probe import PIPELINE_M
 from deepjimu.config import RunConfig
 from deepjimu.plan.cluster import Cluster, Device, Link
 from deepjimu.plan.ddp import BUCKET, FIRST_BUCKET
-from deepjimu.plan.predict import predict
+from deepjimu.plan.predict import predict, staged_step
 from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
+from deepjimu.plan.setup import _action_s
 
 GPU = Device("g", {"fp32": 1e12}, 2**34)
 LINK = Link(alpha_s=1e-3, bytes_per_s=1e6)  # 1 ms + 1 us per byte: easy sums
@@ -230,6 +233,28 @@ def test_pipeline_actions_pay_the_runtime() -> None:
     # the same critical path as test_pipeline_gpipe_makespan_from_the_schedule: 1 + 4 + 4 + 1
     # forward and backward actions on it, each 0.5 ms longer
     assert paid == pytest.approx(plain + 10 * 5e-4)
+
+
+def test_the_runtime_per_action_is_solved_from_the_probes_pipeline_step() -> None:
+    # the probe's GPipe step of stages of 2 and 1 blocks, 4 rows, with known work, a cut's
+    # transfer, the loss, each stage's update and a synchronisation penalty: solving it
+    # gives back the per-action time that made it
+    cluster = dataclasses.replace(cpus(2, 2), sync_s={2: 3e-4})
+    compute = Fixed([0.001, 0.002, 0.001], overhead=5e-4, update_s=[1e-4, 2e-4, 1e-4])
+    lay = layers([1, 1, 1], [8, 8, 2])
+    probed = cfg("pipeline", 2, schedule="gpipe", microbatches=PIPELINE_M)
+    step = staged_step(probed, lay, compute, cluster, [2, 1], 4, PIPELINE_M, 7e-4).step_s
+    found = SimpleNamespace(
+        world=2, model="m", pipeline_step_s=step, pipeline_sizes=[2, 1], pipeline_rows=4
+    )
+    assert _action_s(cluster, found, cfg("ddp", 2), compute, lay) == pytest.approx(7e-4)
+    # a step faster than the work alone: the runtime costs nothing
+    quick = SimpleNamespace(**{**vars(found), "pipeline_step_s": step / 100})
+    assert _action_s(cluster, quick, cfg("ddp", 2), compute, lay) == 0.0
+    # no pipeline step timed (one rank, fewer blocks than ranks) or an older probe file
+    for missing in ({"pipeline_step_s": None}, {"pipeline_sizes": []}):
+        other = SimpleNamespace(**{**vars(found), **missing})
+        assert _action_s(cluster, other, cfg("ddp", 2), compute, lay) is None
 
 
 def test_a_measured_synchronisation_penalty_is_paid_once_a_step() -> None:

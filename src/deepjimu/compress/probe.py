@@ -51,6 +51,7 @@ from deepjimu.atomic import atomic_write_text
 from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
+from deepjimu.data.base import shard_counts
 from deepjimu.errors import JimuError
 from deepjimu.run import Run
 from deepjimu.units import format_bytes
@@ -134,9 +135,10 @@ class Probe:
     ``links``: the fit per collective; ``points``: its measured (bytes per rank, seconds);
     ``compute_s``: one training step without communication; ``codec_s``: per option, the
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
-    shapes of each DDP bucket; ``pipeline_step_s``: a GPipe step of :data:`PIPELINE_M`
-    micro-batches through one tiny stage per rank (the pipelining runtime's own cost, for
-    the planning layer); ``message_s``: the measured time of each all-gather the
+    shapes of each DDP bucket; ``pipeline_step_s``: a GPipe training step of
+    :data:`PIPELINE_M` micro-batches of ``pipeline_rows`` rows through the model cut into
+    stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it the planning layer
+    solves the pipelining runtime's own cost per action); ``message_s``: the measured time of each all-gather the
     probed options make (:data:`TIMED_AT_SIZE`), keyed ``"collective:bytes"``
     (:func:`message_key`).
     """
@@ -152,6 +154,8 @@ class Probe:
     buckets: list[list[list[int]]] = field(default_factory=list)
     message_s: dict[str, float] = field(default_factory=dict)
     pipeline_step_s: float | None = None
+    pipeline_sizes: list[int] = field(default_factory=list)
+    pipeline_rows: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,38 +196,64 @@ PIPELINE_M = 4
 """Micro-batches of the probe's pipeline step (:func:`_time_pipeline`)."""
 
 
-def _time_pipeline(device: torch.device, reps: int = 7) -> float:
-    """Collective: the median seconds of a GPipe step over the group's ranks, one stage each
-    of a 4 x 4 linear layer, :data:`PIPELINE_M` micro-batches of 4 rows: what
-    torch.distributed.pipelining's runtime costs per action and transfer, the layers' own
-    work being negligible. Every rank returns the slowest rank's median."""
+def _time_pipeline(
+    model: nn.Sequential,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    cfg: RunConfig,
+    device: torch.device,
+    reps: int = 7,
+) -> tuple[float, list[int]] | None:
+    """Collective: the median seconds of a GPipe training step over the group's ranks, one
+    stage each of ``model`` cut by block count (the first ``len(model) % world`` one
+    block more), :data:`PIPELINE_M`
+    micro-batches of ``x``'s rows, the run's optimizer updating each stage after it:
+    training's own composition, from which the planning layer solves the pipelining
+    runtime's work per action. (A step of tiny stages gave 0.5 ms an action on the 2-core
+    VM where training's took about 0.7 ms: the runtime's cost depends on the work around
+    it, so the probe runs the work training runs.) Every rank returns the slowest rank's median and
+    the stage sizes; None where the model has fewer blocks than ranks (no pipeline runs it).
+    """
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+    from deepjimu.strategies.base import make_optimizer
+
     rank, world = dist.get_rank(), dist.get_world_size()
+    if len(model) < world:
+        return None
+    sizes = shard_counts(len(model), world)
+    first = sum(sizes[:rank])
+    module = copy.deepcopy(model[first : first + sizes[rank]]).to(device)
+    with torch.no_grad():  # the stage's input and output shapes
+        cut_in = model[:first](x)
+        cut_out = module(cut_in)
     stage = PipelineStage(
-        nn.Linear(4, 4).to(device), rank, world, device,
-        input_args=torch.empty(4, 4, device=device, requires_grad=rank > 0),
-        output_args=torch.empty(4, 4, device=device, requires_grad=True),
+        module, rank, world, device,
+        input_args=cut_in.detach().requires_grad_(rank > 0 and cut_in.is_floating_point()),
+        output_args=cut_out.detach().requires_grad_(True),
     )  # fmt: skip
     schedule = ScheduleGPipe(
-        stage, PIPELINE_M, loss_fn=lambda o, t: F.mse_loss(o, t), scale_grads=False
+        stage, PIPELINE_M, loss_fn=lambda o, t: F.cross_entropy(o, t), scale_grads=False
     )
-    x = torch.zeros(4 * PIPELINE_M, 4, device=device)
+    optimizer = make_optimizer(module.parameters(), cfg, module)
+    xs, ys = x.repeat(PIPELINE_M, *[1] * (x.dim() - 1)), y.repeat(PIPELINE_M)
     times = []
     for r in range(reps + 2):  # two warm steps
         dist.barrier()
         t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
         if rank == 0:
-            schedule.step(x)
+            schedule.step(xs)
         elif rank == world - 1:
-            schedule.step(target=x, losses=[])
+            schedule.step(target=ys, losses=[])
         else:
             schedule.step()
+        optimizer.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if r >= 2:
             times.append(time.perf_counter() - t0)
-    return _slowest({"step": statistics.median(times)}, device)["step"]
+    return _slowest({"step": statistics.median(times)}, device)["step"], sizes
 
 
 def _time_collective(name: str, nbytes: int, device: torch.device, reps: int) -> float:
@@ -448,7 +478,15 @@ def measure(
         buckets=layout,
     )
     if world > 1:  # every rank derives the same messages from the same layout
-        probe.pipeline_step_s = _time_pipeline(run.device)
+        rows = max(1, cfg.batch_size // PIPELINE_M)
+        index = torch.arange(rows) % len(data.train_y)
+        xp, yp = data.train_x[index].to(run.device), data.train_y[index].to(run.device)
+        timed = None  # deepjimu's models are Sequential: a pipeline cuts them into stages
+        if isinstance(model, nn.Sequential):
+            timed = _time_pipeline(model, xp, yp, cfg, run.device)
+        if timed is not None:
+            probe.pipeline_step_s, probe.pipeline_sizes = timed
+            probe.pipeline_rows = rows
         cost = CostModel(probe)
         probe.message_s = _time_messages([m for o in options for m in cost.messages(o)], run.device)
     return probe

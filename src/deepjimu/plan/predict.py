@@ -24,8 +24,10 @@ Ranks that share a CPU node's cores slow each other down: a rank runs ``cores //
 threads, and P ranks computing at once run :meth:`Cluster.ranks_sharing_cores` slower
 (a pipeline's ranks, busy only part of the time, in proportion); ranks that synchronise on
 time-shared cores lose :meth:`Cluster.sync_penalty_s` more at each synchronisation
-(measured by the probe where it ran). DDP's own work and the pipelining runtime's per action come from the compute
-figures (measured here, or an estimate elsewhere). Samples per second mean what ``jimu
+(measured by the probe where it ran). DDP's own work comes from the compute figures
+(measured here, or an estimate elsewhere); the pipelining runtime's work per action from
+the probe's pipeline training step where a probe ran (:attr:`Cluster.pipeline_action_s`),
+else from the compute figures. Samples per second mean what ``jimu
 bench`` reports: training samples over training time (admm's start, once per run,
 included over its ``--epochs``).
 """
@@ -45,7 +47,7 @@ from deepjimu.plan.schedule import actions, simulate, stage_ranks
 from deepjimu.speeds import chosen_balance
 from deepjimu.strategies.partition import listed_balance, parse_balance, partition
 
-__all__ = ["Prediction", "predict", "threads_per_rank"]
+__all__ = ["Prediction", "predict", "staged_step", "threads_per_rank"]
 
 _FLOAT = 4  # activations, gradients and admm's variables are float32
 
@@ -293,7 +295,7 @@ class _Staged:
     sent: int
 
 
-def _staged(
+def staged_step(
     cfg: RunConfig, layers: list[Layer], compute: Compute, cluster: Cluster,
     sizes: list[int], rows: int, m: int, action_s: float,
 ) -> _Staged:  # fmt: skip
@@ -353,7 +355,7 @@ def _model_parallel(
     sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p, cluster)
     epoch, steps, sent = 0.0, 0, 0
     for rows, count in _batches(train_size, cfg.batch_size):
-        one = _staged(cfg, layers, compute, cluster, sizes, rows, 1, 0.0)
+        one = staged_step(cfg, layers, compute, cluster, sizes, rows, 1, 0.0)
         epoch += count * one.step_s
         steps += count
         sent += count * one.sent
@@ -395,7 +397,7 @@ def _pipeline(
     action = cluster.pipeline_action_s
     if action is None:
         action = compute.pipeline_action(r, m, t)
-    one = _staged(cfg, layers, compute, cluster, sizes, r, m, action)
+    one = staged_step(cfg, layers, compute, cluster, sizes, r, m, action)
     params = max(sum(l.params for l in layers[a : a + s]) for a, s in _starts(sizes))
     return Prediction(
         strategy=cfg.strategy,

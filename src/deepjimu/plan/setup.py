@@ -17,6 +17,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from deepjimu.choices import Schedule
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.plan.cluster import Cluster, probed_cluster, read_cluster
@@ -46,7 +47,7 @@ def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any
     return probed_cluster(found.links, found.world, found.device, cores), found
 
 
-def _probe_file(path: Path, workers: int) -> Cluster:
+def _probe_file(path: Path, workers: int, cfg: RunConfig, made: dict[Any, Any]) -> Cluster:
     """The cluster of a ``probe.json`` that ``jimu probe`` wrote, wherever it ran (under
     torchrun across nodes too): its fitted collectives, this machine's cores (the model's
     work is measured here)."""
@@ -58,11 +59,12 @@ def _probe_file(path: Path, workers: int) -> Cluster:
         raise JimuError(f"probe file {path} was measured on one worker: it holds no link")
     cores = available_cores() if found.device == "cpu" else None
     cluster = probed_cluster(found.links, found.world, found.device, cores)
+    own, layers, _ = _model_figures(dataclasses.replace(cfg, model=found.model), made, None, True)
     return dataclasses.replace(
         cluster,
         ranks_per_node=max(workers, found.world),
         source=str(path),
-        pipeline_action_s=_action_s(cluster, found),
+        pipeline_action_s=_action_s(cluster, found, cfg, own, layers),
     )
 
 
@@ -140,7 +142,7 @@ def _cluster_and_compute(
     measured = cluster_arg == "probe" or cluster_arg.endswith(".json")
     if "file" not in made:
         if cluster_arg.endswith(".json"):
-            made["file"] = _probe_file(Path(cluster_arg), most)
+            made["file"] = _probe_file(Path(cluster_arg), most, cfg, made)
         elif not measured:
             made["file"] = read_cluster(cluster_arg)
     compute, layers, n = _model_figures(cfg, made, made.get("file"), measured)
@@ -152,43 +154,53 @@ def _cluster_and_compute(
         else:
             cluster, found = probe_cluster(cfg, p, out)
             t = cluster.threads_per_rank(p) or 1
-            own, _, _ = _model_figures(
+            own, own_layers, _ = _model_figures(
                 dataclasses.replace(cfg, model=found.model), made, None, True
             )
             fair = own.ddp_step(found.batch_per_rank, t) * cluster.ranks_sharing_cores(p)
             # the probe's ranks step together: what their step took beyond a fair share of
             # the cores is lost once per synchronisation
             sync = {p: max(0.0, found.compute_s - fair)}
+            cluster = dataclasses.replace(cluster, sync_s=sync)
             made["cluster", p] = dataclasses.replace(
-                cluster, sync_s=sync, pipeline_action_s=_action_s(cluster, found)
+                cluster, pipeline_action_s=_action_s(cluster, found, cfg, own, own_layers)
             )
     return made["cluster", p], compute, layers, n
 
 
-def _action_s(cluster: Cluster, found: Any) -> float | None:
-    """The pipelining runtime's seconds per action on this machine: the probe's GPipe step
-    of tiny stages (:func:`deepjimu.compress.probe._time_pipeline`) replayed by the schedule
-    simulator, solved (by bisection: the makespan grows with it) for the one duration every
-    action takes; the transfers are the probe's point-to-point fit."""
+def _action_s(
+    cluster: Cluster, found: Any, cfg: RunConfig, own: Compute, layers: list[Layer]
+) -> float | None:
+    """The pipelining runtime's seconds per action on ``cluster``: the probe's GPipe
+    training step (:func:`deepjimu.compress.probe._time_pipeline`: the probed model cut
+    into stages of ``found.pipeline_sizes`` blocks) predicted by the very predictor of
+    pipeline runs (:func:`~deepjimu.plan.predict.staged_step`, with ``own``, the probed
+    model's compute figures, and ``layers``, its blocks), solved by bisection for the one unknown, the runtime's work per action (the
+    predicted step grows with it). None where the probe timed no pipeline step (one rank,
+    fewer blocks than ranks, or a probe file without the stages' sizes)."""
     from deepjimu.compress.probe import PIPELINE_M
-    from deepjimu.plan.schedule import actions, simulate, stage_ranks
+    from deepjimu.plan.predict import staged_step
 
-    if found.pipeline_step_s is None:
+    if found.pipeline_step_s is None or not found.pipeline_sizes:
         return None
-    world = found.world
-    orders, ranks = actions("gpipe", world, PIPELINE_M), stage_ranks(world)
+    probed = dataclasses.replace(
+        cfg, model=found.model, strategy="pipeline", schedule=Schedule.GPIPE,
+        microbatches=PIPELINE_M, workers=found.world, balance="even", emulate_speeds="",
+    )  # fmt: skip
 
-    def makespan(a: float) -> float:
-        send = lambda i, j: cluster.p2p_s(4 * 4 * 4, ranks[i], ranks[j])  # noqa: E731
-        return simulate(orders, [a] * world, [a] * world, send, ranks).makespan_s
+    def step(action_s: float) -> float:
+        return staged_step(
+            probed, layers, own, cluster, found.pipeline_sizes, found.pipeline_rows,
+            PIPELINE_M, action_s,
+        ).step_s  # fmt: skip
 
     target = found.pipeline_step_s
-    if makespan(0.0) >= target:
+    if step(0.0) >= target:
         return 0.0
-    lo, hi = 0.0, target  # the makespan grows with a, and exceeds the step at a = step
+    lo, hi = 0.0, target  # every rank runs at least one action: step(target) > target
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if makespan(mid) < target else (lo, mid)
+        lo, hi = (mid, hi) if step(mid) < target else (lo, mid)
     return (lo + hi) / 2
 
 
