@@ -8,18 +8,23 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from deepjimu.config import ConfigErrors, RunConfig
 from deepjimu.emulate import (
+    COMM,
+    ENV,
     PERIOD_US,
     CpuController,
     find_cpu_controller,
+    free_comm_threads,
     parse_speeds,
     speed_groups,
     speeds_problems,
+    thread_ids,
 )
 from deepjimu.errors import JimuError
 from deepjimu.validation import validate
@@ -80,12 +85,39 @@ def test_each_worker_gets_a_group_with_its_share_of_its_threads(
         assert folder.parent == tmp_path
         quota = round(0.3 * 2 * PERIOD_US)  # 0.3 of 2 threads' time
         if version == 1:
+            assert (folder / COMM).is_dir() and not (folder / COMM / "cpu.cfs_quota_us").exists()
             assert (folder / "rank1" / "cpu.cfs_period_us").read_text() == str(PERIOD_US)
             assert (folder / "rank0" / "cpu.cfs_quota_us").read_text() == str(2 * PERIOD_US)
             assert (folder / "rank1" / "cpu.cfs_quota_us").read_text() == str(quota)
         else:
             assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"
             assert (folder / "rank1" / "cpu.max").read_text() == f"{quota} {PERIOD_US}"
+
+
+def test_the_threads_a_worker_started_since_leave_its_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threads started after the snapshot (the process group's) are written to the
+    quota-free group's tasks; the ones before stay."""
+    (tmp_path / COMM).mkdir()
+    tasks = tmp_path / COMM / "tasks"
+    tasks.write_text("")
+    written: list[str] = []
+    monkeypatch.setattr("deepjimu.emulate._write", lambda path, text: written.append(text))
+    monkeypatch.setenv(ENV, str(tmp_path))
+    before = thread_ids()
+    stop = threading.Event()
+    comm = threading.Thread(target=stop.wait)
+    comm.start()
+    try:
+        free_comm_threads(before)
+    finally:
+        stop.set()
+        comm.join()
+    assert written == [str(comm.native_id)]
+    monkeypatch.delenv(ENV)  # no groups made: nothing moves
+    free_comm_threads(set())
+    assert written == [str(comm.native_id)]
 
 
 def test_no_controller_ends_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,12 @@ kernel's CFS bandwidth control enforces the quota (cgroup v1 ``cpu.cfs_quota_us`
 ``cpu.cfs_period_us``, v2 ``cpu.max``); no maintained Python package wraps it for one
 process, and the two files are the whole interface, so it is written here.
 
+The emulation slows a worker's device, not its network: on mixed GPUs the collectives run
+over the network at everyone's speed. So the threads the process group starts (gloo's
+workers, which run the collectives, and its transport's loop) leave the worker's quota for
+a sibling group without one (:func:`free_comm_threads`; cgroup v1, where a single thread
+can move; under v2 a thread moves only inside a threaded subtree, and they stay slowed).
+
 The launcher (this process) creates the groups before the workers start and removes them
 when they have ended; each worker joins its own group first thing
 (:func:`join_own_group`), before it starts any thread. Creating a group needs root and a
@@ -28,14 +34,19 @@ __all__ = [
     "PERIOD_US",
     "CpuController",
     "find_cpu_controller",
+    "free_comm_threads",
     "join_own_group",
     "parse_speeds",
     "speed_groups",
     "speeds_problems",
+    "thread_ids",
 ]
 
 ENV = "DEEPJIMU_SPEED_GROUPS"
 """The folder holding the run's groups (``rank<r>`` each), set for the spawned workers."""
+
+COMM = "comm"
+"""The group, beside the workers' ``rank<r>``, of their process groups' threads (no quota)."""
 
 PERIOD_US = 50_000
 """The bandwidth period: 50 ms. The kernel's default of 100 ms lets a worker at 0.25 run
@@ -142,6 +153,8 @@ def _create(
     folder.mkdir()
     if controller.version == 2:
         _write(folder / "cgroup.subtree_control", "+cpu")
+    else:
+        (folder / COMM).mkdir()  # no quota: the process groups' threads (free_comm_threads)
     for rank, factor in enumerate(factors):
         group = folder / f"rank{rank}"
         group.mkdir()
@@ -157,7 +170,7 @@ def _remove(controller: CpuController, folder: Path) -> None:
     """Remove the groups (their processes have ended; any left go back to the root)."""
     if not folder.exists():
         return
-    for group in sorted(folder.glob("rank*")):
+    for group in sorted(p for p in folder.iterdir() if p.is_dir()):
         with contextlib.suppress(OSError):
             for pid in (group / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):
@@ -214,3 +227,21 @@ def join_own_group(rank: int) -> None:
             f"--emulate-speeds: worker {rank} cannot join its CPU cgroup {procs.parent} "
             f"({e.strerror or e})"
         ) from None
+
+
+def thread_ids() -> set[int]:
+    """The ids of this process's threads."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def free_comm_threads(before: set[int]) -> None:
+    """Move this worker's threads started since ``before`` (:func:`thread_ids` taken just
+    before it joined its process group: gloo's workers and its transport's loop) out of its
+    quota, into the launcher's :data:`COMM` group, where the launcher made one (cgroup v1)."""
+    folder = os.environ.get(ENV)
+    tasks = Path(folder) / COMM / "tasks" if folder else None
+    if tasks is None or not tasks.exists():
+        return
+    for tid in sorted(thread_ids() - before):
+        with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
+            _write(tasks, str(tid))

@@ -23,7 +23,7 @@ from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
-from deepjimu.emulate import join_own_group, parse_speeds
+from deepjimu.emulate import free_comm_threads, join_own_group, parse_speeds, thread_ids
 from deepjimu.errors import JimuError, one_line, signals_interrupt
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.models import build_model
@@ -207,7 +207,7 @@ def _work(
     torch.set_num_threads(plan.threads)
     device = pick_device(cfg, local_rank, local_world)
     # under a launcher (torch elastic: ours or torchrun) the job's store outlives restarts
-    store = None
+    store, threads = None, thread_ids()
     if "MASTER_ADDR" in os.environ:
         store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
     if world > 1 or get_strategy(cfg.strategy).needs_group:
@@ -231,6 +231,7 @@ def _work(
                 timeout=_TIMEOUT,
                 init_method=f"tcp://127.0.0.1:{free_port()}",
             )
+        free_comm_threads(threads)  # --emulate-speeds slows the device, not the network
     try:
         with contextlib.ExitStack() as held:
             if out_dir is None:  # started by torchrun: rank 0 claims the run folder
