@@ -29,8 +29,10 @@ from deepjimu.errors import JimuError, one_line
 
 __all__ = [
     "SCENES",
+    "PixelScene",
     "Scene",
     "load_hyperspectral",
+    "pixel_scene",
     "read_mat",
     "read_scene",
     "scene_split",
@@ -178,20 +180,42 @@ def windows(cube: np.ndarray, pixels: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-def load_hyperspectral(name: str, opts: DataOptions) -> RawData:
-    """The labelled pixels of scene ``name``, split per class into train and test.
+@dataclass(frozen=True)
+class PixelScene:
+    """A scene ready for training: the cube standardised with the training pixels'
+    statistics, its ground truth, and the flat pixel indices (into ``rows * cols``) of
+    the training and test pixels."""
 
-    Each class gives ``opts.train_fraction`` of its pixels (default: the scene's, 10%) to
-    training, drawn with ``opts.seed``; classes are renumbered 0..C-1 (the file's 1..C).
-    Bands are standardised to mean 0, std 1 with the training pixels' statistics (the
-    test pixels never enter them). ``opts.patch`` 0: each sample is the pixel's spectrum
-    ``[bands]``; K (odd): the K x K window around it, ``[bands, K, K]``.
+    cube: np.ndarray  # float32 [rows, cols, bands]
+    gt: np.ndarray  # int64 [rows, cols]: 0 no label, else the class number 1..C
+    train: np.ndarray
+    test: np.ndarray
+
+    def samples(self, pixels: np.ndarray, patch: int = 0) -> np.ndarray:
+        """The samples of these flat pixel indices: spectra ``[n, bands]`` (``patch`` 0) or
+        windows ``[n, bands, patch, patch]`` (:func:`windows`)."""
+        if patch:
+            return windows(self.cube, pixels, patch)
+        return self.cube.reshape(-1, self.cube.shape[2])[pixels]
+
+    def labels(self, pixels: np.ndarray) -> np.ndarray:
+        """Class indices 0..C-1 of these (labelled) flat pixel indices."""
+        return self.gt.ravel()[pixels] - 1
+
+
+def pixel_scene(name: str, opts: DataOptions) -> PixelScene:
+    """Scene ``name`` read (:func:`read_scene`), split per class (:func:`scene_split`, with
+    ``opts.train_fraction``, default the scene's 10%, and ``opts.seed``) and standardised:
+    each band to mean 0, std 1 over the training pixels (the test pixels never enter them).
+
+    Example:
+        >>> s = pixel_scene("indian-pines", DataOptions(data_dir=Path("data")))
+        >>> s.samples(s.train).shape[1], s.samples(s.train, patch=5).shape[1:]
+        (200, (200, 5, 5))
 
     Raises:
-        JimuError: as :func:`read_scene`, or an even ``patch``.
+        JimuError: as :func:`read_scene`, or a ground truth without labels.
     """
-    if opts.patch < 0 or (opts.patch and opts.patch % 2 == 0):
-        raise JimuError(f"patch must be 0 or an odd window size (patch: {opts.patch})")
     scene = SCENES[name]
     cube, gt = read_scene(name, opts)
     fraction = scene.train_fraction if opts.train_fraction is None else opts.train_fraction
@@ -200,14 +224,31 @@ def load_hyperspectral(name: str, opts: DataOptions) -> RawData:
         raise JimuError(f"{name}: the ground truth labels no pixel")
     h, w, bands = cube.shape
     cube = standardize(cube.reshape(h * w, bands), train).reshape(h, w, bands)
-    labels = gt.ravel() - 1
-    if opts.patch:
-        train_x, test_x = windows(cube, train, opts.patch), windows(cube, test, opts.patch)
-    else:
-        flat = cube.reshape(h * w, bands)
-        train_x, test_x = flat[train], flat[test]
-    info = {"scene": f"{h}x{w}x{bands}", "labelled_pixels": len(train) + len(test)}
-    return RawData(train_x, labels[train], test_x, labels[test], scene.num_classes, info=info)
+    return PixelScene(cube, gt, train, test)
+
+
+def load_hyperspectral(name: str, opts: DataOptions) -> RawData:
+    """The labelled pixels of scene ``name`` (:func:`pixel_scene`) as train and test samples.
+
+    Classes are renumbered 0..C-1 (the file's 1..C). ``opts.patch`` 0: each sample is the
+    pixel's spectrum ``[bands]``; K (odd): the K x K window around it, ``[bands, K, K]``.
+
+    Raises:
+        JimuError: as :func:`pixel_scene`, or an even ``patch``.
+    """
+    if opts.patch < 0 or (opts.patch and opts.patch % 2 == 0):
+        raise JimuError(f"patch must be 0 or an odd window size (patch: {opts.patch})")
+    s = pixel_scene(name, opts)
+    h, w, bands = s.cube.shape
+    info = {"scene": f"{h}x{w}x{bands}", "labelled_pixels": len(s.train) + len(s.test)}
+    return RawData(
+        s.samples(s.train, opts.patch),
+        s.labels(s.train),
+        s.samples(s.test, opts.patch),
+        s.labels(s.test),
+        SCENES[name].num_classes,
+        info=info,
+    )
 
 
 def _locate(
