@@ -29,6 +29,11 @@ $(VENV)/.dev: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
+# the remote-sensing extra (tifffile, spyndex): make claims measures landsat-spectra
+$(VENV)/.geo: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[geo]"
+	touch $@
+
 install: $(VENV)/.installed
 dev: $(VENV)/.dev
 
@@ -53,7 +58,7 @@ bench: $(VENV)/.installed
 
 # every figure of README.md and BENCHMARKS.md measured again (benchmarks/claims.toml);
 # `make test` runs the --quick subset
-claims: $(VENV)/.installed
+claims: $(VENV)/.geo
 	$(BIN)/python benchmarks/claims.py
 
 clean:

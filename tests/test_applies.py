@@ -52,8 +52,9 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
     (
         {"dataset": "cora"},
         {"val_fraction": 0.2},
-        "--val-fraction applies to data sets cifar10, digits, fashion-mnist, kmnist, mnist, "
-        "synthetic, tensors, sbm; dataset cora is not one",
+        "--val-fraction applies to data sets cifar10, digits, eurosat, eurosat-ms, "
+        "fashion-mnist, kmnist, mnist, indian-pines, landsat-spectra, pavia-u, synthetic, "
+        "tensors, sbm; dataset cora is not one",
     ),
     ({"dataset": "sbm"}, {"val_fraction": 0.2}, None),
     (
@@ -68,11 +69,30 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
         "--sbm-homophily applies to data set sbm; dataset synthetic is not one",
     ),
     ({"dataset": "mnist"}, {"downsample": 2}, None),
+    ({"dataset": "pavia-u"}, {"patch": 5, "train_fraction": 0.05, "download": True}, None),
+    ({"dataset": "eurosat-ms"}, {"train_fraction": 0.6, "downsample": 2}, None),
+    (
+        {"dataset": "landsat-spectra"},
+        {"patch": 3},
+        "--patch applies to data sets indian-pines, pavia-u; dataset landsat-spectra is not one",
+    ),
+    (
+        {"dataset": "landsat-spectra"},
+        {"download": True},
+        "--download applies to data sets mnist, fashion-mnist, kmnist, cifar10, cora, citeseer, "
+        "pubmed, eurosat, eurosat-ms, indian-pines, pavia-u; dataset landsat-spectra is not one",
+    ),
+    (
+        {},
+        {"train_fraction": 0.5},
+        "--train-fraction applies to data sets eurosat, eurosat-ms, indian-pines, pavia-u, "
+        "landsat-spectra; dataset digits is not one",
+    ),
     (
         {"dataset": "synthetic"},
         {"downsample": 2},
-        "--downsample applies to image and tensor data sets (cifar10, digits, fashion-mnist, "
-        "kmnist, mnist, tensors); dataset synthetic is not one",
+        "--downsample applies to image and tensor data sets (cifar10, digits, eurosat, "
+        "eurosat-ms, fashion-mnist, kmnist, mnist, tensors); dataset synthetic is not one",
     ),
     (
         {"strategy": "local"},

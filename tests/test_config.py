@@ -91,6 +91,14 @@ def test_validate_fills_strategy_defaults() -> None:
         ),
         ({"dataset": "cora", "split": "full"}, "split must be one of public, random (got 'full')"),
         ({"dataset": "cora", "graph_hops": -1}, "graph-hops must be >= 0 (graph-hops: -1)"),
+        (
+            {"dataset": "indian-pines", "train_fraction": 1.0},
+            "train-fraction must be in (0, 1) (train-fraction: 1.0)",
+        ),
+        (
+            {"dataset": "pavia-u", "patch": 4},
+            "patch must be 0 or an odd window size (patch: 4)",
+        ),
         ({"dataset": "sbm", "sbm_degree": 0.0}, "sbm-degree must be > 0 and below synthetic-n - 1"),
         (
             {"dataset": "sbm", "sbm_homophily": 1.5},

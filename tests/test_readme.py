@@ -3,8 +3,8 @@ the ones the program prints.
 
 The blocks come from pytest-codeblocks' Markdown reader (``extract_from_file``). Each block
 is one test, its commands run in order in a folder of its own, the way a user runs them
-from a fresh checkout: ``data/`` holds small generated MNIST and Planetoid files (nothing is
-downloaded), ``examples/`` is the repository's; every command that fails is named. A
+from a fresh checkout: ``data/`` holds small generated MNIST, Planetoid, hyperspectral and
+EuroSAT files (nothing is downloaded), ``examples/`` is the repository's; every command that fails is named. A
 multi-machine launch (``torchrun --nnodes 2``) is the one command not run: it needs the
 machines it names, and so is ``--emulate-speeds`` where there is no root or no cpu cgroup
 controller.
@@ -38,11 +38,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pytest_codeblocks import extract_from_file
 
 from data.datafiles import make_idx_set
+from data.geofiles import MS_ROOT, eurosat_zip, make_scene, ms_tiff, rgb_jpeg
 from data.graphfiles import make_planetoid_set
+from deepjimu.data.eurosat import CLASSES
+from deepjimu.data.hyperspectral import SCENES
 from deepjimu.emulate import find_cpu_controller
 from processes import env
 
@@ -122,8 +126,29 @@ def _make_folder(folder: Path) -> Path:
     make_idx_set(n_train=60, n_test=30).write(folder / "data" / "mnist")
     make_planetoid_set("cora").write(folder / "data")
     make_planetoid_set("citeseer").write(folder / "data")
+    _remote_sensing(folder / "data")
     shutil.copytree(ROOT / "examples", folder / "examples")
     return folder
+
+
+def _remote_sensing(data: Path) -> None:
+    """Small generated stand-ins for the remote-sensing files (not downloadable here)."""
+    for name in SCENES:
+        s = SCENES[name]
+        scene = make_scene({1: 30, 2: 20, s.num_classes: 10})
+        scene.write(data / name, (s.cube_file, s.cube_key, s.gt_file, s.gt_key))
+    rgb, ms = {}, {}
+    for c, cls in enumerate(CLASSES):
+        for i in range(3):
+            rgb[f"2750/{cls}/{cls}_{i + 1}.jpg"] = rgb_jpeg((20 * c, 40 * i, 100))
+            pixels = np.full((64, 64, 13), 100 * c + i, np.uint16)
+            ms[f"{MS_ROOT}/{cls}/{cls}_{i + 1}.tif"] = ms_tiff(pixels)
+    for name, archive, members in (
+        ("eurosat", "EuroSAT.zip", rgb),
+        ("eurosat-ms", "EuroSATallBands.zip", ms),
+    ):
+        (data / name).mkdir(parents=True)
+        (data / name / archive).write_bytes(eurosat_zip(members))
 
 
 def _argv(words: list[str]) -> list[str]:

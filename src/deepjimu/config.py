@@ -83,10 +83,26 @@ _GRAPH = Applies(data=(Family.GRAPH,))
 _PLANETOID = Applies(data=("cora", "citeseer", "pubmed"))
 _SYNTHETIC = Applies(data=("synthetic", "sbm"))
 _SBM = Applies(data=("sbm",))
-# the data sets whose files --download fetches (digits comes with scikit-learn)
+# the data sets whose files --download fetches (digits comes with scikit-learn,
+# landsat-spectra with spyndex)
 _FETCHED = Applies(
-    data=("mnist", "fashion-mnist", "kmnist", "cifar10", "cora", "citeseer", "pubmed")
+    data=(
+        "mnist",
+        "fashion-mnist",
+        "kmnist",
+        "cifar10",
+        "cora",
+        "citeseer",
+        "pubmed",
+        "eurosat",
+        "eurosat-ms",
+        "indian-pines",
+        "pavia-u",
+    )
 )
+# remote sensing (issue 33): data sets split per class by a training share
+_SCENES = ("indian-pines", "pavia-u")
+_PER_CLASS = Applies(data=("eurosat", "eurosat-ms", *_SCENES, "landsat-spectra"))
 
 
 def _opt(
@@ -171,6 +187,19 @@ class RunConfig:
     synthetic_n: int = _opt(10000, "number of samples (train + test)", applies=_SYNTHETIC)
     synthetic_features: int = _opt(196, "number of input features", applies=_SYNTHETIC)
     synthetic_classes: int = _opt(10, "number of classes", applies=_SYNTHETIC)
+    # remote sensing (issue 33)
+    train_fraction: float | None = _opt(
+        None,
+        "share of each class's samples that trains, the rest tests (default: the data set's: "
+        "indian-pines, pavia-u 0.1; eurosat, eurosat-ms 0.8; landsat-spectra 0.5)",
+        applies=_PER_CLASS,
+    )
+    patch: int = _opt(
+        0,
+        "0: each pixel's spectrum as a vector (MLPs); K (odd): the K x K window around it "
+        "as bands x K x K (CNNs)",
+        applies=Applies(data=_SCENES),
+    )
     # graphs (issue 10): Planetoid split, graph features, stochastic block model
     split: Split = _opt(
         Split.PUBLIC,
@@ -638,6 +667,14 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"val-fraction must be in [0, 1) (val-fraction: {cfg.val_fraction})",
     )
     need(cfg.downsample >= 1, f"downsample must be >= 1 (downsample: {cfg.downsample})")
+    need(
+        cfg.train_fraction is None or 0 < cfg.train_fraction < 1,
+        f"train-fraction must be in (0, 1) (train-fraction: {cfg.train_fraction})",
+    )
+    need(
+        cfg.patch == 0 or (cfg.patch > 0 and cfg.patch % 2 == 1),
+        f"patch must be 0 or an odd window size (patch: {cfg.patch})",
+    )
     need(cfg.synthetic_n >= 10, f"synthetic-n must be >= 10 (synthetic-n: {cfg.synthetic_n})")
     need(
         cfg.synthetic_features >= 1,

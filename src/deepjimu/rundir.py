@@ -46,6 +46,8 @@ RESUME_KEEPS = (
     "synthetic_n",
     "synthetic_features",
     "synthetic_classes",
+    "train_fraction",
+    "patch",
 )
 
 

@@ -19,6 +19,7 @@ from deepjimu.data import (
     datasets_of,
     load_dataset,
 )
+from deepjimu.data.base import per_class_split, standardize
 from deepjimu.errors import JimuError
 
 
@@ -39,8 +40,13 @@ def test_registry_names() -> None:
 
 def test_every_data_set_names_its_family() -> None:
     assert {n: dataset_family(n) for n in dataset_names()} == {
-        **dict.fromkeys(["cifar10", "digits", "fashion-mnist", "kmnist", "mnist"], Family.IMAGES),
-        "synthetic": Family.TABULAR,
+        **dict.fromkeys(
+            ["cifar10", "digits", "eurosat", "eurosat-ms", "fashion-mnist", "kmnist", "mnist"],
+            Family.IMAGES,
+        ),
+        **dict.fromkeys(
+            ["indian-pines", "landsat-spectra", "pavia-u", "synthetic"], Family.TABULAR
+        ),
         **dict.fromkeys(["citeseer", "cora", "pubmed", "sbm"], Family.GRAPH),
         "tensors": Family.TENSORS,
     }
@@ -164,3 +170,28 @@ def test_synthetic_sizes_and_determinism() -> None:
         assert torch.equal(x, y)
     c = load_dataset("synthetic", DataOptions(synthetic_n=500, synthetic_features=12, seed=5))
     assert not torch.equal(a.test_x, c.test_x)
+
+
+def test_per_class_split_counts_and_seed() -> None:
+    # classes of 20, 10, 5, 2 and 1 rows, shuffled
+    y = np.random.default_rng(0).permutation(np.repeat([0, 1, 2, 3, 4], [20, 10, 5, 2, 1]))
+    train, test = per_class_split(y, 0.1, seed=3)
+    # round(0.1 * n), at least 1, at most n - 1; a class of one row trains
+    assert np.bincount(y[train], minlength=5).tolist() == [2, 1, 1, 1, 1]
+    assert np.bincount(y[test], minlength=5).tolist() == [18, 9, 4, 1, 0]
+    assert sorted([*train, *test]) == list(range(len(y)))
+    assert (np.diff(train) > 0).all() and (np.diff(test) > 0).all()
+    again, _ = per_class_split(y, 0.1, seed=3)
+    other, _ = per_class_split(y, 0.1, seed=4)
+    np.testing.assert_array_equal(train, again)
+    assert not np.array_equal(train, other)
+    train, test = per_class_split(y, 0.8, seed=0)
+    assert np.bincount(y[train], minlength=5).tolist() == [16, 8, 4, 1, 1]
+
+
+def test_standardize_uses_training_rows_only() -> None:
+    x = np.array([[1.0, 5.0], [3.0, 5.0], [100.0, 7.0]])
+    out = standardize(x, np.array([0, 1]))
+    # band 0: mean 2, std 1 over rows 0 and 1; band 1 is constant there: only centred
+    np.testing.assert_allclose(out, [[-1, 0], [1, 0], [98, 2]])
+    assert out.dtype == np.float32

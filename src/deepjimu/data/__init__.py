@@ -1,7 +1,18 @@
 """Datasets behind one registry; each returns train / validation / test splits with a fixed seed."""
 
 # importing the loaders registers the datasets
-from deepjimu.data import cifar, digits, idx, planetoid, sbm, synthetic, tensors  # noqa: F401
+from deepjimu.data import (  # noqa: F401
+    cifar,
+    digits,
+    eurosat,
+    hyperspectral,
+    idx,
+    landsat,
+    planetoid,
+    sbm,
+    synthetic,
+    tensors,
+)
 from deepjimu.data.base import (
     DataOptions,
     DataSplits,

@@ -26,7 +26,9 @@ __all__ = [
     "dataset_names",
     "datasets_of",
     "load_dataset",
+    "per_class_split",
     "register_dataset",
+    "standardize",
 ]
 
 
@@ -45,6 +47,9 @@ class DataOptions:
     synthetic_n: int = 10000
     synthetic_features: int = 196
     synthetic_classes: int = 10
+    # remote sensing: each class's training share (None: the data set's), pixel windows
+    train_fraction: float | None = None
+    patch: int = 0
     # graphs: Planetoid split, graph features, SBM, node-level data for graph models
     split: Split = Split.PUBLIC
     graph_hops: int = 2
@@ -72,6 +77,8 @@ class DataOptions:
             synthetic_n=cfg.synthetic_n,  # type: ignore[attr-defined]
             synthetic_features=cfg.synthetic_features,  # type: ignore[attr-defined]
             synthetic_classes=cfg.synthetic_classes,  # type: ignore[attr-defined]
+            train_fraction=cfg.train_fraction,  # type: ignore[attr-defined]
+            patch=cfg.patch,  # type: ignore[attr-defined]
             split=cfg.split,  # type: ignore[attr-defined]
             graph_hops=cfg.graph_hops,  # type: ignore[attr-defined]
             graph_features=cfg.graph_features,  # type: ignore[attr-defined]
@@ -318,6 +325,52 @@ def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
         graph=graph,
         info=dict(raw.info),
     )
+
+
+def per_class_split(
+    y: np.ndarray, train_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of each class drawn for training, the rest for testing: the split of data sets
+    that come without one (remote sensing scenes and patches).
+
+    Class c of n_c rows gives ``round(train_fraction * n_c)`` of them to training, kept
+    between 1 and n_c - 1 so that every class with two rows or more is in both splits (a
+    class of one row trains). The draw depends on ``seed`` only.
+
+    Returns:
+        (train rows, test rows), each sorted.
+
+    Example:
+        >>> tr, te = per_class_split(np.array([0, 0, 0, 0, 1, 1]), 0.5, seed=0)
+        >>> len(tr), len(te)
+        (3, 3)
+    """
+    rng = np.random.default_rng(seed)
+    train = []
+    for c in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        n = len(rows)
+        k = n if n == 1 else min(max(round(train_fraction * n), 1), n - 1)
+        train.append(rows[:k])
+    chosen = np.sort(np.concatenate(train)) if train else np.zeros(0, np.int64)
+    rest = np.setdiff1d(np.arange(len(y)), chosen)
+    return chosen, rest
+
+
+def standardize(x: np.ndarray, rows: np.ndarray, axis: int = 1) -> np.ndarray:
+    """``x`` with each feature along ``axis`` (a band) scaled to mean 0 and std 1 over the
+    training ``rows`` (and every other axis), float32; constant features are only centred.
+
+    Example:
+        >>> standardize(np.array([[1.0], [3.0], [100.0]]), np.array([0, 1])).ravel()
+        array([-1.,  1., 98.], dtype=float32)
+    """
+    x = np.asarray(x, np.float32)
+    other = tuple(a for a in range(x.ndim) if a != axis)
+    train = x[rows]
+    mean = train.mean(axis=other, keepdims=True, dtype=np.float64)
+    std = train.std(axis=other, keepdims=True, dtype=np.float64)
+    return ((x - mean) / np.where(std > 1e-12, std, 1.0)).astype(np.float32)
 
 
 def _tensors(x: np.ndarray | Tensor, y: np.ndarray | Tensor) -> tuple[Tensor, Tensor]:

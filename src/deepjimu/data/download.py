@@ -27,18 +27,26 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class Source:
-    """Where a dataset's files live and the MD5 of each official file (name -> hex digest)."""
+    """Where a dataset's files live and the MD5 of each official file (name -> hex digest).
+
+    ``paths``: the path under ``base_url`` of a file that the server keeps elsewhere than
+    under its name (the EHU site files each scene in a folder of its own); a mirror serves
+    every file under its name.
+    """
 
     base_url: str
     md5: dict[str, str] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
 
 
 PLANETOID_URL = "https://github.com/kimiyoung/planetoid/raw/master/data/"
+EHU_URL = "https://www.ehu.eus/ccwintco/uploads/"
 
 # The checksums are torchvision's (torchvision/datasets/mnist.py and cifar.py); Cora's are
 # those of the official files recorded with the copy in ../shared/data/planetoid. No
 # published checksums of the Citeseer and PubMed files were found to check against, so
-# none is invented: their downloads are checked by format instead (see ``fetch``).
+# none is invented: their downloads are checked by format instead (see ``fetch``); the
+# same holds for the hyperspectral scenes below.
 SOURCES: dict[str, Source] = {
     "mnist": Source(
         "https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -86,6 +94,30 @@ SOURCES: dict[str, Source] = {
     ),
     "citeseer": Source(PLANETOID_URL),
     "pubmed": Source(PLANETOID_URL),
+    # EuroSAT: the archives torchvision (datasets/eurosat.py: RGB) and TorchGeo
+    # (datasets/eurosat.py: all bands) download, at a pinned revision, with their MD5s
+    "eurosat": Source(
+        "https://huggingface.co/datasets/torchgeo/eurosat/resolve/"
+        "c877bcd43f099cd0196738f714544e355477f3fd/",
+        {"EuroSAT.zip": "c8fa014336c82ac7804f0398fcb19387"},
+    ),
+    "eurosat-ms": Source(
+        "https://hf.co/datasets/torchgeo/eurosat/resolve/1ce6f1bfb56db63fd91b6ecc466ea67f2509774c/",
+        {"EuroSATallBands.zip": "5ac12b3b2557aa56e1826e981e8e200e"},
+    ),
+    # the hyperspectral scenes of the Grupo de Inteligencia Computacional (UPV/EHU), which
+    # publishes no checksums: each file is checked by format instead (key, official shape)
+    "indian-pines": Source(
+        EHU_URL,
+        paths={
+            "Indian_pines_corrected.mat": "6/67/Indian_pines_corrected.mat",
+            "Indian_pines_gt.mat": "c/c4/Indian_pines_gt.mat",
+        },
+    ),
+    "pavia-u": Source(
+        EHU_URL,
+        paths={"PaviaU.mat": "e/ee/PaviaU.mat", "PaviaU_gt.mat": "5/50/PaviaU_gt.mat"},
+    ),
 }
 
 
@@ -96,8 +128,10 @@ def source_url(dataset: str, file_name: str, mirror: str | None = None) -> str:
         >>> source_url("mnist", "t10k-labels-idx1-ubyte.gz", "http://127.0.0.1:8000/m")
         'http://127.0.0.1:8000/m/t10k-labels-idx1-ubyte.gz'
     """
-    base = mirror if mirror else SOURCES[dataset].base_url
-    return base.rstrip("/") + "/" + file_name
+    if mirror:
+        return mirror.rstrip("/") + "/" + file_name
+    source = SOURCES[dataset]
+    return source.base_url.rstrip("/") + "/" + source.paths.get(file_name, file_name)
 
 
 def file_md5(path: Path) -> str:
