@@ -105,7 +105,7 @@ def test_the_probes_pipeline_step_trains_the_models_own_stages(
     if rank == 1:  # the last stage, one block: 5 ms more per forward
         model[2].register_forward_pre_hook(lambda *_: time.sleep(0.005))
     x, y = torch.randn(4, 16), torch.randint(0, 4, (4,))
-    timed = probe_module._time_pipeline(model, x, y, cfg, torch.device("cpu"), reps=2)
+    timed = probe_module._time_pipeline(model, x, y, cfg, torch.device("cpu"), rounds=1, steps=2)
     assert timed is not None
     step, sizes = timed
     assert sizes == [2, 1]

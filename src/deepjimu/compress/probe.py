@@ -202,17 +202,22 @@ def _time_pipeline(
     y: torch.Tensor,
     cfg: RunConfig,
     device: torch.device,
-    reps: int = 7,
+    rounds: int = 3,
+    steps: int = 10,
 ) -> tuple[float, list[int]] | None:
-    """Collective: the median seconds of a GPipe training step over the group's ranks, one
-    stage each of ``model`` cut by block count (the first ``len(model) % world`` one
-    block more), :data:`PIPELINE_M`
-    micro-batches of ``x``'s rows, the run's optimizer updating each stage after it:
-    training's own composition, from which the planning layer solves the pipelining
-    runtime's work per action. (A step of tiny stages gave 0.5 ms an action on the 2-core
-    VM where training's took about 0.7 ms: the runtime's cost depends on the work around
-    it, so the probe runs the work training runs.) Every rank returns the slowest rank's median and
-    the stage sizes; None where the model has fewer blocks than ranks (no pipeline runs it).
+    """Collective: the seconds of a GPipe training step over the group's ranks, one stage
+    each of ``model`` cut by block count (the first ``len(model) % world`` one block more),
+    :data:`PIPELINE_M` micro-batches of ``x``'s rows, the run's optimizer updating each
+    stage after it: training's own composition, from which the planning layer solves the
+    pipelining runtime's work per action. (A step of tiny stages gave 0.5 ms an action on
+    the 2-core VM where training's took about 0.7 ms: the runtime's cost depends on the
+    work around it, so the probe runs the work training runs.)
+
+    The steps run one after the other, as in training, ``steps`` at a time; the figure is
+    the median over ``rounds`` of the mean step. (On cores that the ranks time-share, steps
+    timed one at a time from a barrier each measured up to 40% faster than back to back.)
+    Every rank returns the slowest rank's figure and the stage sizes; None where the model
+    has fewer blocks than ranks (no pipeline runs it).
     """
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
@@ -237,10 +242,8 @@ def _time_pipeline(
     )
     optimizer = make_optimizer(module.parameters(), cfg, module)
     xs, ys = x.repeat(PIPELINE_M, *[1] * (x.dim() - 1)), y.repeat(PIPELINE_M)
-    times = []
-    for r in range(reps + 2):  # two warm steps
-        dist.barrier()
-        t0 = time.perf_counter()
+
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
             schedule.step(xs)
@@ -249,10 +252,18 @@ def _time_pipeline(
         else:
             schedule.step()
         optimizer.step()
+
+    for _ in range(2):  # warm steps
+        step()
+    times = []
+    for _ in range(rounds):  # steps one after the other, as training runs them
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if r >= 2:
-            times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / steps)
     return _slowest({"step": statistics.median(times)}, device)["step"], sizes
 
 
