@@ -28,6 +28,9 @@ BATCH = {"SLURM_JOB_ID": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_
 OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
         "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
         "OMPI_MCA_ess_base_jobid": "367525889"}  # fmt: skip
+# srun -n 1
+SRUN_1 = {**SRUN, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+          "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_LOCALID": "0"}  # fmt: skip
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400",
             "TORCHELASTIC_RUN_ID": "x"}  # fmt: skip
@@ -56,8 +59,7 @@ def test_an_srun_task_joins_at_the_step_s_first_node_on_a_port_of_its_job() -> N
     "env",
     [
         BATCH,  # jimu train --workers N inside sbatch: jimu starts its workers
-        {**SRUN, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
-         "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_LOCALID": "0"},  # srun -n 1  # fmt: skip
+        SRUN_1,
         {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "vm"},  # an salloc shell
         {**OMPI, "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"},  # mpirun -np 1
         {},
@@ -101,7 +103,10 @@ def test_the_nearest_launcher_wins() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({**SRUN, "SLURM_PROCID": "x"}, r"SLURM_PROCID must be a whole number \(SLURM_PROCID: 'x'\)"),
+        (
+            {**SRUN, "SLURM_PROCID": "x"},
+            r"SLURM_PROCID must be a whole number \(SLURM_PROCID: 'x'\)",
+        ),
         ({**SRUN, "SLURM_PROCID": "4"}, r"slurm gave rank 4 of 4 \(srun's SLURM_STEP_NUM_TASKS\)"),
         ({**SRUN, "SLURM_STEP_NODELIST": "gpu[07-08"}, "unbalanced brackets"),
         ({**SRUN, "MASTER_PORT": "70000"}, r"MASTER_PORT must be a TCP port, 1 to 65535"),
@@ -121,7 +126,7 @@ def test_a_bad_launcher_variable_is_one_line(env: dict[str, str], message: str) 
         ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
         ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
         ("r[1-2]-n[08-09]", ["r1-n08", "r1-n09", "r2-n08", "r2-n09"]),
-        ("gpu[9-10].ib", ["gpu9.ib", "gpu10.ib"]),
+        ("gpu[9-10]", ["gpu9", "gpu10"]),
     ],
 )
 def test_slurm_host_lists_expand_as_scontrol_does(text: str, hosts: list[str]) -> None:
