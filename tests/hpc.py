@@ -56,9 +56,12 @@ class Slurm:
     root: Path
     env: dict[str, str]
 
-    def run(self, argv: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: list[str], timeout: float = TIMEOUT, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm command (``srun``, ``sbatch``, ``scancel``...) to its end."""
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)  # fmt: skip
 
     def start(self, argv: list[str]) -> subprocess.Popen[str]:
         """Start a Slurm command in a session of its own."""

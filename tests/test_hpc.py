@@ -174,7 +174,7 @@ def test_a_requeued_job_of_jimu_sbatch_goes_on_by_itself(
     name = f"q-{uuid.uuid4().hex[:8]}"  # the run's, and so the job's
     run, script = tmp_path / name, tmp_path / f"{name}.sbatch"
     r = slurm.run([*JIMU, "sbatch", *_train("ddp", tmp_path, name)[1:], "--tasks-per-node", "2",
-                   "--requeue", "--time", "5", "--submit"], timeout=60)  # fmt: skip
+                   "--requeue", "--time", "5", "--submit"], timeout=60, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == f"wrote {script}: 1 x 2 tasks, run folder {run}"
     job = r.stdout.splitlines()[-1].removeprefix("submitted batch job ")
@@ -191,6 +191,7 @@ def test_a_requeued_job_of_jimu_sbatch_goes_on_by_itself(
     out = next(tmp_path.glob(f"slurm-{job}.out"), None)
     said = out.read_text()[-3000:] if out else ""
     assert state == "COMPLETED", said
+    assert f"requeue 1: {run} goes on from its checkpoint" in said, said
     _equals_uninterrupted(run, uninterrupted("ddp", 2), resumed_by="requeue 1")
 
 
