@@ -4,10 +4,11 @@ the ones the program prints.
 The blocks come from pytest-codeblocks' Markdown reader (``extract_from_file``). Each block
 is one test, its commands run in order in a folder of its own, the way a user runs them
 from a fresh checkout: ``data/`` holds small generated MNIST, Planetoid, hyperspectral and
-EuroSAT files (nothing is downloaded), ``examples/`` is the repository's; every command that fails is named. A
-multi-machine launch (``torchrun --nnodes 2``) is the one command not run: it needs the
-machines it names, and so is ``--emulate-speeds`` where there is no root or no cpu cgroup
-controller.
+EuroSAT files (nothing is downloaded), ``examples/`` is the repository's; every command that
+fails is named. A multi-machine launch (``torchrun --nnodes 2``) is not run: it needs the
+machines it names; nor are ``srun``, ``mpirun`` and ``jimu sbatch --submit``, which need a
+cluster (they run for real in tests/test_hpc.py); nor is ``--emulate-speeds`` where there
+is no root or no cpu cgroup controller.
 
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
   Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``;
@@ -258,6 +259,8 @@ def _check(step: Step, cwd: Path) -> str | None:
         return None
     if "--nnodes" in words and words[words.index("--nnodes") + 1] != "1":
         return "a multi-machine launch: needs the machines it names"
+    if words[0] in ("srun", "mpirun") or "--submit" in words:
+        return "a Slurm or MPI launch: needs a cluster (tests/test_hpc.py runs them for real)"
     if "--emulate-speeds" in words and (os.geteuid() != 0 or find_cpu_controller() is None):
         return "--emulate-speeds needs root and a mounted cpu cgroup controller"
     if step.kind == "shell":

@@ -1,10 +1,9 @@
-"""The ``jimu`` command: ``train``, ``probe``, ``report``, ``bench``, ``plan``. User errors print one line and exit 2."""
+"""The ``jimu`` command: ``train``, ``probe``, ``report``, ``bench``, ``sbatch``, ``plan``. User errors print one line and exit 2."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -13,9 +12,10 @@ from typing import Any, NoReturn
 from deepjimu.choices import OmpWait
 from deepjimu.config import RunConfig, add_options, flag_values, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.launchers import Placement, placement
 from deepjimu.leave import leave
 from deepjimu.rundir import saved_config
-from deepjimu.threads import ThreadPlan, plan_threads, set_env, under_torchrun
+from deepjimu.threads import ThreadPlan, plan_threads, set_env
 
 __all__ = ["main"]
 
@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``jimu`` argument parser (subcommands train, probe, report, bench, plan)."""
+    """The ``jimu`` argument parser (subcommands train, probe, report, bench, sbatch, plan)."""
     parser = _Parser(
         prog="jimu", description="Train one network with every way of splitting it over workers."
     )
@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     from deepjimu.bench import add_bench_arguments
 
     add_bench_arguments(bench)
+    sbatch = sub.add_parser(
+        "sbatch",
+        help="write a Slurm batch script that runs srun jimu train on every task; --submit it",
+    )
+    from deepjimu.sbatch import add_sbatch_arguments
+
+    add_sbatch_arguments(sbatch)
     plan = sub.add_parser(
         "plan", help="predict every strategy x workers on a cluster, ranked; --check runs them"
     )
@@ -95,37 +102,42 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def main(argv: list[str] | None = None) -> int:
     """Run ``jimu``; returns the exit code (0 ok, 2 user error, 130 / 143 stopped by SIGINT /
     SIGTERM)."""
+    place = None
     try:
-        # a worker of torchrun gets its agent's SIGTERM right after Ctrl-C: only the first counts
-        with signals_interrupt(once=under_torchrun()):
-            return _command(build_parser().parse_args(argv))
+        place = placement()  # torchrun, srun or mpirun started us: join their group
+        # a worker of torchrun gets its agent's SIGTERM right after Ctrl-C, a task of srun may
+        # get scancel's from slurmd and srun: only the first counts
+        with signals_interrupt(once=place.joined):
+            return _command(build_parser().parse_args(argv), place)
     except JimuError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
     except Interrupted as e:
-        print(f"error: {e}", file=sys.stderr)
+        # the launcher signalled every worker: rank 0 alone says what is kept
+        if place is None or place.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
 
 
-def _command(args: argparse.Namespace) -> int:
+def _command(args: argparse.Namespace, place: Placement) -> int:
     """Run the parsed command; its exit code."""
     if args.command == "train":
         cfg = config_from_args(args)
-        plan = _torchrun_thread_plan(cfg)
+        plan = _joined_thread_plan(cfg, place)
         from deepjimu.launch import train  # loads torch, and with it OpenMP
 
-        _print_family_defaults(cfg)
+        _print_family_defaults(cfg, place)
         summary = train(cfg, plan)
         if summary is not None:
             _print_summary(summary)
         return 0
     if args.command == "probe":
         cfg = config_from_args(args)
-        plan = _torchrun_thread_plan(cfg)
+        plan = _joined_thread_plan(cfg, place)
         from deepjimu.launch import probe
 
         result = probe(cfg, plan)
@@ -145,6 +157,11 @@ def _command(args: argparse.Namespace) -> int:
             target_acc=args.target_acc,
             out_dir=Path(args.out) if args.out else None,
         )
+        return 0
+    if args.command == "sbatch":
+        from deepjimu.sbatch import sbatch_from_args
+
+        sbatch_from_args(args, config_from_args(args))
         return 0
     if args.command == "plan":
         from deepjimu.plan.command import plan_from_args
@@ -174,31 +191,32 @@ def entry() -> NoReturn:
     leave(code)
 
 
-def _torchrun_thread_plan(cfg: RunConfig) -> ThreadPlan | None:
-    """Under torchrun: this process's thread plan, put into its environment before torch loads.
+def _joined_thread_plan(cfg: RunConfig, place: Placement) -> ThreadPlan | None:
+    """Under a launcher (torchrun, srun, mpirun): this process's thread plan, put into its
+    environment before torch loads.
 
-    OpenMP reads OMP_WAIT_POLICY once, when torch loads it; torchrun starts this process
-    with the user's environment, so the plan must be applied here, before any torch import.
+    OpenMP reads OMP_WAIT_POLICY once, when torch loads it; the launcher starts this
+    process with the user's environment, so the plan must be applied here, before any torch
+    import. The workers on this machine share its cores.
     """
-    if not under_torchrun() or cfg.threads < 0 or cfg.omp_wait not in OmpWait.spellings():
-        return None  # not torchrun, or a bad value that validation will name
-    local = os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])
-    plan = plan_threads(int(local) if local.isdigit() else 1, cfg.threads, cfg.omp_wait)
+    if not place.joined or cfg.threads < 0 or cfg.omp_wait not in OmpWait.spellings():
+        return None  # jimu starts the workers, or a bad value that validation will name
+    plan = plan_threads(place.local_world, cfg.threads, cfg.omp_wait)
     set_env(plan.env())
     return plan
 
 
-def _print_family_defaults(cfg: RunConfig) -> None:
+def _print_family_defaults(cfg: RunConfig, place: Placement) -> None:
     """Rank 0 names what its data family's table sets (``defaults for graph data: ...``).
 
     Only for a run that validates: a bad one ends in its error line alone.
     """
-    if cfg.quiet or os.environ.get("RANK", "0") != "0":
+    if cfg.quiet or place.rank != 0:
         return
     from deepjimu.validation import defaults_line, validate
 
-    if under_torchrun():  # as launch validates it
-        cfg = dataclasses.replace(cfg, workers=int(os.environ["WORLD_SIZE"]))
+    if place.joined:  # as launch validates it
+        cfg = dataclasses.replace(cfg, workers=place.world)
     try:
         validate(cfg)
     except JimuError:

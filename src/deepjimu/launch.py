@@ -1,4 +1,5 @@
-"""Start a run: in this process, as N local workers under torch's elastic launcher, or inside torchrun."""
+"""Start a run: in this process, as N local workers under torch's elastic launcher, or as one
+worker of a group that torchrun, Slurm's srun or an MPI launcher started."""
 
 from __future__ import annotations
 
@@ -23,11 +24,20 @@ from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.emulate import parse_speeds, speed_groups
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.launchers import Launcher, Placement, placement
 from deepjimu.memory import available_memory, check_workers_fit, worker_bytes
 from deepjimu.models import build_model
 from deepjimu.precision import check_precision
-from deepjimu.rundir import MORE_ROOM, check_new, check_resume, latest_checkpoint, lock_run_dir
-from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, under_torchrun
+from deepjimu.rundir import (
+    MORE_ROOM,
+    check_new,
+    check_resume,
+    claim_for_job,
+    lock_run_dir,
+    requeued,
+    stopped_line,
+)
+from deepjimu.threads import ThreadPlan, plan_threads, scoped_env
 from deepjimu.units import format_bytes
 from deepjimu.validation import validate
 from deepjimu.worker import (
@@ -43,7 +53,7 @@ from deepjimu.worker import (
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["probe", "train"]
+__all__ = ["joined_config", "probe", "train"]
 
 # where a failed run's workers' tracebacks go
 _ERRORS_LOG = "worker-errors.log"
@@ -63,13 +73,15 @@ def train(
     all up to ``cfg.max_restarts`` times, and they go on from the latest checkpoint. One
     worker runs in this process when it needs no restarts and this process already has the
     plan's OpenMP wait policy (OpenMP reads it once, when torch loads), else it is started
-    like the others. This process holds the run folder's lock until the run ends. Under
-    torchrun this process is one of the workers and joins its group (rank 0 holds the
-    lock); the CLI has set its environment from ``plan`` before torch loaded.
+    like the others. This process holds the run folder's lock until the run ends. Started by
+    torchrun, Slurm's srun or an MPI launcher (:mod:`deepjimu.launchers`), this process is
+    one of the workers and joins their group (rank 0 holds the lock); the CLI has set its
+    environment from ``plan`` before torch loaded. In a Slurm job that was requeued, the run
+    goes on in the folder the job started (:func:`deepjimu.rundir.requeued`).
 
     Args:
         cfg: the run's options (validated here).
-        plan: the thread plan, when the caller already applied it (torchrun); default: made
+        plan: the thread plan, when the caller already applied it (a launcher's worker); default: made
             here from ``cfg`` and the number of local workers.
         model_factory: a picklable callable building the model in every worker, in place
             of ``cfg.model``'s spec (:func:`deepjimu.fit`).
@@ -101,29 +113,10 @@ def probe(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
 def _start(
     cfg: RunConfig, job: str, plan: ThreadPlan | None, model_factory: ModelFactory | None = None
 ) -> dict[str, Any] | None:
-    with signals_interrupt():
-        if under_torchrun():
-            world = int(os.environ["WORLD_SIZE"])
-            if cfg.workers is not None and cfg.workers != world:
-                raise JimuError(
-                    f"--workers {cfg.workers} disagrees with torchrun's WORLD_SIZE {world}"
-                )
-            if cfg.emulate_speeds:  # the groups are made by the launcher of every worker
-                raise JimuError(
-                    "--emulate-speeds runs under jimu's own launcher (jimu train --workers N), "
-                    "not under torchrun"
-                )
-            if cfg.max_restarts:  # torchrun's agent restarts its workers, not this process
-                raise JimuError(
-                    f"under torchrun, give torchrun --max-restarts {cfg.max_restarts} "
-                    f"instead (max-restarts: {cfg.max_restarts})"
-                )
-            cfg = validate(dataclasses.replace(cfg, workers=world), _model(model_factory))
-            if cfg.resume:
-                check_resume(cfg)
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-            plan = plan or plan_threads(local, cfg.threads, cfg.omp_wait)
-            return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
+    place = placement()
+    with signals_interrupt(once=place.joined):
+        if place.joined:
+            return _join(cfg, place, job, plan, model_factory)
         model = _model(model_factory)
         cfg = validate(cfg, model)
         assert cfg.workers is not None
@@ -144,12 +137,54 @@ def _start(
                     scoped_env(held.enter_context(speed_groups(factors, plan.threads)))
                 )
             held.enter_context(lock_run_dir(out_dir))
-            if not cfg.resume:
+            if not cfg.resume and not requeued(out_dir):
                 check_new(out_dir)
+            claim_for_job(out_dir)
             try:
                 return _run_workers(cfg, out_dir, plan, job, model_factory)
             except Interrupted as e:
-                raise Interrupted(e.signum, _stopped_line(e.signum, out_dir)) from None
+                raise Interrupted(e.signum, stopped_line(e.signum, out_dir)) from None
+
+
+def _join(
+    cfg: RunConfig,
+    place: Placement,
+    job: str,
+    plan: ThreadPlan | None,
+    model_factory: ModelFactory | None,
+) -> dict[str, Any] | None:
+    """Run this process as rank ``place.rank`` of the group its launcher started (rank 0
+    claims the run folder: :func:`deepjimu.worker.worker_main`)."""
+    cfg = validate(joined_config(cfg, place), _model(model_factory))
+    if cfg.resume:
+        check_resume(cfg)
+    plan = plan or plan_threads(place.local_world, cfg.threads, cfg.omp_wait)
+    return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
+
+
+def joined_config(cfg: RunConfig, place: Placement) -> RunConfig:
+    """``cfg`` for a worker of ``place``'s launcher: its workers are the launcher's world.
+
+    Raises:
+        JimuError: ``--workers`` disagrees with the world, or an option that only jimu's
+            own launcher serves (``--emulate-speeds``, ``--max-restarts``).
+    """
+    world = place.world
+    if cfg.workers is not None and cfg.workers != world:
+        raise JimuError(f"--workers {cfg.workers} disagrees with {place.world_from} {world}")
+    if cfg.emulate_speeds:  # the groups are made by the launcher of every worker
+        raise JimuError(
+            "--emulate-speeds runs under jimu's own launcher (jimu train --workers N), "
+            f"not under {place.command}"
+        )
+    if cfg.max_restarts:  # the launcher restarts its workers, not this process
+        instead = {
+            Launcher.TORCHRUN: f"give torchrun --max-restarts {cfg.max_restarts} instead",
+            Launcher.SLURM: "submit with sbatch --requeue instead: a requeued job goes on "
+            "from its checkpoint",
+        }.get(place.launcher, "jimu restarts only the workers it starts itself")
+        raise JimuError(f"under {place.command}, {instead} (max-restarts: {cfg.max_restarts})")
+    return dataclasses.replace(cfg, workers=world)
 
 
 def _check_machine(
@@ -215,21 +250,6 @@ def _run_workers(
     )
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # errors of attempts that restarted
     return summary
-
-
-def _stopped_line(signum: int, out_dir: Path) -> str:
-    """What the user reads when a signal stopped the run: which, and what is kept."""
-    name = signal.Signals(signum).name
-    try:
-        found = latest_checkpoint(out_dir)
-    except JimuError:
-        found = None
-    if found is None:
-        return f"stopped by {name}; every worker ended; {out_dir} has no checkpoint yet"
-    return (
-        f"stopped by {name}; every worker ended; last checkpoint: {found[0]} "
-        f"(go on with: jimu train --resume {out_dir})"
-    )
 
 
 def _launch_local(

@@ -10,22 +10,27 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from deepjimu.atomic import no_space, space_error
+from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.config import ConfigErrors, RunConfig
 from deepjimu.errors import JimuError
+from deepjimu.launchers import slurm_job
 
 __all__ = [
     "MORE_ROOM",
     "RESUME_KEEPS",
     "check_new",
     "check_resume",
+    "claim_for_job",
     "latest_checkpoint",
     "lock_run_dir",
+    "requeued",
     "saved_config",
+    "stopped_line",
 ]
 
 # what to do when the run folder's disk has no room left (after "free space there or")
@@ -49,6 +54,11 @@ RESUME_KEEPS = (
     "train_fraction",
     "patch",
 )
+
+
+# the Slurm job that started the run in a folder (its SLURM_JOB_ID): a requeued job, which
+# keeps its id, goes on there (requeued)
+_SLURM_JOB = ".slurm-job"
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -182,3 +192,54 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def claim_for_job(run_dir: Path, environ: Mapping[str, str] = os.environ) -> None:
+    """Under Slurm, record the job in ``run_dir`` (the run's holder of the lock writes it),
+    so that the job goes on there after a requeue (:func:`requeued`); elsewhere nothing."""
+    job = slurm_job(environ)
+    if job is not None:
+        atomic_write_text(run_dir / _SLURM_JOB, f"{job[0]}\n")
+
+
+def requeued(run_dir: Path, environ: Mapping[str, str] = os.environ) -> int:
+    """How often Slurm requeued this job (SLURM_RESTART_COUNT) where ``run_dir`` holds the
+    run this job started: the run goes on from its latest checkpoint (from the start where
+    it has none). 0 for a first start, outside Slurm, and for a folder that another job
+    started (a new run must not take it over, whatever its restart count).
+
+    Example:
+        >>> requeued(Path("runs/none"), {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"})
+        0
+    """
+    job = slurm_job(environ)
+    if job is None or job[1] == 0:
+        return 0
+    try:
+        started_by = (run_dir / _SLURM_JOB).read_text().strip()
+    except OSError:
+        return 0
+    return job[1] if started_by == job[0] else 0
+
+
+def stopped_line(signum: int, out_dir: Path, again: str = "jimu train", every: bool = True) -> str:
+    """What the user reads when a signal stopped the run: which, and what is kept.
+
+    Args:
+        signum: the signal.
+        out_dir: the run folder.
+        again: the command that goes on, before ``--resume`` (``srun -n 2 jimu train``).
+        every: whether the launcher saw every worker end (said only where it did).
+    """
+    name = signal.Signals(signum).name
+    ended = "; every worker ended" if every else ""
+    try:
+        found = latest_checkpoint(out_dir)
+    except JimuError:
+        found = None
+    if found is None:
+        return f"stopped by {name}{ended}; {out_dir} has no checkpoint yet"
+    return (
+        f"stopped by {name}{ended}; last checkpoint: {found[0]} "
+        f"(go on with: {again} --resume {out_dir})"
+    )

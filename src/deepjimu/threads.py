@@ -41,7 +41,6 @@ __all__ = [
     "scoped_env",
     "set_env",
     "speed_env",
-    "under_torchrun",
 ]
 
 # environment variables that change how fast a worker computes or communicates
@@ -60,11 +59,6 @@ SPEED_ENV = (
     "GLOO_SOCKET_IFNAME",
     "NCCL_SOCKET_IFNAME",
 )
-
-
-def under_torchrun() -> bool:
-    """True when torchrun (or another launcher that sets RANK / WORLD_SIZE) started us."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def available_cores() -> int:

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,21 @@ from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.emulate import free_comm_threads, join_own_group, parse_speeds, thread_ids
-from deepjimu.errors import JimuError, one_line, signals_interrupt
+from deepjimu.errors import Interrupted, JimuError, one_line, signals_interrupt
+from deepjimu.launchers import placement
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.models import build_model
 from deepjimu.precision import matmul_precision
 from deepjimu.report import best_validation, read_events
 from deepjimu.run import Run
-from deepjimu.rundir import MORE_ROOM, check_new, lock_run_dir
+from deepjimu.rundir import (
+    MORE_ROOM,
+    check_new,
+    claim_for_job,
+    lock_run_dir,
+    requeued,
+    stopped_line,
+)
 from deepjimu.speeds import balance_speeds
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import accuracies
@@ -234,12 +242,17 @@ def _work(
         free_comm_threads(threads)  # --emulate-speeds slows the device, not the network
     try:
         with contextlib.ExitStack() as held:
-            if out_dir is None:  # started by torchrun: rank 0 claims the run folder
+            joined = out_dir is None
+            if out_dir is None:  # started by a launcher: rank 0 claims the run folder
                 out_dir, resume, how = _claim(cfg, rank, world, store, attempt, held, job)
             elif attempt > 0:  # restarted by our launcher, which holds the folder
                 resume, how = out_dir, f"restart {attempt}"
+            elif again := requeued(out_dir):  # our launcher holds the folder it started
+                resume, how = out_dir, f"requeue {again}"
             else:
                 resume, how = (Path(cfg.resume) if cfg.resume else None), "--resume"
+            if joined:  # rank 0 says what a signal kept, the only line of the run
+                held.enter_context(_stopped_in(out_dir, rank))
             with matmul_precision(cfg.precision, device):
                 try:
                     if job == "probe":
@@ -255,6 +268,20 @@ def _work(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _stopped_in(out_dir: Path, rank: int) -> Iterator[None]:
+    """A joined worker stopped by a signal: on rank 0 the line naming the last checkpoint
+    and how to go on (every task of the launcher got the signal: the others say nothing,
+    :func:`deepjimu.cli.main`)."""
+    try:
+        yield
+    except Interrupted as e:
+        if rank != 0:
+            raise
+        line = stopped_line(e.signum, out_dir, placement().train_command, every=False)
+        raise Interrupted(e.signum, line) from None
 
 
 def _folder_problem(out_dir: Path, rank: int, e: Exception) -> JimuError | None:
@@ -282,14 +309,18 @@ def _claim(
     held: contextlib.ExitStack,
     job: str = "train",
 ) -> tuple[Path, Path | None, str]:
-    """Collective, under torchrun: the run folder, where to resume from, and why.
+    """Collective, under a launcher (torchrun, srun, mpirun): the run folder, where to
+    resume from, and why.
 
     Rank 0 takes the folder's lock for the life of its process (``held``). torchrun
     restarts every worker after a failure, so the folder must outlive the processes: the
     first attempt records it in the job's store (kept by torchrun's agent for all restarts
     of this job, and only this job), and a later attempt that finds it there goes on from
-    that folder's latest checkpoint. A folder that no attempt of this job claimed is a new
-    run's and must be free, whatever the restart count says.
+    that folder's latest checkpoint. Without an agent (srun, mpirun) the store is rank 0's
+    ``env://`` store, new with every start; a Slurm job requeued (its id kept) finds its
+    id in the folder it started instead (:func:`deepjimu.rundir.requeued`). A folder that
+    no attempt of this job claimed is a new run's and must be free, whatever the restart
+    count says.
     """
     box: list[Any] = [None]
     if rank == 0:
@@ -301,12 +332,15 @@ def _claim(
             held.enter_context(lock_run_dir(folder))
             if claimed:
                 box[0] = ("ok", (folder, folder, f"restart {attempt}"))
+            elif again := requeued(folder):  # a Slurm job goes on in the folder it started
+                box[0] = ("ok", (folder, folder, f"requeue {again}"))
             else:
                 if not cfg.resume:
                     check_new(folder)
                 if store is not None:
                     store.set(_CLAIM_KEY, str(folder))
                 box[0] = ("ok", (folder, Path(cfg.resume) if cfg.resume else None, "--resume"))
+            claim_for_job(folder)
         except JimuError as e:
             box[0] = ("error", str(e))
     if world > 1:
