@@ -174,3 +174,30 @@ def test_a_slowed_worker_is_measured_slower_and_gets_less_work(tmp_path: Path) -
     assert "balance by estimated cost over speed" in run.stdout
     # the groups are gone with the run
     assert {p.name for p in controller.root.glob("deepjimu-*")} == before
+
+
+def test_a_thread_that_cannot_move_ends_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / COMM).mkdir()
+    (tmp_path / COMM / "tasks").write_text("")
+
+    def refuse(path: Path, text: str) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("deepjimu.emulate._write", refuse)
+    monkeypatch.setenv(ENV, str(tmp_path))
+    before = thread_ids()
+    stop = threading.Event()
+    comm = threading.Thread(target=stop.wait)
+    comm.start()
+    try:
+        with pytest.raises(JimuError) as e:
+            free_comm_threads(before)
+    finally:
+        stop.set()
+        comm.join()
+    assert str(e.value) == (
+        f"--emulate-speeds: a worker cannot move its communication threads to "
+        f"{tmp_path / COMM} (Permission denied)"
+    )

@@ -243,5 +243,12 @@ def free_comm_threads(before: set[int]) -> None:
     if tasks is None or not tasks.exists():
         return
     for tid in sorted(thread_ids() - before):
-        with contextlib.suppress(ProcessLookupError):  # a thread that has ended since
+        try:
             _write(tasks, str(tid))
+        except ProcessLookupError:  # a thread that has ended since
+            continue
+        except OSError as e:
+            raise JimuError(
+                f"--emulate-speeds: a worker cannot move its communication threads to "
+                f"{tasks.parent} ({e.strerror or e})"
+            ) from None

@@ -137,10 +137,10 @@ class Probe:
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
     shapes of each DDP bucket; ``pipeline_step_s``: a GPipe training step of
     :data:`PIPELINE_M` micro-batches of ``pipeline_rows`` rows through the model cut into
-    stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it the planning layer
-    solves the pipelining runtime's own cost per action); ``message_s``: the measured time of each all-gather the
-    probed options make (:data:`TIMED_AT_SIZE`), keyed ``"collective:bytes"``
-    (:func:`message_key`).
+    stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it the planning
+    layer solves the pipelining runtime's own cost per action); ``message_s``: the
+    measured time of each all-gather the probed options make (:data:`TIMED_AT_SIZE`),
+    keyed ``"collective:bytes"`` (:func:`message_key`).
     """
 
     world: int
