@@ -19,7 +19,15 @@ from typing import BinaryIO
 from deepjimu.atomic import atomic_path
 from deepjimu.errors import JimuError, one_line
 
-__all__ = ["SOURCES", "Source", "extract_tar", "fetch", "file_md5", "source_url"]
+__all__ = [
+    "SOURCES",
+    "Source",
+    "extract_tar",
+    "fetch",
+    "file_md5",
+    "local_or_fetched",
+    "source_url",
+]
 
 TIMEOUT_S = 30.0
 _CHUNK = 1 << 20
@@ -141,6 +149,27 @@ def file_md5(path: Path) -> str:
         for block in iter(lambda: f.read(_CHUNK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def local_or_fetched(
+    dataset: str,
+    path: Path,
+    download: bool,
+    mirror: str | None = None,
+    check: Callable[[Path, Path], None] | None = None,
+) -> Path:
+    """``path`` where it is a file; else, with ``download``, the official file of that
+    name fetched there (:func:`fetch`, with ``mirror`` and ``check``).
+
+    Raises:
+        JimuError: the file is missing and ``download`` is off (one line saying how to
+            fetch it), or the download failed (see :func:`fetch`).
+    """
+    if path.is_file():
+        return path
+    if not download:
+        raise JimuError(f"{dataset}: missing file {path}; run with --download to fetch it")
+    return fetch(dataset, path.name, path, mirror, check=check)
 
 
 def fetch(

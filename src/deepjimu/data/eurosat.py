@@ -24,7 +24,7 @@ import numpy as np
 
 from deepjimu.choices import Family
 from deepjimu.data.base import DataOptions, RawData, per_class_split, register_dataset
-from deepjimu.data.download import fetch
+from deepjimu.data.download import local_or_fetched
 from deepjimu.errors import JimuError, one_line
 
 __all__ = ["CLASSES", "SIDE", "VARIANTS", "Variant", "load_eurosat", "read_archive"]
@@ -179,11 +179,9 @@ def load_eurosat(name: str, opts: DataOptions) -> RawData:
         JimuError: a missing archive (with a hint to ``--download``), or a bad one.
     """
     variant = VARIANTS[name]
-    path = Path(opts.data_dir) / name / variant.archive
-    if not path.is_file():
-        if not opts.download:
-            raise JimuError(f"{name}: missing file {path}; run with --download to fetch it")
-        fetch(name, variant.archive, path, opts.data_url)
+    path = local_or_fetched(
+        name, Path(opts.data_dir) / name / variant.archive, opts.download, opts.data_url
+    )
     raw, y = read_archive(path, variant)
     fraction = TRAIN_FRACTION if opts.train_fraction is None else opts.train_fraction
     train, test = per_class_split(y, fraction, opts.seed)

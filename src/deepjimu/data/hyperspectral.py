@@ -24,7 +24,7 @@ from deepjimu.data.base import (
     register_dataset,
     standardize,
 )
-from deepjimu.data.download import fetch
+from deepjimu.data.download import local_or_fetched
 from deepjimu.errors import JimuError, one_line
 
 __all__ = [
@@ -260,19 +260,13 @@ def _locate(
     shape: tuple[int, ...],
     opts: DataOptions,
 ) -> Path:
-    path = folder / file_name
-    if path.is_file():
-        return path
-    if not opts.download:
-        raise JimuError(f"{name}: missing file {path}; run with --download to fetch it")
-
     def check(downloaded: Path, dest: Path) -> None:  # no published checksum: the format
         arr = read_mat(downloaded, key, ndim, shown=dest)
         if arr.shape != shape:
             got, want = "x".join(map(str, arr.shape)), "x".join(map(str, shape))
             raise JimuError(f"{dest}: downloaded {key!r} is {got}, the official file's is {want}")
 
-    return fetch(name, file_name, path, opts.data_url, check=check)
+    return local_or_fetched(name, folder / file_name, opts.download, opts.data_url, check=check)
 
 
 for _name in SCENES:

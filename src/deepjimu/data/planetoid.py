@@ -23,7 +23,7 @@ from torch import Tensor
 
 from deepjimu.choices import Split
 from deepjimu.data.base import DataOptions
-from deepjimu.data.download import fetch
+from deepjimu.data.download import local_or_fetched
 from deepjimu.data.graph import Graph, register_graph_dataset, undirected_edges
 from deepjimu.data.safepickle import RestrictedUnpickler, numpy_globals
 from deepjimu.errors import JimuError, one_line
@@ -324,11 +324,7 @@ def random_split(
 
 def _locate(name: str, folder: Path, ext: str, opts: DataOptions) -> Path:
     path = folder / f"ind.{name}.{ext}"
-    if path.is_file():
-        return path
-    if not opts.download:
-        raise JimuError(f"{name}: missing file {path}; run with --download to fetch it")
-    return fetch(name, path.name, path, opts.data_url, check=_READERS[ext])
+    return local_or_fetched(name, path, opts.download, opts.data_url, check=_READERS[ext])
 
 
 for _name in PLANETOID:
