@@ -4,11 +4,13 @@ slower and gets less work."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,26 +96,40 @@ def test_each_worker_gets_a_group_with_its_share_of_its_threads(
             assert (folder / "rank1" / "cpu.max").read_text() == f"{quota} {PERIOD_US}"
 
 
+def _comm_group(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, write: Callable[[Path, str], None]
+) -> None:
+    """A stand-in of the launcher's groups in ``folder`` (its quota-free group), the
+    worker's environment pointing at it, and ``write`` in place of the kernel's files."""
+    (folder / COMM).mkdir()
+    (folder / COMM / "tasks").write_text("")
+    monkeypatch.setattr("deepjimu.emulate._write", write)
+    monkeypatch.setenv(ENV, str(folder))
+
+
+@contextlib.contextmanager
+def _a_thread_started_after() -> Iterator[tuple[set[int], threading.Thread]]:
+    """This process's thread ids, then one thread started after them, alive for the block."""
+    before = thread_ids()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        yield before, thread
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_the_threads_a_worker_started_since_leave_its_quota(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The threads started after the snapshot (the process group's) are written to the
     quota-free group's tasks; the ones before stay."""
-    (tmp_path / COMM).mkdir()
-    tasks = tmp_path / COMM / "tasks"
-    tasks.write_text("")
     written: list[str] = []
-    monkeypatch.setattr("deepjimu.emulate._write", lambda path, text: written.append(text))
-    monkeypatch.setenv(ENV, str(tmp_path))
-    before = thread_ids()
-    stop = threading.Event()
-    comm = threading.Thread(target=stop.wait)
-    comm.start()
-    try:
+    _comm_group(tmp_path, monkeypatch, lambda path, text: written.append(text))
+    with _a_thread_started_after() as (before, comm):
         free_comm_threads(before)
-    finally:
-        stop.set()
-        comm.join()
     assert written == [str(comm.native_id)]
     monkeypatch.delenv(ENV)  # no groups made: nothing moves
     free_comm_threads(set())
@@ -179,24 +195,12 @@ def test_a_slowed_worker_is_measured_slower_and_gets_less_work(tmp_path: Path) -
 def test_a_thread_that_cannot_move_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / COMM).mkdir()
-    (tmp_path / COMM / "tasks").write_text("")
-
     def refuse(path: Path, text: str) -> None:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("deepjimu.emulate._write", refuse)
-    monkeypatch.setenv(ENV, str(tmp_path))
-    before = thread_ids()
-    stop = threading.Event()
-    comm = threading.Thread(target=stop.wait)
-    comm.start()
-    try:
-        with pytest.raises(JimuError) as e:
-            free_comm_threads(before)
-    finally:
-        stop.set()
-        comm.join()
+    _comm_group(tmp_path, monkeypatch, refuse)
+    with _a_thread_started_after() as (before, _), pytest.raises(JimuError) as e:
+        free_comm_threads(before)
     assert str(e.value) == (
         f"--emulate-speeds: a worker cannot move its communication threads to "
         f"{tmp_path / COMM} (Permission denied)"
