@@ -395,7 +395,7 @@ def test_a_probe_runs_in_a_folder_named_as_a_probe(
 
     seen = []
 
-    def workers(cfg: RunConfig, out_dir: Path, plan: object, job: str, factory: object) -> dict:
+    def workers(cfg: RunConfig, out_dir: Path, plan: object, job: str, *_: object) -> dict:
         seen.append((out_dir, job))
         return {"probe": {}, "choice": "none", "text": ""}
 
@@ -403,3 +403,21 @@ def test_a_probe_runs_in_a_folder_named_as_a_probe(
     launch.probe(RunConfig(strategy="local", workers=2, quiet=True, runs_dir=str(tmp_path)))
     ((out_dir, job),) = seen
     assert re.fullmatch(r"probe-ddp-digits-\d{8}-\d{6}", out_dir.name) and job == "probe"
+
+
+def test_data_the_launcher_cannot_save_is_read_by_each_worker_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepjimu import launch
+    from deepjimu.data import DataOptions, load_dataset
+
+    data = load_dataset("synthetic", DataOptions(synthetic_n=100))
+    assert launch._saved(data, tmp_path / "data.pt") == str(tmp_path / "data.pt")
+
+    def full_disk(obj: object, f: str) -> None:  # torch's writer, out of room half way
+        Path(f).write_bytes(b"half")
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert launch._saved(data, tmp_path / "again.pt") is None
+    assert not (tmp_path / "again.pt").exists()

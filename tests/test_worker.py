@@ -117,3 +117,20 @@ def test_a_run_folder_removed_under_a_one_worker_run_is_one_line(
         == f"run folder {folder} was removed while the run was going; start the run again"
     )
     assert not folder.exists()
+
+
+def test_a_worker_takes_the_data_its_launcher_saved_without_reading_the_data_set(
+    tmp_path: Path,
+) -> None:
+    from deepjimu.data import DataOptions, load_dataset
+    from deepjimu.run import Run
+
+    data = load_dataset("synthetic", DataOptions(synthetic_n=200))
+    data.save(tmp_path / "data.pt")
+    cfg = RunConfig(dataset="no-such-data-set")  # read from the registry, it would fail
+    run = Run(cfg, tmp_path, 0, 2, torch.device("cpu"))
+    got = worker._data(cfg, str(tmp_path / "data.pt"), run)
+    torch.testing.assert_close(got.train_x, data.train_x)
+    assert worker._data(cfg, data, run) is data
+    with pytest.raises(JimuError, match="unknown dataset 'no-such-data-set'"):
+        worker._data(cfg, None, run)

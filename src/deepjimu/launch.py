@@ -141,7 +141,7 @@ def _start(
                 check_new(out_dir)
             claim_for_job(out_dir)
             try:
-                return _run_workers(cfg, out_dir, plan, job, model_factory)
+                return _run_workers(cfg, out_dir, plan, job, data, model_factory)
             except Interrupted as e:
                 raise Interrupted(e.signum, stopped_line(e.signum, out_dir)) from None
 
@@ -228,6 +228,7 @@ def _run_workers(
     out_dir: Path,
     plan: ThreadPlan,
     job: str,
+    data: DataSplits,
     model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     assert cfg.workers is not None
@@ -244,9 +245,9 @@ def _run_workers(
         and not cfg.emulate_speeds
         and plan.matches(os.environ)
     ):
-        return worker_main(cfg_dict, str(out_dir), False, plan, job, model_factory)
+        return worker_main(cfg_dict, str(out_dir), False, plan, job, model_factory, data)
     summary = _launch_local(
-        cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job, model_factory
+        cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job, data, model_factory
     )
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # errors of attempts that restarted
     return summary
@@ -259,6 +260,7 @@ def _launch_local(
     out_dir: Path,
     plan: ThreadPlan,
     job: str,
+    data: DataSplits,
     model_factory: ModelFactory | None = None,
 ) -> dict[str, Any] | None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -276,6 +278,7 @@ def _launch_local(
     # launch ends: by default each launch leaves a torchelastic_* folder in TMPDIR for good
     logs = tempfile.TemporaryDirectory(prefix="jimu-elastic-")
     try:
+        data_file = _saved(data, Path(logs.name) / "data.pt")
         config = LaunchConfig(
             logs_specs=DefaultLogsSpecs(log_dir=logs.name),
             min_nodes=1,
@@ -291,7 +294,7 @@ def _launch_local(
         )
         with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
             results = elastic_launch(config, spawned_worker)(
-                cfg_dict, str(out_dir), plan, job, model_factory
+                cfg_dict, str(out_dir), plan, job, model_factory, data_file
             )
     except ChildFailedError as e:
         _end_bar_line(cfg_dict, out_dir)
@@ -304,6 +307,17 @@ def _launch_local(
         logs.cleanup()
     summary: dict[str, Any] | None = results.get(0)  # rank 0's return value
     return summary
+
+
+def _saved(data: DataSplits, path: Path) -> str | None:
+    """``data`` saved to ``path`` for the workers to map (:meth:`DataSplits.save`), or None
+    where there is no room for it: each worker then reads the data set itself, as before."""
+    try:
+        data.save(path)
+    except (OSError, RuntimeError):  # torch's own file writer raises RuntimeError
+        path.unlink(missing_ok=True)
+        return None
+    return str(path)
 
 
 def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:

@@ -22,7 +22,7 @@ from deepjimu.choices import Device
 from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
-from deepjimu.data import DataOptions, load_dataset
+from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.emulate import free_comm_threads, join_own_group, parse_speeds, thread_ids
 from deepjimu.errors import Interrupted, JimuError, one_line, signals_interrupt
 from deepjimu.launchers import placement
@@ -56,6 +56,9 @@ __all__ = [
 
 # a picklable callable that builds the model (deepjimu.fit): it crosses to spawned workers
 ModelFactory = Callable[[], nn.Sequential]
+# the data set as the local launcher read it: the splits themselves (a worker in the
+# launcher's own process) or the file it saved them to (DataSplits.save; spawned workers)
+Prepared = DataSplits | str | None
 
 _TIMEOUT = datetime.timedelta(minutes=30)
 # how long a failed worker waits before it exits: several of the agent's polls (launch.py
@@ -125,8 +128,12 @@ def worker_main(
     plan: ThreadPlan | None = None,
     job: str = "train",
     model_factory: ModelFactory | None = None,
+    data: Prepared = None,
 ) -> dict[str, Any] | None:
     """Entry point of one worker (rank from the environment). Returns the summary on rank 0.
+
+    ``data``: the data set as the launcher already read it (see :data:`Prepared`); None:
+    the worker reads it itself (a worker that another launcher started).
 
     ``model_factory`` (picklable, called once per worker) builds the model that
     ``cfg.model`` then only names (``factory:...``): :func:`deepjimu.fit` passes the user's own.
@@ -141,7 +148,7 @@ def worker_main(
     rank = _env_int("RANK", 0)
     folder = Path(out_dir) if out_dir else None
     try:
-        return _work(cfg, folder, plan, job, model_factory)
+        return _work(cfg, folder, plan, job, model_factory, data)
     except BaseException as e:
         if folder is not None and report_errors:
             _report(folder, rank, e)
@@ -177,6 +184,7 @@ def spawned_worker(
     plan: ThreadPlan,
     job: str,
     model_factory: ModelFactory | None = None,
+    data_file: str | None = None,
 ) -> dict[str, Any] | None:
     """:func:`worker_main` in a process the local launcher spawned, which then leaves as
     :mod:`deepjimu.leave` says (multiprocessing would end it with ``sys.exit``).
@@ -190,7 +198,7 @@ def spawned_worker(
     """
     try:
         with signals_interrupt(once=True):  # SIGTERM (the launcher stopping us) unwinds too
-            summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory)
+            summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory, data_file)
     except KeyboardInterrupt as e:  # SIGINT, or Interrupted
         leave(getattr(e, "exit_code", 130))
     except Exception:
@@ -206,6 +214,7 @@ def _work(
     plan: ThreadPlan | None,
     job: str,
     model_factory: ModelFactory | None = None,
+    data: Prepared = None,
 ) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     join_own_group(rank)  # --emulate-speeds: this worker's CPU quota, before any work
@@ -256,9 +265,9 @@ def _work(
             with matmul_precision(cfg.precision, device):
                 try:
                     if job == "probe":
-                        return _probe(cfg, out_dir, rank, world, device)
+                        return _probe(cfg, out_dir, rank, world, device, data)
                     return _train(
-                        cfg, out_dir, rank, world, device, plan, resume, how, model_factory
+                        cfg, out_dir, rank, world, device, plan, resume, how, model_factory, data
                     )
                 except Exception as e:
                     problem = _folder_problem(out_dir, rank, e)
@@ -362,14 +371,11 @@ def _train(
     resume: Path | None,
     how: str,
     model_factory: ModelFactory | None = None,
+    given: Prepared = None,
 ) -> dict[str, Any] | None:
     strategy_cls = get_strategy(cfg.strategy)
     run = Run(cfg, out_dir, rank, world, device)
-    if cfg.download and world > 1:  # one download, then everyone reads the files
-        if rank == 0:
-            load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-        run.barrier()
-    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+    data = _data(cfg, given, run)
     if rank == 0 and data.info and not cfg.quiet:
         print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))
     strategy = strategy_cls(cfg)
@@ -460,15 +466,34 @@ def _time_shared(cfg: RunConfig, plan: ThreadPlan, device: torch.device) -> bool
     return sum(shares) * plan.threads + plan.busy > plan.cores
 
 
+def _data(cfg: RunConfig, given: Prepared, run: Run) -> DataSplits:
+    """The data set: as the launcher read it (``given``), else read here; with
+    ``--download`` and several workers, rank 0 downloads and the others then read its files."""
+    if isinstance(given, DataSplits):
+        return given
+    if given is not None:
+        return DataSplits.load(Path(given))
+    if cfg.download and run.world > 1:
+        if run.rank == 0:
+            load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+        run.barrier()
+    return load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+
+
 def _probe(
-    cfg: RunConfig, out_dir: Path, rank: int, world: int, device: torch.device
+    cfg: RunConfig,
+    out_dir: Path,
+    rank: int,
+    world: int,
+    device: torch.device,
+    given: Prepared = None,
 ) -> dict[str, Any] | None:
     """``jimu probe``: measure the link and this device, write ``probe.json`` with the cost model's predictions."""
     from deepjimu.compress.cost import CostModel, format_predictions
     from deepjimu.compress.probe import format_probe, measure, write_probe
 
     run = Run(cfg, out_dir, rank, world, device)
-    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world).to(device)
+    data = _data(cfg, given, run).shard(rank, world).to(device)
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
     probe = measure(model.to(device), data, cfg, run)
     if rank != 0:

@@ -195,3 +195,25 @@ def test_standardize_uses_training_rows_only() -> None:
     # band 0: mean 2, std 1 over rows 0 and 1; band 1 is constant there: only centred
     np.testing.assert_allclose(out, [[-1, 0], [1, 0], [98, 2]])
     assert out.dtype == np.float32
+
+
+def test_saved_splits_load_as_they_were_graph_included(tmp_path: Path) -> None:
+    # the local launcher's workers read the data set from this file (DataSplits.save)
+    data = load_dataset("sbm", DataOptions(synthetic_n=300, node_level=True))
+    assert data.graph is not None and data.info
+    data.save(tmp_path / "data.pt")
+    back = DataSplits.load(tmp_path / "data.pt")
+    for name in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y"):
+        torch.testing.assert_close(getattr(back, name), getattr(data, name))
+    assert (back.name, back.num_classes, back.train_size, back.info) == (
+        data.name,
+        data.num_classes,
+        data.train_size,
+        data.info,
+    )
+    assert back.feature_shape == data.feature_shape
+    assert back.graph is not None
+    torch.testing.assert_close(back.graph.adj.to_dense(), data.graph.adj.to_dense())
+    torch.testing.assert_close(back.graph.test_idx, data.graph.test_idx)
+    back.train_x.add_(1.0)  # mapped copy on write: the file keeps what was saved
+    torch.testing.assert_close(DataSplits.load(tmp_path / "data.pt").train_x, data.train_x)
