@@ -118,8 +118,36 @@ def _steps() -> list[Step]:
     return steps
 
 
+def _chains(steps: list[Step]) -> list[tuple[Step, ...]]:
+    """The steps in groups that run apart, each in order in a folder of its own: a command
+    that names a run or bench folder (``runs/NAME``, ``bench/NAME``, ``--resume NAME``)
+    joins the group of the command that made it (``--name NAME``, ``--out NAME``); a
+    python block and a transcript's commands stay together. Apart, the long tour is many
+    short tests that the suite's two processes share, instead of one of four minutes."""
+    groups: list[list[Step]] = []
+    made: dict[str, list[Step]] = {}  # folder name -> the group of the command that made it
+    for step in steps:
+        if step.kind != "shell":
+            if groups and groups[-1][0].block == step.block and groups[-1][0].kind != "shell":
+                groups[-1].append(step)
+            else:
+                groups.append([step])
+            continue
+        words = shlex.split(step.text, comments=True)
+        named = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--name", "--out")]
+        used = [Path(w).name for w in words if "/" in w and Path(w).name in made]
+        group = next((made[n] for n in used if n in made), None)
+        if group is None or group[0].block != step.block:
+            group = []
+            groups.append(group)
+        group.append(step)
+        for n in named:
+            made[n] = group
+    return [tuple(g) for g in groups]
+
+
 STEPS = _steps()
-BLOCKS = sorted({s.block for s in STEPS})
+CHAINS = _chains(STEPS)
 
 
 def _make_folder(folder: Path) -> Path:
@@ -219,17 +247,19 @@ def _digits_apart(lines: list[str]) -> list[str]:
     return [re.sub(r"\d+", "#", line) for line in lines]
 
 
-def _block_id(block: int) -> str:
-    first = next(s for s in STEPS if s.block == block)
-    return f"L{first.line}:{first.kind}"
+def _chain_id(chain: tuple[Step, ...]) -> str:
+    first = chain[0]
+    if first.kind != "shell":
+        return f"L{first.line}:{first.kind}"
+    return f"L{first.line}:{first.text[:50]}"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[_block_id(b) for b in BLOCKS])
-def test_readme_block(block: int, tmp_path: Path) -> None:
-    """Every command of one block, in order, in one folder; every failing command is named."""
+@pytest.mark.parametrize("chain", CHAINS, ids=[_chain_id(c) for c in CHAINS])
+def test_readme_commands(chain: tuple[Step, ...], tmp_path: Path) -> None:
+    """Commands of one block, in order, in one folder; every failing command is named."""
     cwd = _make_folder(tmp_path)
     failures, skipped = [], []
-    for step in (s for s in STEPS if s.block == block):
+    for step in chain:
         try:
             why = _check(step, cwd)
         except AssertionError as e:
@@ -238,7 +268,7 @@ def test_readme_block(block: int, tmp_path: Path) -> None:
         if why:
             skipped.append(why)
     assert not failures, "\n\n".join(failures)
-    if skipped and len(skipped) == sum(1 for s in STEPS if s.block == block):
+    if skipped and len(skipped) == len(chain):
         pytest.skip("; ".join(skipped))
 
 
