@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo  # imported once here, not in every forked rank
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -55,13 +56,16 @@ def run_world(
     world: int,
     *args: Any,
     timeout: float = 120.0,
-    start_method: str = "spawn",
+    start_method: str = "fork",
 ) -> list[Any]:
     """Run ``fn(rank, world, *args)`` in ``world`` new processes joined by a gloo group.
 
-    With ``start_method`` spawn (fresh interpreters) ``fn`` must be importable (a
-    module-level function); fork copies this process, torch already loaded. A rank that
-    raises, dies or hangs past ``timeout`` seconds fails the test with that rank's traceback.
+    The ranks are forked from the test process (torch, and torch._dynamo that optimizers
+    and DDP import, already loaded: a spawned rank spends about 3 s of CPU importing them)
+    and run one thread each, as DataLoader's forked workers do, so OpenMP's pool is not
+    touched after the fork. With ``start_method`` spawn (fresh interpreters) ``fn`` must be
+    importable (a module-level function). A rank that raises, dies or hangs past
+    ``timeout`` seconds fails the test with that rank's traceback.
 
     The port is free when chosen, but another test's process may take it before rank 0's
     store listens (EADDRINUSE): then the world starts again once, on a new port.

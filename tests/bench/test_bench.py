@@ -269,9 +269,9 @@ def test_every_configuration_is_checked_before_anything_runs(
     argv = ["bench", "--bench-dir", str(tmp_path), "--name", "b", "--strategies", "foo,local"]
     assert main([*argv, "--workers", "1,2", "--models", "mlp:16x1"]) == 2
     known = ", ".join(strategy_names())
+    # one line per problem, naming the configurations that have it
     assert capsys.readouterr().err == (
-        f"error: foo x1 mlp:16x1: unknown strategy 'foo' (known: {known})\n"
-        f"error: foo x2 mlp:16x1: unknown strategy 'foo' (known: {known})\n"
+        f"error: foo x1 mlp:16x1, foo x2 mlp:16x1: unknown strategy 'foo' (known: {known})\n"
     )
     assert not (tmp_path / "b").exists()  # nothing ran, nothing was written
 

@@ -306,14 +306,25 @@ def plan(
     if nowhere:  # given for the bench, and of use to none of its runs: a mistake
         raise ConfigErrors(nowhere)
     runs = {o for cell, problems in checked if problems is None for o in cell.options}
-    cells, bad = [], []
+    cells, bad = [], {}  # bad: each problem once, with the configurations that have it
     for cell, problems in checked:
         if problems is None:
             cells.append(cell)
         elif plain_ok[cell.strategy, cell.model] and runs.issuperset(cell.options):
             cells.append(dataclasses.replace(cell, skip="; ".join(problems)))
         else:
-            bad.append(f"{cell.label}: {'; '.join(problems)}")
+            bad.setdefault("; ".join(problems), []).append(cell.label)
     if bad:
-        raise ConfigErrors(bad)
+        raise ConfigErrors([f"{_some(labels)}: {problem}" for problem, labels in bad.items()])
     return cells
+
+
+def _some(labels: list[str], shown: int = 3) -> str:
+    """``labels`` for one line: the first few, then how many more.
+
+    Example:
+        >>> _some(["a", "b", "c", "d", "e"])
+        'a, b, c and 2 more'
+    """
+    rest = len(labels) - shown
+    return ", ".join(labels[:shown]) + (f" and {rest} more" if rest > 0 else "")
