@@ -40,11 +40,11 @@ def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> N
     assert list(skipped) == ["local x2 mlp:16x1"]
     assert "at most 1 worker" in skipped["local x2 mlp:16x1"]  # type: ignore[operator]
     assert Cell("ddp", 2, "mlp:16x1").name == "ddp-w2-mlp-16x1"
-    with pytest.raises(ConfigErrors) as err:  # one line per bad configuration
-        plan(RunConfig(), ["nope", "local"], [1, 2], ["mlp:16x1"])
+    with pytest.raises(ConfigErrors) as err:  # one line per problem, naming its configurations
+        plan(RunConfig(), ["nope", "local"], [1, 2, 3, 4], ["mlp:16x1", "mlp:8x1"])
     assert err.value.problems == [
-        f"nope x{w} mlp:16x1: unknown strategy 'nope' (known: {', '.join(strategy_names())})"
-        for w in (1, 2)
+        "nope x1 mlp:16x1, nope x2 mlp:16x1, nope x3 mlp:16x1 and 5 more: "
+        f"unknown strategy 'nope' (known: {', '.join(strategy_names())})"
     ]
     # a value that runs nowhere is a mistake, not an impossible combination
     _, lrs = split_variants({"lr": "0.1,-1"})
