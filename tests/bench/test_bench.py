@@ -51,7 +51,7 @@ def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> N
     with pytest.raises(ConfigErrors) as err:
         plan(RunConfig(), ["local", "ddp"], [1], ["mlp:16x1"], lrs)
     assert err.value.problems == [
-        f"{s} x1 mlp:16x1 lr=-1: lr must be a positive number (lr: -1.0)" for s in ("local", "ddp")
+        "local x1 mlp:16x1 lr=-1, ddp x1 mlp:16x1 lr=-1: lr must be a positive number (lr: -1.0)"
     ]
 
 
