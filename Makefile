@@ -45,12 +45,13 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
-# two test processes (pytest-xdist): many tests wait on the workers they start; a test
-# takes the next one as soon as it is done (worksteal), so a long one delays nothing else.
-# Then the quick claims, alone: one of them is a speed ratio (local against plain PyTorch),
-# which another test's workers beside it would move
+# three test processes (pytest-xdist) on two cores: most tests wait on processes they start
+# (workers, a Slurm job, a signal), so two kept the cores busy only two thirds of the time;
+# a process takes the next test as soon as it is done (worksteal), so a long one delays
+# nothing else. Then the quick claims, alone: one of them is a speed ratio (local against
+# plain PyTorch), which another test's workers beside it would move
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal
 	$(BIN)/python benchmarks/claims.py --quick
 
 bench: $(VENV)/.installed
