@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -133,3 +134,21 @@ def test_the_plan_as_table_and_json() -> None:
     assert d["single_methods"]["allreduce"]["bytes"] == 4 * (1000 * 1000 + 1000)
     assert set(d["single_methods"]) == set(METHODS)
     assert d["tensors"][0]["method"] == "sfb" and d["tensors"][0]["shape"] == [1000, 1000]
+
+
+def test_jimu_plan_prints_and_saves_the_sync_plan_of_ddp_rows(tmp_path, capsys) -> None:
+    from deepjimu.cli import main
+
+    argv = ["plan", "--strategies", "local,ddp", "--workers", "2", "--models", "mlp:4096x3"]
+    argv += ["--batch-size", "32", "--sync-plan", "auto,allreduce", "--out", str(tmp_path / "p")]
+    assert main([*argv, "--cluster", "examples/clusters/h100-2nodes.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "ddp x2 mlp:4096x3 sync-plan=auto: sync plan" in out
+    assert "sync-plan=allreduce: sync plan" not in out  # DDP's buckets: no per-tensor plan
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["rows"]
+    auto = next(r for r in rows if r["options"].get("sync_plan") == "auto")
+    plain = next(r for r in rows if r["options"].get("sync_plan") == "allreduce")
+    # on this cluster, at 16 rows per rank, the 4096 x 4096 weights go as sufficient factors
+    assert auto["sync_plan"]["methods"]["sfb"] == 2
+    assert auto["predicted"]["step_s"] < plain["predicted"]["step_s"]
+    assert auto["predicted"]["bytes_per_sample"] < plain["predicted"]["bytes_per_sample"]
