@@ -40,8 +40,9 @@ from deepjimu.plan.sync import SyncEntry, TensorInfo, applicable, method_message
 __all__ = ["SyncExecutor", "make_plan", "sparse_embeddings", "tensor_infos"]
 
 _LINKS = ["all_reduce", "reduce_scatter", "all_gather"]
-# torch 2.13 renamed reduce_scatter_tensor (deprecated there); older versions have only that
+# torch 2.13 renamed these two (the old names deprecated there); older versions have only those
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
 def sparse_embeddings(model: nn.Module) -> dict[str, nn.Module]:
@@ -268,7 +269,7 @@ class SyncExecutor:
         payload[: len(a), a.shape[1] :] = out_grad
         gathered = torch.empty(self.world * k, payload.shape[1], device=a.device)
         self.comm.count(sent=nbytes(payload), recv=self.world * nbytes(payload))
-        work = dist.all_gather_into_tensor(gathered, payload, group=self.group, async_op=True)
+        work = _all_gather(gathered, payload, group=self.group, async_op=True)
         return work, {"gathered": gathered, "k": k, "in": a.shape[1]}
 
     def _start_sparse(self, name: str, g: Tensor) -> tuple[Any, dict[str, Any]]:
@@ -276,7 +277,7 @@ class SyncExecutor:
         count = torch.tensor([g._nnz()], dtype=torch.int64, device=g.device)
         counts = torch.empty(self.world, dtype=torch.int64, device=g.device)
         self.comm.count(sent=nbytes(count), recv=self.world * nbytes(count))
-        work = dist.all_gather_into_tensor(counts, count, group=self.group, async_op=True)
+        work = _all_gather(counts, count, group=self.group, async_op=True)
         return work, {"grad": g, "counts": counts}
 
     def finish(self) -> None:
@@ -299,7 +300,7 @@ class SyncExecutor:
                 shard = state["shard"].div_(self.world)
                 full = torch.empty(self.world * len(shard), dtype=shard.dtype, device=shard.device)
                 self.comm.count(sent=nbytes(shard), recv=nbytes(full))
-                w = dist.all_gather_into_tensor(full, shard, group=self.group, async_op=True)
+                w = _all_gather(full, shard, group=self.group, async_op=True)
                 second.append((method, p, w, {"full": full, "n": state["n"]}))
             elif method == "sfb":
                 k, n_in, gathered = state["k"], state["in"], state["gathered"]
@@ -318,7 +319,7 @@ class SyncExecutor:
                 payload[:n, 1:] = g.values()
                 gathered = torch.empty(self.world * k, payload.shape[1], device=g.device)
                 self.comm.count(sent=nbytes(payload), recv=self.world * nbytes(payload))
-                w = dist.all_gather_into_tensor(gathered, payload, group=self.group, async_op=True)
+                w = _all_gather(gathered, payload, group=self.group, async_op=True)
                 second.append((method, p, w, {"gathered": gathered, "counts": counts, "k": k}))
         for method, p, work, state in second:
             work.wait()
