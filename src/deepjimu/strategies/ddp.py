@@ -89,7 +89,9 @@ class DDPStrategy(GradientStrategy):
         self.sync: SyncExecutor | None = None
         self.ddp: nn.Module
         self.hook: HookState | SyncExecutor
-        if cfg.sync_plan != "allreduce":  # config: no compressor, local SGD or K-FAC with it
+        # config: no compressor, local SGD or K-FAC with a sync plan; one worker has nothing
+        # to synchronise (and no link to probe), so it keeps DDP's path
+        if cfg.sync_plan != "allreduce" and run.world > 1:
             self.sync = self.hook = self._plan_sync(data, run)
             self.ddp = self.model  # the executor's hooks are on the model's parameters
         else:
