@@ -38,11 +38,14 @@ def test_ids_outside_the_vocabulary_end_in_one_line() -> None:
         build_model("embed:10:4", (1, 8, 8), 2)
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "sgd", "kfac"])
-def test_every_optimizer_steps_on_its_sparse_gradient(optimizer: str) -> None:
+@pytest.mark.parametrize(
+    "optimizer, momentum, wd", [("adam", 0, 0), ("sgd", 0.9, 0), ("sgd", 0, 0.01), ("kfac", 0.9, 0)]
+)
+def test_every_optimizer_steps_on_its_sparse_gradient(
+    optimizer: str, momentum: float, wd: float
+) -> None:
     model = build_model("embed:50:4", (6,), 3)
-    wd = 0.01 if optimizer == "sgd" else 0.0  # SGD with weight decay: made dense too
-    cfg = RunConfig(optimizer=optimizer, lr=0.1, weight_decay=wd)
+    cfg = RunConfig(optimizer=optimizer, lr=0.1, momentum=momentum, weight_decay=wd)
     opt = make_optimizer(model.parameters(), cfg, model)
     before = model[0].weight.detach().clone()
     x = torch.randint(0, 50, (8, 6)).float()
@@ -50,11 +53,14 @@ def test_every_optimizer_steps_on_its_sparse_gradient(optimizer: str) -> None:
     assert model[0].weight.grad.is_sparse
     opt.step()
     assert not torch.equal(before, model[0].weight)
+    if momentum:  # made dense before the step: the momentum buffer stays dense and bounded
+        assert not opt.state[model[0].weight]["momentum_buffer"].is_sparse
 
 
 def test_plain_sgd_keeps_the_gradient_sparse() -> None:
     model = build_model("embed:50:4", (6,), 3)
-    opt = make_optimizer(model.parameters(), RunConfig(optimizer="sgd", lr=0.1), model)
+    cfg = RunConfig(optimizer="sgd", lr=0.1, momentum=0.0)
+    opt = make_optimizer(model.parameters(), cfg, model)
     F.cross_entropy(model(torch.zeros(2, 6)), torch.zeros(2, dtype=torch.long)).backward()
     opt.step()
     assert model[0].weight.grad.is_sparse
