@@ -100,9 +100,10 @@ def main(argv: list[str] | None = None) -> None:
                 step = statistics.median(x["step_s"] for x in rs)
                 sent = statistics.median(x["bytes"] for x in rs)
                 plan = rs[0]["plan"]
-                own = plan["single_methods"][m] if plan else auto_plan["single_methods"][m]
                 if m == "auto":
                     own = {"bytes": plan["bytes"], "seconds": plan["seconds"]}
+                else:
+                    own = (plan or auto_plan)["single_methods"][m]
                 chosen = plan["methods"] if plan else {"allreduce (DDP)": 1}
                 mix = ", ".join(f"{k} {v}" for k, v in chosen.items() if v)
                 steps[m] = step

@@ -37,7 +37,7 @@ from deepjimu.compress.probe import _measure_links, _time_messages, fit_alpha_be
 from deepjimu.plan.cluster import probed_cluster
 from deepjimu.plan.sync import SyncEntry, TensorInfo, applicable, method_messages, plan_sync
 
-__all__ = ["SyncExecutor", "make_plan", "sparse_embeddings", "tensor_infos"]
+__all__ = ["SyncExecutor", "SyncPlan", "make_plan", "sparse_embeddings", "tensor_infos"]
 
 _LINKS = ["all_reduce", "reduce_scatter", "all_gather"]
 # torch 2.13 renamed these two (the old names deprecated there); older versions have only those

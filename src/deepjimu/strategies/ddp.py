@@ -1,4 +1,4 @@
-"""``ddp``: data parallel with torch DistributedDataParallel; compression and local SGD in its comm hook."""
+"""``ddp``: data parallel with torch DistributedDataParallel; compression and local SGD in its comm hook, or a per-tensor sync plan."""
 
 import json
 import math
@@ -42,7 +42,10 @@ class DDPStrategy(GradientStrategy):
     counts every payload: plain all-reduce, a ``--compress`` option (``auto``: chosen by the
     cost model from a probe of the link at the start), or local SGD (``--local-sgd H``:
     no gradient all-reduce after the warm-up; the models are averaged every H steps, before
-    every checkpoint and at the end).
+    every checkpoint and at the end). ``--sync-plan`` other than allreduce replaces DDP by
+    a per-tensor plan (:mod:`deepjimu.compress.sync`: sharded parameter server, sufficient
+    factors, sparse rows, or each tensor's fastest predicted method), printed at the start
+    and saved as ``sync_plan.json``.
 
     Events carry ``step_s``, the mean time of the interval's steps past the warm-up, and
     with ``auto`` the cost model's ``predicted_step_s``.
