@@ -114,6 +114,18 @@ def main(argv: list[str] | None = None) -> None:
                 )
             best = min((s, m) for m, s in steps.items() if m != "auto")
             print(f"auto / best single method ({best[1]}): {steps['auto'] / best[0]:.3f}")
+            for r, x in enumerate(runs["auto"]):  # each auto run probed and planned anew
+                chosen = ", ".join(
+                    f"{t['name']} {t['method']} ({t['seconds'] * 1e3:.2f} ms; "
+                    + ", ".join(
+                        f"{m} {o['seconds'] * 1e3:.2f}"
+                        for m, o in t["options"].items()
+                        if m != t["method"]
+                    )
+                    + ")"
+                    for t in x["plan"]["tensors"]
+                )
+                print(f"auto run {r}: {chosen}")
 
 
 if __name__ == "__main__":
