@@ -7,7 +7,8 @@ prints per method the median step (``step_s``: the mean step past the first, fro
 run's summary), the bytes one rank sent per step (the run's counted ``bytes_sent`` over
 its ranks and steps) against the planner's prediction (the method's own
 ``sync_plan.json``; for ``allreduce``, which runs torch's DDP and saves no plan, the
-``auto`` run's figure for all-reduce everywhere), the predicted communication per step,
+first ``auto`` run's figure for all-reduce everywhere), the median of each run's error
+against its own plan (auto probes and plans anew in every run), the predicted communication per step,
 and auto's step over the best single method's.
 
 The workloads (the issue's): ``mlp:4096x3`` on digits at 16 rows per rank (a wide layer at
@@ -100,16 +101,23 @@ def main(argv: list[str] | None = None) -> None:
                 step = statistics.median(x["step_s"] for x in rs)
                 sent = statistics.median(x["bytes"] for x in rs)
                 plan = rs[0]["plan"]
-                if m == "auto":
-                    own = {"bytes": plan["bytes"], "seconds": plan["seconds"]}
-                else:
-                    own = (plan or auto_plan)["single_methods"][m]
+                # each run against its own plan (auto's may differ between probes)
+                owns = [
+                    {"bytes": x["plan"]["bytes"], "seconds": x["plan"]["seconds"]}
+                    if m == "auto"
+                    else (x["plan"] or auto_plan)["single_methods"][m]
+                    for x in rs
+                ]
+                own = {k: statistics.median(o[k] for o in owns) for k in ("bytes", "seconds")}
+                error = statistics.median(
+                    x["bytes"] / o["bytes"] - 1 for x, o in zip(rs, owns, strict=True)
+                )
                 chosen = plan["methods"] if plan else {"allreduce (DDP)": 1}
                 mix = ", ".join(f"{k} {v}" for k, v in chosen.items() if v)
                 steps[m] = step
                 print(
                     f"{m:<10}{step * 1e3:>9.1f}{sent / 1e6:>10.3f}MB{own['bytes'] / 1e6:>10.3f}MB"
-                    f"{sent / own['bytes'] - 1:>+10.1%}{own['seconds'] * 1e3:>15.2f}"
+                    f"{error:>+10.1%}{own['seconds'] * 1e3:>15.2f}"
                     f"{statistics.median(x['test_acc'] for x in rs):>10.3f}  {mix}"
                 )
             best = min((s, m) for m, s in steps.items() if m != "auto")
