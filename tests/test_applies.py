@@ -53,14 +53,14 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
         {"dataset": "cora"},
         {"val_fraction": 0.2},
         "--val-fraction applies to data sets cifar10, digits, eurosat, eurosat-ms, "
-        "fashion-mnist, kmnist, mnist, indian-pines, landsat-spectra, pavia-u, synthetic, "
+        "fashion-mnist, kmnist, mnist, bow, indian-pines, landsat-spectra, pavia-u, synthetic, "
         "tensors, sbm; dataset cora is not one",
     ),
     ({"dataset": "sbm"}, {"val_fraction": 0.2}, None),
     (
         {},
         {"synthetic_n": 500},
-        "--synthetic-n applies to data sets synthetic, sbm; dataset digits is not one",
+        "--synthetic-n applies to data sets synthetic, sbm, bow; dataset digits is not one",
     ),
     ({"dataset": "sbm"}, {"synthetic_n": 500, "sbm_degree": 5.0}, None),
     (

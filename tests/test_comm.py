@@ -13,6 +13,12 @@ def test_payload_sizes_and_kind_sums() -> None:
     assert sum_by_kind([{"b": 1, "a": 2}, {"a": 3}]) == {"a": 5, "b": 1}
 
 
+def test_a_sparse_tensor_counts_its_indices_and_values_not_its_dense_size() -> None:
+    # an embedding's gradient: 2 of 1000 rows of 8, int64 row indices and float32 values
+    g = torch.sparse_coo_tensor(torch.tensor([[3, 7]]), torch.ones(2, 8), (1000, 8))
+    assert nbytes(g) == 2 * 8 + 2 * 8 * 4
+
+
 @distributed_test(world_size=[1, 2, 3])
 def test_collectives_count_their_payload_once_each_way(rank: int, world: int) -> None:
     comm = Comm(CommStats())

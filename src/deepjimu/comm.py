@@ -13,7 +13,13 @@ __all__ = ["Comm", "CommStats", "Pending", "nbytes", "sum_by_kind"]
 
 
 def nbytes(t: Tensor) -> int:
-    """Payload size of ``t`` in bytes, as it goes on the wire (its dtype, not float32)."""
+    """Payload size of ``t`` in bytes, as it goes on the wire (its dtype, not float32).
+
+    A sparse tensor (an embedding's gradient) goes as its indices and values: gloo's
+    all-reduce of one all-gathers them, so its dense size would count bytes never sent.
+    """
+    if t.is_sparse:
+        return nbytes(t._indices()) + nbytes(t._values())
     return t.numel() * t.element_size()
 
 

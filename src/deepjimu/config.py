@@ -81,7 +81,7 @@ def _ddp_compress(*kinds: str) -> Applies:
 
 _GRAPH = Applies(data=(Family.GRAPH,))
 _PLANETOID = Applies(data=("cora", "citeseer", "pubmed"))
-_SYNTHETIC = Applies(data=("synthetic", "sbm"))
+_SYNTHETIC = Applies(data=("synthetic", "sbm", "bow"))
 _SBM = Applies(data=("sbm",))
 # the data sets whose files --download fetches (digits comes with scikit-learn,
 # landsat-spectra with spyndex)
@@ -185,7 +185,9 @@ class RunConfig:
     classes: list[int] | None = _opt(None, "keep only these classes, e.g. 0,1")
     normalize: bool = _opt(False, "standardise features with the training mean and std")
     synthetic_n: int = _opt(10000, "number of samples (train + test)", applies=_SYNTHETIC)
-    synthetic_features: int = _opt(196, "number of input features", applies=_SYNTHETIC)
+    synthetic_features: int = _opt(
+        196, "number of input features (bow: the vocabulary)", applies=_SYNTHETIC
+    )
     synthetic_classes: int = _opt(10, "number of classes", applies=_SYNTHETIC)
     # remote sensing (issue 33)
     train_fraction: float | None = _opt(
@@ -391,6 +393,16 @@ class RunConfig:
         True,
         "start each step from the last step's P and Q",
         applies=_ddp_compress("powersgd"),
+    )
+    sync_plan: str = _opt(
+        "allreduce",
+        "per-tensor gradient synchronisation: allreduce (DDP's buckets), ps (sharded parameter "
+        "server: reduce-scatter, all-gather), sfb (Linear weights as sufficient factors), "
+        "sparse (sparse embedding gradients as their touched rows), or auto (per tensor the "
+        "method the cost model predicts fastest, from a probe of the link); the tensors a "
+        "method cannot take are all-reduced",
+        choices=("allreduce", "ps", "sfb", "sparse", "auto"),
+        applies=_DDP,
     )
     local_sgd: int = _opt(
         0,
@@ -761,6 +773,16 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         cfg.optimizer != Optimizer.KFAC or (cfg.compress == "none" and not cfg.local_sgd),
         "optimizer kfac runs with plain gradient all-reduce: drop --compress and --local-sgd "
         f"(compress: {cfg.compress}, local-sgd: {cfg.local_sgd})",
+    )
+    # a sync plan other than allreduce replaces DDP's buckets and comm hook, where the
+    # compressors, local SGD and K-FAC's factor traffic live
+    need(
+        cfg.sync_plan == "allreduce"
+        or (cfg.compress == "none" and not cfg.local_sgd and cfg.optimizer != Optimizer.KFAC),
+        f"sync-plan {cfg.sync_plan} synchronises each tensor its own way and does not combine "
+        "with --compress, --local-sgd or --optimizer kfac: drop them or use --sync-plan "
+        f"allreduce (compress: {cfg.compress}, local-sgd: {cfg.local_sgd}, optimizer: "
+        f"{cfg.optimizer})",
     )
     need(
         not (cfg.local_sgd and cfg.compress != "none"),

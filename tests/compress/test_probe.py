@@ -95,6 +95,18 @@ def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
     assert gathered == [got] * world  # the slowest rank's times, on every rank
 
 
+@distributed_test(world_size=[2, 3])
+def test_reduce_scatter_is_timed_only_when_asked_and_only_up_to_the_sizes_asked(
+    rank: int, world: int, tmp: str
+) -> None:
+    points = probe_module._measure_links(torch.device("cpu"), 1.0, ["reduce_scatter"], 5000)
+    assert list(points) == ["reduce_scatter"]
+    # two sizes at least, then those up to 4 times the largest message
+    assert [n for n, _ in points["reduce_scatter"]] == [4096, 16384]
+    assert all(t > 0 for _, t in points["reduce_scatter"])
+    assert "reduce_scatter" not in probe_module.COLLECTIVES  # jimu probe keeps its time
+
+
 @distributed_test(world_size=[2])
 def test_the_probes_pipeline_step_trains_the_models_own_stages(
     rank: int, world: int, tmp: str

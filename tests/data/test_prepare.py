@@ -45,7 +45,7 @@ def test_every_data_set_names_its_family() -> None:
             Family.IMAGES,
         ),
         **dict.fromkeys(
-            ["indian-pines", "landsat-spectra", "pavia-u", "synthetic"], Family.TABULAR
+            ["bow", "indian-pines", "landsat-spectra", "pavia-u", "synthetic"], Family.TABULAR
         ),
         **dict.fromkeys(["citeseer", "cora", "pubmed", "sbm"], Family.GRAPH),
         "tensors": Family.TENSORS,

@@ -118,12 +118,15 @@ def test_probe_links_give_back_the_fit_at_the_probes_world(p: int) -> None:
         "all_reduce_fp16": LinkFit(2e-4, 1e-9),
         "all_reduce_bf16": LinkFit(2e-4, 1.1e-9),
         "all_gather": LinkFit(1e-4, 5e-10),
+        "reduce_scatter": LinkFit(2e-4, 8e-10),
     }
     c = Cluster("probe", 1, 4, GPU, INTRA, None, collectives=links_from_probe(fits, p))
     for n in (4096, 10**6, 64 * 2**20):
         for name in ("all_reduce", "all_reduce_fp16", "all_reduce_bf16"):
             assert c.all_reduce_s(n, p, name) == pytest.approx(fits[name].seconds(n))
         assert c.all_gather_s(n, p) == pytest.approx(fits["all_gather"].seconds(n))
+        rs = c.reduce_scatter_s(n, p, "reduce_scatter")
+        assert rs == pytest.approx(fits["reduce_scatter"].seconds(n))
 
 
 def test_probe_links_follow_the_ring_at_another_world() -> None:

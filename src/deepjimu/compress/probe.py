@@ -78,6 +78,9 @@ COLLECTIVES = {
     "all_reduce_bf16": ("all_reduce", torch.bfloat16),
     "all_gather": ("all_gather", torch.uint8),
 }
+# timed only for --sync-plan (its sharded parameter server), so that jimu probe and
+# --compress auto keep their time
+REDUCE_SCATTER = {"reduce_scatter": ("reduce_scatter", torch.float32)}
 
 
 @dataclass(frozen=True)
@@ -270,11 +273,17 @@ def _time_pipeline(
 def _time_collective(name: str, nbytes: int, device: torch.device, reps: int) -> float:
     """Median seconds of one blocking collective ``name`` (:data:`COLLECTIVES`) of ``nbytes`` per rank, the slowest rank's."""
     world = dist.get_world_size()
-    kind, dtype = COLLECTIVES[name]
+    kind, dtype = {**COLLECTIVES, **REDUCE_SCATTER}[name]
     # zeros: repeated sums of ones would overflow float16 to inf after 16 all-reduces
     t = torch.zeros(nbytes // dtype.itemsize, dtype=dtype, device=device)
     if kind == "all_reduce":
         op = lambda: dist.all_reduce(t)  # noqa: E731
+    elif kind == "reduce_scatter":  # nbytes in, nbytes / world out (whole entries per rank)
+        t = t[: len(t) // world * world]
+        shard = torch.empty(len(t) // world, dtype=dtype, device=device)
+        # torch 2.13 renamed reduce_scatter_tensor (deprecated there)
+        scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        op = lambda: scatter(shard, t)  # noqa: E731
     else:
         out = [torch.empty_like(t) for _ in range(world)]
         op = lambda: dist.all_gather(out, t)  # noqa: E731
@@ -317,12 +326,21 @@ def _time_p2p(nbytes: int, device: torch.device, reps: int) -> float:
     return float(mine)
 
 
-def _measure_links(device: torch.device, max_op_s: float) -> dict[str, list[tuple[int, float]]]:
+def _measure_links(
+    device: torch.device,
+    max_op_s: float,
+    names: list[str] | None = None,
+    max_bytes: int | None = None,
+) -> dict[str, list[tuple[int, float]]]:
+    """Collective: (bytes, seconds) of each collective in ``names`` (default: :data:`COLLECTIVES`
+    and, with more than one rank, p2p) at :data:`SIZES` up to ``max_bytes`` (two sizes at least)."""
     points: dict[str, list[tuple[int, float]]] = {}
-    # a point-to-point send needs a second rank
-    for name in [*COLLECTIVES, "p2p"] if dist.get_world_size() > 1 else list(COLLECTIVES):
+    if names is None:  # a point-to-point send needs a second rank
+        names = [*COLLECTIVES, "p2p"] if dist.get_world_size() > 1 else list(COLLECTIVES)
+    sizes = [s for i, s in enumerate(SIZES) if max_bytes is None or i < 2 or s <= 4 * max_bytes]
+    for name in names:
         points[name] = []
-        for size in SIZES:
+        for size in sizes:
             reps = 5 if size <= 2**20 else 3
             if name == "p2p":
                 seconds = _time_p2p(size, device, reps)

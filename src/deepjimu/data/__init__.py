@@ -2,6 +2,7 @@
 
 # importing the loaders registers the datasets
 from deepjimu.data import (  # noqa: F401
+    bow,
     cifar,
     digits,
     eurosat,

@@ -15,7 +15,7 @@ __all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_sp
 
 _SPEC_HELP = (
     "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., cnn:C1-C2-... (e.g. cnn:16-32), cnn:CxDEPTH, "
-    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN"
+    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN, embed:VOCAB:DIM"
 )
 # the spec of a model that a Python factory builds (deepjimu.fit): it names, not describes
 _FACTORY = "factory:"
@@ -23,7 +23,8 @@ _FACTORY = "factory:"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A parsed spec: ``kind`` and its numbers (mlp, gcn: hidden widths, cnn: channels, resnet: blocks)."""
+    """A parsed spec: ``kind`` and its numbers (mlp, gcn: hidden widths, cnn: channels, resnet:
+    blocks, embed: vocabulary and dimension)."""
 
     kind: str
     widths: tuple[int, ...] = ()
@@ -66,6 +67,11 @@ def parse_spec(spec: str) -> ModelSpec:
         kind, widths = m[1], tuple(int(w) for w in m[2].split("-"))
     elif s == "lenet":
         return ModelSpec("lenet")
+    elif m := re.fullmatch(r"embed:(\d+):(\d+)", s):
+        vocab, dim = int(m[1]), int(m[2])
+        if vocab < 1 or dim < 1:
+            raise JimuError(f"model {spec!r}: embed needs a vocabulary and a dimension >= 1")
+        return ModelSpec("embed", widths=(vocab, dim))
     elif s.startswith(_FACTORY):
         return ModelSpec("factory")
     elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
@@ -99,7 +105,7 @@ def count_blocks(spec: str) -> int:
         return len(ms.widths) + 1
     if ms.kind == "lenet":
         return 5
-    if ms.kind == "gcn":
+    if ms.kind in ("gcn", "embed"):
         return 2
     return 2 + 3 * ms.blocks_per_stage
 
@@ -114,12 +120,14 @@ def build_model(
         ``Sequential([Flatten,] Linear, ReLU)`` and the last block ``Sequential(Linear)``;
         for ``cnn``, ``Sequential(Conv2d, ReLU[, AvgPool2d])`` and ``Sequential(Flatten, Linear)``.
         ``gcn`` is a :class:`~deepjimu.models.gcn.GCN`, whose forward takes the node
-        features and the normalised adjacency.
+        features and the normalised adjacency; ``embed`` a
+        :class:`~deepjimu.models.embed.TokenBag` and ``Linear``.
 
     Raises:
         JimuError: bad spec, or a convolutional model on flat features.
     """
     from deepjimu.models.cnn import cnn, lenet, resnet
+    from deepjimu.models.embed import embed
     from deepjimu.models.gcn import gcn
     from deepjimu.models.mlp import mlp
 
@@ -132,6 +140,8 @@ def build_model(
         torch.manual_seed(seed)
         if ms.kind == "mlp":
             return mlp(feature_shape, ms.widths, num_classes)
+        if ms.kind == "embed":
+            return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes)
         if ms.kind == "gcn":
             if len(feature_shape) != 1:
                 raise JimuError(

@@ -333,7 +333,7 @@ def links_from_probe(links: Mapping[str, _AlphaBeta], world: int) -> dict[str, L
 
     An all-reduce (``all_reduce*``) fit gives alpha_hop = alpha / (2(p-1)) and
     B = 2(p-1)/p / beta; an all-gather (``all_gather*``) fit gives alpha_hop = alpha / (p-1)
-    and B = (p-1) / beta. So :meth:`Cluster.all_reduce_s` at p = ``world`` gives back the
+    and B = (p-1) / beta; a ``reduce_scatter`` fit alpha / (p-1) and B = (p-1)/p / beta. So :meth:`Cluster.all_reduce_s` at p = ``world`` gives back the
     fit, and other p follow the ring. A fit whose time did not grow with size (beta 0)
     gives an infinite bandwidth, as :attr:`LinkFit.gbit_per_s` does.
 
@@ -365,11 +365,13 @@ def links_from_probe(links: Mapping[str, _AlphaBeta], world: int) -> dict[str, L
             hops, share = 2 * (p - 1), 2 * (p - 1) / p
         elif name.startswith("all_gather"):
             hops, share = p - 1, float(p - 1)
+        elif name == "reduce_scatter":  # half a ring all-reduce
+            hops, share = p - 1, (p - 1) / p
         elif name == "p2p":  # one message between two ranks: the hop itself
             hops, share = 1, 1.0
         else:
             raise JimuError(
-                f"probe link {name!r} is neither an all_reduce, an all_gather nor p2p (link: {name!r})"
+                f"probe link {name!r} is none of all_reduce, all_gather, reduce_scatter or p2p (link: {name!r})"
             )
         beta = fit.beta_s_per_byte
         out[name] = Link(fit.alpha_s / hops, share / beta if beta > 0 else math.inf)

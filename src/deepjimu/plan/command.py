@@ -143,6 +143,9 @@ def plan_from_args(args: argparse.Namespace) -> Path:
     # fastest first; configurations without a prediction last
     rows.sort(key=lambda r: -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf)
     print(_table(rows))
+    for r in rows:
+        if "_sync_table" in r:
+            print(f"\n{_label(r)}: sync plan\n{r['_sync_table']}")
     for cell in skipped:
         print(f"skipped {cell.label}: {cell.skip}")
     if args.check is not None:
@@ -165,8 +168,9 @@ def plan_from_args(args: argparse.Namespace) -> Path:
 def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
     """Every configuration's row with its prediction (or why it has none)."""
     from deepjimu.plan.cluster import cluster_to_dict
-    from deepjimu.plan.predict import predict
+    from deepjimu.plan.predict import predict, sync_entries
     from deepjimu.plan.setup import cluster_and_compute
+    from deepjimu.plan.sync import format_plan, plan_to_dict
 
     rows = []
     made: dict[tuple[Any, ...], Any] = {}
@@ -187,6 +191,11 @@ def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[s
             row["predicted"] = predict(c.cfg, layers, train_size, compute, cluster).to_dict()
         except ValueError as e:
             row["predicted"], row["not_predicted"] = None, str(e)
+        if c.cfg.strategy == "ddp" and c.cfg.sync_plan != "allreduce" and row["predicted"]:
+            p = c.cell.workers
+            entries = sync_entries(c.cfg, layers, compute, cluster, p)
+            row["sync_plan"] = plan_to_dict(entries, c.cfg.sync_plan, p)
+            row["_sync_table"] = format_plan(entries, c.cfg.sync_plan)
         rows.append(row)
     return rows
 

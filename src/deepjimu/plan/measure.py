@@ -75,23 +75,50 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
         >>> [l.params for l in layers_of(nn.Sequential(nn.Linear(4, 2)), torch.zeros(1, 4))]
         [10]
     """
+    from deepjimu.compress.sync import sparse_embeddings
+
     out, x = [], sample[:1]
     with torch.no_grad():
         for i, block in enumerate(model):
+            rows: dict[str, float] = {}
+            kinds = {n: "embedding" for n in sparse_embeddings(block)}
+            hooks = []
+            for name, m in block.named_modules():
+                if isinstance(m, nn.Linear):
+                    weight = f"{name}.weight" if name else "weight"
+                    kinds[weight] = "linear"
+                    hooks.append(m.register_forward_hook(_rows_seen(rows, weight, m.in_features)))
+            for name in kinds:
+                if kinds[name] == "embedding":
+                    rows[name] = float(len(torch.unique(x[0])))
             with FlopCounterMode(display=False) as counter:
                 y = block(x)
+            for h in hooks:
+                h.remove()
+            named = list(block.named_parameters())
             out.append(
                 Layer(
                     name=f"{i}:{type(block).__name__}",
                     fwd_flops=float(counter.get_total_flops()),
-                    params=sum(p.numel() for p in block.parameters()),
+                    params=sum(p.numel() for _, p in named),
                     in_elems=math.prod(x.shape[1:]),
                     out_elems=math.prod(y.shape[1:]),
-                    shapes=tuple(tuple(p.shape) for p in block.parameters()),
+                    shapes=tuple(tuple(p.shape) for _, p in named),
+                    kinds=tuple(kinds.get(n, "dense") for n, _ in named),
+                    rows=tuple(rows.get(n, 0.0) for n, _ in named),
                 )
             )
             x = y
     return out
+
+
+def _rows_seen(rows: dict[str, float], name: str, width: int) -> Callable[..., None]:
+    """A forward hook that records a Linear's input rows per sample (1 for flat inputs)."""
+
+    def hook(_m: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
+        rows[name] = inputs[0].numel() / width
+
+    return hook
 
 
 def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes:

@@ -10,7 +10,8 @@ Every predictor composes the same two inputs, a :class:`~deepjimu.plan.profile.C
   1 MiB, the others 25 MiB, as torch's DDP fills them). On a CPU node the all-reduce does not overlap the backward pass (gloo
   and the gradients share the cores, :mod:`deepjimu.compress.cost`); on a GPU it overlaps
   all but the last bucket's backward. ``--compress fp16|bf16`` halves the bytes and uses
-  that dtype's fitted all-reduce.
+  that dtype's fitted all-reduce; ``--sync-plan`` other than allreduce prices each tensor's
+  method instead (:func:`sync_entries`).
 - ``pipeline``: the schedule's actions (:func:`deepjimu.plan.schedule.actions`) replayed
   through the cost model (:func:`deepjimu.plan.schedule.simulate`) with each stage's
   micro-batch times and the cuts' transfers, then each rank's optimizer update of its
@@ -44,10 +45,11 @@ from deepjimu.plan.cluster import Cluster
 from deepjimu.plan.ddp import buckets_of, message_s, messages
 from deepjimu.plan.profile import Compute, Layer
 from deepjimu.plan.schedule import actions, simulate, stage_ranks
+from deepjimu.plan.sync import SyncEntry, TensorInfo, plan_sync
 from deepjimu.speeds import chosen_balance
 from deepjimu.strategies.partition import listed_balance, parse_balance, partition
 
-__all__ = ["Prediction", "predict", "staged_step", "threads_per_rank"]
+__all__ = ["Prediction", "predict", "staged_step", "sync_entries", "threads_per_rank"]
 
 _FLOAT = 4  # activations, gradients and admm's variables are float32
 
@@ -141,6 +143,13 @@ def predict(
         return _kfac(cfg, layers, train_size, compute, cluster)
     if kind == "local":
         return _gradient(cfg, layers, train_size, compute, cluster, comm=None)
+    if kind == "ddp" and cfg.sync_plan != "allreduce":
+
+        def sync_comm(cfg: RunConfig, layers: list[Layer], c: Cluster, p: int) -> tuple[float, int]:
+            entries = sync_entries(cfg, layers, compute, c, p)
+            return sum(e.seconds for e in entries), sum(e.nbytes for e in entries)
+
+        return _gradient(cfg, layers, train_size, compute, cluster, comm=sync_comm)
     if kind == "ddp":
         return _gradient(cfg, layers, train_size, compute, cluster, comm=_ddp_comm)
     if kind == "model-parallel":
@@ -183,6 +192,40 @@ def _ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> 
     shapes = [s for layer in layers for s in layer.param_shapes]
     msgs = messages(compress, buckets_of(shapes))
     return sum(message_s(cluster, c, b, p) for c, b in msgs), sum(b for _, b in msgs)
+
+
+def sync_entries(
+    cfg: RunConfig, layers: list[Layer], compute: Compute, cluster: Cluster, p: int
+) -> list[SyncEntry]:
+    """ddp's ``--sync-plan`` for the model of ``layers`` on ``cluster`` (:mod:`deepjimu.plan.sync`).
+
+    Without data to measure, a sparse embedding is taken to touch every distinct id of its
+    first sample in every row of the batch (at most all its rows: an upper bound, since
+    real batches repeat ids), and the rebuild of a Linear's sufficient factors to cost
+    half its block's backward pass on the other ranks' rows (the weight-gradient matmul of
+    the two that a Linear's backward makes).
+    """
+    rows = math.ceil(cfg.batch_size / p)
+    tensors = []
+    for layer in layers:
+        kinds = layer.kinds or ("dense",) * len(layer.param_shapes)
+        per_sample = layer.rows or (0.0,) * len(layer.param_shapes)
+        for j, (shape, kind, r) in enumerate(
+            zip(layer.param_shapes, kinds, per_sample, strict=True)
+        ):
+            name = f"{layer.name}.{j}"
+            if kind == "embedding":
+                tensors.append(TensorInfo(name, shape, kind, rows=min(shape[0], r * rows)))
+            elif kind == "linear":
+                rebuild = 0.0
+                if p > 1:
+                    t = threads_per_rank(cluster, p)
+                    block = layers.index(layer)
+                    rebuild = compute.blocks(rows * (p - 1), t).bwd_s[block] / 2
+                tensors.append(TensorInfo(name, shape, kind, rows=r * rows, rebuild_s=rebuild))
+            else:
+                tensors.append(TensorInfo(name, shape))
+    return plan_sync(tensors, cfg.sync_plan, cluster, p)
 
 
 def _gradient(

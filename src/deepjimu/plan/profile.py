@@ -45,7 +45,11 @@ are 0.3-1 ms)."""
 class Layer:
     """One block of the model's ``nn.Sequential``, per sample: forward FLOPs, parameters
     (elements), input and output activation elements; ``shapes`` the shapes of its
-    parameters (model order; empty: one flat tensor of ``params``)."""
+    parameters (model order; empty: one flat tensor of ``params``). For the sync planner
+    (:mod:`deepjimu.plan.sync`), per parameter: ``kinds`` (``dense``, ``linear``,
+    ``embedding``; empty: all dense) and ``rows`` (a Linear weight's input rows per
+    sample; a sparse embedding's distinct ids per sample, which bounds the rows a batch
+    touches)."""
 
     name: str
     fwd_flops: float
@@ -53,6 +57,8 @@ class Layer:
     in_elems: int
     out_elems: int
     shapes: tuple[tuple[int, ...], ...] = ()
+    kinds: tuple[str, ...] = ()
+    rows: tuple[float, ...] = ()
 
     @property
     def param_shapes(self) -> tuple[tuple[int, ...], ...]:

@@ -1,5 +1,6 @@
-"""``ddp``: data parallel with torch DistributedDataParallel; compression and local SGD in its comm hook."""
+"""``ddp``: data parallel with torch DistributedDataParallel; compression and local SGD in its comm hook, or a per-tensor sync plan."""
 
+import json
 import math
 import time
 
@@ -9,13 +10,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from deepjimu.atomic import atomic_write_text
 from deepjimu.choices import Precision
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.spec import CompressSpec, parse_compress
+from deepjimu.compress.sync import SyncExecutor
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.data.base import shard_counts
+from deepjimu.models import parse_spec
 from deepjimu.run import Run
 from deepjimu.speeds import SPEED_BALANCES
 from deepjimu.strategies.base import (
@@ -38,7 +42,10 @@ class DDPStrategy(GradientStrategy):
     counts every payload: plain all-reduce, a ``--compress`` option (``auto``: chosen by the
     cost model from a probe of the link at the start), or local SGD (``--local-sgd H``:
     no gradient all-reduce after the warm-up; the models are averaged every H steps, before
-    every checkpoint and at the end).
+    every checkpoint and at the end). ``--sync-plan`` other than allreduce replaces DDP by
+    a per-tensor plan (:mod:`deepjimu.compress.sync`: sharded parameter server, sufficient
+    factors, sparse rows, or each tensor's fastest predicted method), printed at the start
+    and saved as ``sync_plan.json``.
 
     Events carry ``step_s``, the mean time of the interval's steps past the warm-up, and
     with ``auto`` the cost model's ``predicted_step_s``.
@@ -57,6 +64,11 @@ class DDPStrategy(GradientStrategy):
             return [
                 f"batch-size must be >= workers for ddp (batch-size: {cfg.batch_size}, workers: {w})"
             ]
+        if cfg.sync_plan == "sparse" and parse_spec(cfg.model).kind not in ("embed", "factory"):
+            return [
+                f"sync-plan sparse sends the touched rows of sparse embedding gradients; model "
+                f"{cfg.model} has none (use --model embed:VOCAB:DIM, or another --sync-plan)"
+            ]
         if cfg.balance not in (*SPEED_BALANCES, "even"):
             return [
                 f"ddp splits each batch over the workers: --balance auto, even or speed "
@@ -69,37 +81,46 @@ class DDPStrategy(GradientStrategy):
         assert cfg.epochs is not None, "config not resolved"
         self.run = run
         self.model = model.to(run.device)
-        ids = [run.device.index] if run.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        # every rank's shard, as the worker's data.shard cut it, so that each rank knows the
+        # whole batch of every step
+        self._shards = shard_counts(data.train_size, run.world, run.speeds)
         # warm-up default: a tenth of the run, at least the 2 steps DDP needs to settle its buckets
         tenth = max(2, math.ceil(self.steps_per_epoch(data) * cfg.epochs / 10))
         self.spec = parse_compress(cfg.compress)
         self.predictions: dict[str, float] = {}
-        if self.spec.kind == "auto":
-            self.spec = self._choose(data, run)
         self.averaging: Averaging | None = None
-        if cfg.local_sgd:
-            warmup = cfg.local_sgd_warmup if cfg.local_sgd_warmup is not None else tenth
-            self.hook: HookState = LocalSGDState(run.comm, warmup)
-            self.ddp.register_comm_hook(self.hook, local_sgd_hook)
-            self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
+        self.sync: SyncExecutor | None = None
+        self.ddp: nn.Module
+        self.hook: HookState | SyncExecutor
+        # config: no compressor, local SGD or K-FAC with a sync plan; one worker has nothing
+        # to synchronise (and no link to probe), so it keeps DDP's path
+        if cfg.sync_plan != "allreduce" and run.world > 1:
+            self.sync = self.hook = self._plan_sync(data, run)
+            self.ddp = self.model  # the executor's hooks are on the model's parameters
         else:
-            self.hook, hook = comm_hook(
-                self.spec,
-                run.comm,
-                cfg.compress_start if cfg.compress_start is not None else tenth,
-                run.device,
-                error_feedback=cfg.error_feedback,
-                warm_start=cfg.warm_start,
-                seed=cfg.seed,
-            )
-            self.ddp.register_comm_hook(self.hook, hook)
+            ids = [run.device.index] if run.device.type == "cuda" else None
+            ddp = self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+            if self.spec.kind == "auto":
+                self.spec = self._choose(data, run)
+            if cfg.local_sgd:
+                warmup = cfg.local_sgd_warmup if cfg.local_sgd_warmup is not None else tenth
+                self.hook = LocalSGDState(run.comm, warmup)
+                ddp.register_comm_hook(self.hook, local_sgd_hook)
+                self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
+            else:
+                self.hook, hook = comm_hook(
+                    self.spec,
+                    run.comm,
+                    cfg.compress_start if cfg.compress_start is not None else tenth,
+                    run.device,
+                    error_feedback=cfg.error_feedback,
+                    warm_start=cfg.warm_start,
+                    seed=cfg.seed,
+                )
+                ddp.register_comm_hook(self.hook, hook)
         self.optimizer = make_optimizer(
             self.ddp.parameters(), cfg, self.model, run.comm, speeds=run.speeds
         )
-        # every rank's shard, as the worker's data.shard cut it, so that each rank knows the
-        # whole batch of every step
-        self._shards = shard_counts(data.train_size, run.world, run.speeds)
         self._scales: list[float] = []
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
@@ -117,6 +138,34 @@ class DDPStrategy(GradientStrategy):
             write_probe(probe, run.out_dir / "probe.json", predictions, choice)
             print(f"{format_probe(probe)}\n{format_predictions(predictions, choice)}", flush=True)
         return parse_compress(choice)
+
+    def _rows(self, data: DataSplits) -> int:
+        """The most batch rows any rank takes in one step (the i-th of torch.tensor_split
+        of its shard into the epoch's steps)."""
+        steps = self.steps_per_epoch(data)
+        return max(math.ceil(n / steps) for n in self._shards)
+
+    def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor:
+        """Collective: measure, plan (``--sync-plan``), print and save the plan; its executor."""
+        from deepjimu.compress.sync import make_plan
+        from deepjimu.plan.sync import format_plan, plan_to_dict
+
+        rows = self._rows(data)
+        # this rank's first rows, in batches of a step's size: what the plan measures
+        batches = [
+            (data.train_x[i : i + rows], data.train_y[i : i + rows])
+            for i in range(0, min(len(data.train_y), 3 * rows), rows)
+        ]
+        plan = make_plan(self.model, batches, rows, self.cfg.sync_plan, run.device)
+        self.sync_plan = plan
+        if run.is_main:
+            out = {**plan_to_dict(plan.entries, self.cfg.sync_plan, run.world), "links": plan.links}
+            atomic_write_text(run.out_dir / "sync_plan.json", json.dumps(out, indent=2))
+            if not self.cfg.quiet:
+                print(format_plan(plan.entries, self.cfg.sync_plan), flush=True)
+        methods = {e.name: e.method for e in plan.entries}
+        factor_rows = {e.name: math.ceil(e.rows) for e in plan.entries if e.method == "sfb"}
+        return SyncExecutor(self.model, methods, run.comm, factor_rows)
 
     def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
         """This rank's batches, and the weight of each one's mean loss: the comm hook
@@ -144,6 +193,8 @@ class DDPStrategy(GradientStrategy):
         scale = self._scales.pop() if self._scales else 1.0
         # local SGD steps each replica on its own gradient between averagings: unweighted
         (loss if self.averaging is not None else loss * scale).backward()
+        if self.sync is not None:
+            self.sync.finish()
         self.run.synchronize()
         self.run.stats.wait_s += max(0.0, time.perf_counter() - self.hook.last_call)
         self.optimizer.step()

@@ -1,0 +1,292 @@
+"""The per-tensor synchronisation plan of ddp (``--sync-plan``): each method's messages, their predicted time, and the choice.
+
+Pure: no torch, no process group. For every parameter tensor (n float32 entries, p ranks)
+the methods and the messages one rank hands to collectives per step are:
+
+- ``allreduce``: a ring all-reduce of 4n bytes (a sparse gradient is made dense first);
+- ``ps``, a sharded parameter server: the gradient, padded to a multiple of p, is
+  reduce-scattered so that rank r owns (sums) shard r, which is averaged and all-gathered
+  back: 4n' bytes reduce-scattered and 4n'/p all-gathered (n' = n rounded up to p);
+- ``sfb``, sufficient factors (Poseidon), for an ``nn.Linear`` weight of M x N at K input
+  rows per rank and step: every rank all-gathers its inputs A (K x N) and output gradients
+  G (K x M) in one message of 4K(M + N) bytes, and adds the other ranks' G^T A to its own
+  gradient (a matmul of 2 M N (p-1) K FLOPs, measured: ``rebuild_s``);
+- ``sparse``, for an embedding weight of V x D with a sparse gradient touching k rows per
+  rank and step: all-gather the row counts (8 bytes), then k_max rows of one int32 index
+  and D float32 values each: 4 k (D + 1) bytes.
+
+A message's time is the cluster's ring collective (:class:`~deepjimu.plan.cluster.Cluster`,
+on this machine the probe's fits; an all-gather timed at its own size replaces the fit,
+as for ``--compress``: :func:`deepjimu.plan.ddp.message_s`). With a pure bandwidth model
+(no latency, one bandwidth B per hop) all-reduce takes 2(p-1)/p 4MN/B and the factors
+(p-1) 4K(M+N)/B, so SFB is the faster exactly when p K (M + N) < 2 M N, Poseidon's rule;
+the planner decides by the predicted times, which add each collective's latency and the
+measured rebuild.
+
+**Why a sharded server rather than dedicated server ranks.** Dedicated servers need
+processes (and, to be worth it, machines) beyond the workers, and with s servers for p
+workers each server's link carries 2np/s bytes a step, the bottleneck unless s ~ p. The
+server sharded over the workers themselves is that s = p case with no extra process: each
+rank owns 1/p of every tensor, every worker pushes each shard to its owner
+(reduce-scatter) and pulls the averaged shards back (all-gather), the traffic of a
+parameter server with p shards. The optimizer stays replicated (every rank updates the
+whole tensor from the averaged gradient), so the result is DDP's to the last rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from deepjimu.errors import JimuError
+from deepjimu.plan.cluster import Cluster
+from deepjimu.plan.ddp import message_s
+from deepjimu.units import format_bytes
+
+__all__ = [
+    "METHODS",
+    "PLANS",
+    "Option",
+    "SyncEntry",
+    "TensorInfo",
+    "applicable",
+    "format_plan",
+    "method_messages",
+    "plan_sync",
+    "plan_to_dict",
+    "price",
+]
+
+METHODS = ("allreduce", "ps", "sfb", "sparse")
+"""The methods, in the order that breaks a tie of predicted times (the plainer first)."""
+PLANS = ("auto", *METHODS)
+"""``--sync-plan``'s values: auto (per tensor, the fastest predicted method) or one method."""
+
+KINDS = ("dense", "linear", "embedding")
+_F32 = 4
+_COUNT = 8  # one int64 row count per rank (sparse)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One parameter tensor as the planner sees it.
+
+    ``kind``: ``linear`` (an ``nn.Linear`` weight, out x in), ``embedding`` (an embedding
+    weight with sparse gradients, rows x dim) or ``dense`` (anything else). ``rows``:
+    linear, the input rows per rank and step (the batch, times the positions of a
+    sequence); embedding, the rows a step's gradient touches on the busiest rank.
+    ``rebuild_s``: linear, the measured time of adding the other ranks' factors.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str = "dense"
+    rows: float = 0.0
+    rebuild_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)} (kind: {self.kind!r})")
+        if self.kind in ("linear", "embedding") and len(self.shape) != 2:
+            raise ValueError(f"a {self.kind} weight is 2-D (shape: {self.shape})")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One method for one tensor: its messages (collective, bytes per rank), predicted seconds and bytes sent."""
+
+    method: str
+    seconds: float
+    nbytes: int
+    messages: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class SyncEntry:
+    """A tensor's line of the plan: the method applied and every applicable method's option
+    (``rows``: the tensor's :attr:`TensorInfo.rows`)."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+    method: str
+    seconds: float
+    nbytes: int
+    rows: float = 0.0
+    options: dict[str, Option] = field(default_factory=dict)
+
+
+def applicable(t: TensorInfo) -> tuple[str, ...]:
+    """The methods that can synchronise ``t``: all-reduce and the sharded server always,
+    sufficient factors for Linear weights, sparse rows for sparse embedding weights.
+
+    Example:
+        >>> applicable(TensorInfo("0.weight", (4, 3), "linear", rows=2))
+        ('allreduce', 'ps', 'sfb')
+    """
+    extra = {"linear": ("sfb",), "embedding": ("sparse",)}.get(t.kind, ())
+    return ("allreduce", "ps", *extra)
+
+
+def method_messages(t: TensorInfo, method: str, p: int) -> list[tuple[str, int]]:
+    """The collectives (name, bytes per rank) of ``method`` on ``t`` over ``p`` ranks in one step.
+
+    Example:
+        >>> method_messages(TensorInfo("w", (3, 5)), "ps", 2)
+        [('reduce_scatter', 64), ('all_gather', 32)]
+
+    Raises:
+        ValueError: ``method`` does not apply to ``t``.
+    """
+    if method not in applicable(t):
+        raise ValueError(f"{method} does not apply to {t.name} (a {t.kind} tensor)")
+    n = t.numel
+    if method == "allreduce":
+        return [("all_reduce", _F32 * n)]
+    if method == "ps":
+        padded = math.ceil(n / p) * p
+        return [("reduce_scatter", _F32 * padded), ("all_gather", _F32 * padded // p)]
+    out_dim, in_dim = t.shape
+    if method == "sfb":
+        return [("all_gather", _F32 * math.ceil(t.rows) * (out_dim + in_dim))]
+    return [("all_gather", _COUNT), ("all_gather", _F32 * math.ceil(t.rows) * (in_dim + 1))]
+
+
+def _collective_s(
+    cluster: Cluster, name: str, nbytes: int, p: int, measured: Mapping[str, float] | None
+) -> float:
+    if name == "reduce_scatter":
+        # half a ring all-reduce: the probe's own fit when it timed one, else all-reduce's hop
+        hop = name if name in cluster.collectives else "all_reduce"
+        return cluster.reduce_scatter_s(nbytes, p, hop)
+    return message_s(cluster, name, nbytes, p, measured)
+
+
+def price(
+    t: TensorInfo,
+    method: str,
+    cluster: Cluster,
+    p: int,
+    measured: Mapping[str, float] | None = None,
+) -> Option:
+    """``method``'s predicted seconds on ``t``: its messages over the cluster, plus the
+    rebuild of the sufficient factors for ``sfb``.
+
+    Raises:
+        ValueError: ``method`` does not apply to ``t``.
+    """
+    msgs = method_messages(t, method, p)
+    seconds = sum(_collective_s(cluster, c, b, p, measured) for c, b in msgs)
+    if method == "sfb":
+        seconds += t.rebuild_s
+    return Option(method, seconds, sum(b for _, b in msgs), tuple(msgs))
+
+
+def plan_sync(
+    tensors: Sequence[TensorInfo],
+    plan: str,
+    cluster: Cluster,
+    p: int,
+    measured: Mapping[str, float] | None = None,
+) -> list[SyncEntry]:
+    """The method of every tensor under ``plan``.
+
+    ``auto`` takes each tensor's fastest predicted method (a tie goes to the one earlier in
+    :data:`METHODS`); a single method applies wherever it can, and the tensors it cannot
+    synchronise (``sfb``: all but Linear weights; ``sparse``: all but sparse embedding
+    weights) are all-reduced.
+
+    Args:
+        tensors: the model's parameters.
+        plan: one of :data:`PLANS`.
+        cluster: where the step runs (the probe's cluster on this machine).
+        p: ranks taking part.
+        measured: all-gathers timed at their own sizes (``"all_gather:bytes"`` -> seconds).
+
+    Raises:
+        JimuError: an unknown plan.
+
+    Example:
+        >>> from deepjimu.plan.cluster import Device, Link
+        >>> c = Cluster("toy", 1, 2, Device("d", {"fp32": 1.0}, 0), Link(0.0, 1e9), None)
+        >>> w = TensorInfo("fc.weight", (1000, 1000), "linear", rows=10)
+        >>> [e.method for e in plan_sync([w], "auto", c, 2)]
+        ['sfb']
+    """
+    if plan not in PLANS:
+        raise JimuError(f"sync-plan must be one of {', '.join(PLANS)} (sync-plan: {plan!r})")
+    out = []
+    for t in tensors:
+        options = {m: price(t, m, cluster, p, measured) for m in applicable(t)}
+        if plan == "auto":
+            best = min(options.values(), key=lambda o: (o.seconds, METHODS.index(o.method)))
+        else:
+            best = options.get(plan, options["allreduce"])
+        out.append(
+            SyncEntry(
+                t.name, t.shape, t.kind, best.method, best.seconds, best.nbytes, t.rows, options
+            )
+        )
+    return out
+
+
+def plan_to_dict(entries: Sequence[SyncEntry], plan: str, p: int) -> dict[str, Any]:
+    """The plan as JSON-able values (``sync_plan.json``): per tensor its method, seconds,
+    bytes and every option; the totals per step; and each single method's totals applied
+    to every tensor it can take (the rest all-reduced), for comparison."""
+    whole = {}
+    for method in METHODS:
+        chosen = [e.options.get(method, e.options["allreduce"]) for e in entries]
+        whole[method] = {
+            "seconds": sum(o.seconds for o in chosen),
+            "bytes": sum(o.nbytes for o in chosen),
+        }
+    return {
+        "plan": plan,
+        "world": p,
+        "seconds": sum(e.seconds for e in entries),
+        "bytes": sum(e.nbytes for e in entries),
+        "methods": {m: sum(e.method == m for e in entries) for m in METHODS},
+        "single_methods": whole,
+        "tensors": [
+            {
+                **{k: v for k, v in asdict(e).items() if k != "options"},
+                "shape": list(e.shape),
+                "options": {
+                    m: {
+                        "seconds": o.seconds,
+                        "bytes": o.nbytes,
+                        "messages": [list(x) for x in o.messages],
+                    }
+                    for m, o in e.options.items()
+                },
+            }
+            for e in entries
+        ],
+    }
+
+
+def format_plan(entries: Sequence[SyncEntry], plan: str) -> str:
+    """The plan as a table: tensor, shape, method, predicted ms, bytes per step; then the totals."""
+    width = max([len("tensor"), *(len(e.name) for e in entries)]) + 2
+    lines = [f"{'tensor':<{width}}{'shape':<16}{'method':<11}{'pred. ms':>10}{'bytes':>12}"]
+    for e in entries:
+        shape = "x".join(map(str, e.shape))
+        lines.append(
+            f"{e.name:<{width}}{shape:<16}{e.method:<11}{e.seconds * 1e3:>10.3f}"
+            f"{format_bytes(e.nbytes):>12}"
+        )
+    total_s = sum(e.seconds for e in entries)
+    total_b = sum(e.nbytes for e in entries)
+    counts = ", ".join(f"{m} {n}" for m in METHODS if (n := sum(e.method == m for e in entries)))
+    lines.append(
+        f"sync-plan {plan}: {counts}; predicted {total_s * 1e3:.3f} ms and "
+        f"{format_bytes(total_b)} sent per step"
+    )
+    return "\n".join(lines)

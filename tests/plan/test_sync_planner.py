@@ -1,0 +1,154 @@
+"""The sync planner on hand-made probe figures: each tensor's choice follows the predicted times."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from deepjimu.compress.probe import LinkFit
+from deepjimu.errors import JimuError
+from deepjimu.plan.cluster import Cluster, Device, Link, probed_cluster
+from deepjimu.plan.sync import (
+    METHODS,
+    TensorInfo,
+    format_plan,
+    method_messages,
+    plan_sync,
+    plan_to_dict,
+    price,
+)
+
+
+def _bandwidth_only(p: int, bytes_per_s: float = 1e9) -> Cluster:
+    """A cluster whose every hop moves bytes at one rate, with no latency."""
+    return Cluster("toy", 1, p, Device("d", {"fp32": 1.0}, 0), Link(0.0, bytes_per_s), None)
+
+
+@pytest.mark.parametrize("p", [2, 3, 8])
+def test_sfb_is_chosen_exactly_when_poseidons_inequality_holds_on_a_bandwidth_model(p: int) -> None:
+    cluster = _bandwidth_only(p)
+    seen = set()
+    for m, n, k in itertools.product([10, 64, 300, 1000], [10, 64, 300, 1000], [1, 4, 16, 64]):
+        w = TensorInfo("w", (m, n), "linear", rows=k)
+        (entry,) = plan_sync([w], "auto", cluster, p)
+        sfb_faster = entry.options["sfb"].seconds < entry.options["allreduce"].seconds
+        assert (entry.method == "sfb") == sfb_faster
+        if p * k * (m + n) != 2 * m * n:  # on the equality the times tie (within rounding)
+            assert sfb_faster == (p * k * (m + n) < 2 * m * n), (m, n, k)
+        seen.add(entry.method)
+    assert seen == {"sfb", "allreduce"}  # the grid has both sides
+
+
+def test_the_choice_is_the_fastest_predicted_method_with_latency_and_a_probe_fit() -> None:
+    # a probe's fits: all-gather slower per byte than all-reduce, with latency
+    fits = {
+        "all_reduce": LinkFit(2e-4, 2e-9),
+        "reduce_scatter": LinkFit(1e-4, 0.8e-9),
+        "all_gather": LinkFit(1.5e-4, 3e-9),
+    }
+    cluster = probed_cluster(fits, 2, "cpu")
+    tensors = [
+        TensorInfo("emb.weight", (50_000, 64), "embedding", rows=300),
+        TensorInfo("fc.weight", (4096, 4096), "linear", rows=16, rebuild_s=1e-3),
+        TensorInfo("fc.bias", (4096,)),
+        TensorInfo("out.weight", (10, 4096), "linear", rows=16),
+        TensorInfo("dense.emb", (50_000, 64), "embedding", rows=50_000),
+    ]
+    entries = plan_sync(tensors, "auto", cluster, 2)
+    for t, e in zip(tensors, entries, strict=True):
+        best = min(e.options.values(), key=lambda o: o.seconds)
+        assert e.seconds == best.seconds and e.method == best.method
+        assert e.options[e.method] == price(t, e.method, cluster, 2)
+    assert [e.method for e in entries][:2] == ["sparse", "sfb"]
+    assert entries[4].method != "sparse"  # every row touched: the dense methods are cheaper
+    # a reduce-scatter fitted apart prices the sharded server, not all-reduce's hop
+    ps = entries[2].options["ps"]
+    assert ps.messages == (("reduce_scatter", 4 * 4096), ("all_gather", 4 * 2048))
+    assert ps.seconds == pytest.approx(
+        fits["reduce_scatter"].seconds(4 * 4096) + fits["all_gather"].seconds(4 * 2048)
+    )
+
+
+def test_the_rebuild_time_can_turn_sfb_down() -> None:
+    cluster = _bandwidth_only(2)
+    cheap = TensorInfo("w", (1000, 1000), "linear", rows=10)
+    (e,) = plan_sync([cheap], "auto", cluster, 2)
+    assert e.method == "sfb"
+    slow = TensorInfo("w", (1000, 1000), "linear", rows=10, rebuild_s=1.0)
+    (e,) = plan_sync([slow], "auto", cluster, 2)
+    assert e.method == "allreduce"
+
+
+def test_a_single_method_takes_the_tensors_it_can_and_all_reduces_the_rest() -> None:
+    cluster = _bandwidth_only(2)
+    tensors = [
+        TensorInfo("e", (100, 8), "embedding", rows=5),
+        TensorInfo("w", (8, 8), "linear", rows=4),
+        TensorInfo("b", (8,)),
+    ]
+    assert [e.method for e in plan_sync(tensors, "sfb", cluster, 2)] == [
+        "allreduce",
+        "sfb",
+        "allreduce",
+    ]
+    assert [e.method for e in plan_sync(tensors, "sparse", cluster, 2)] == [
+        "sparse",
+        "allreduce",
+        "allreduce",
+    ]
+    assert [e.method for e in plan_sync(tensors, "ps", cluster, 2)] == ["ps"] * 3
+    with pytest.raises(JimuError, match="sync-plan must be one of"):
+        plan_sync(tensors, "gossip", cluster, 2)
+
+
+def test_message_bytes_follow_each_methods_formula() -> None:
+    p = 3
+    assert method_messages(TensorInfo("b", (10,)), "allreduce", p) == [("all_reduce", 40)]
+    # padded to 12 entries: 48 bytes reduce-scattered, a 16-byte shard gathered
+    assert method_messages(TensorInfo("b", (10,)), "ps", p) == [
+        ("reduce_scatter", 48),
+        ("all_gather", 16),
+    ]
+    w = TensorInfo("w", (5, 7), "linear", rows=4)
+    assert method_messages(w, "sfb", p) == [("all_gather", 4 * 4 * (5 + 7))]
+    e = TensorInfo("e", (100, 8), "embedding", rows=6)
+    assert method_messages(e, "sparse", p) == [("all_gather", 8), ("all_gather", 4 * 6 * 9)]
+    with pytest.raises(ValueError, match="does not apply"):
+        method_messages(TensorInfo("b", (10,)), "sfb", p)
+
+
+def test_the_plan_as_table_and_json() -> None:
+    cluster = _bandwidth_only(2)
+    tensors = [
+        TensorInfo("fc.weight", (1000, 1000), "linear", rows=10),
+        TensorInfo("fc.bias", (1000,)),
+    ]
+    entries = plan_sync(tensors, "auto", cluster, 2)
+    table = format_plan(entries, "auto")
+    assert "fc.weight" in table and "1000x1000" in table and "sfb" in table
+    assert table.splitlines()[-1].startswith("sync-plan auto: allreduce 1, sfb 1")
+    d = plan_to_dict(entries, "auto", 2)
+    assert d["bytes"] == sum(e.nbytes for e in entries)
+    assert d["single_methods"]["allreduce"]["bytes"] == 4 * (1000 * 1000 + 1000)
+    assert set(d["single_methods"]) == set(METHODS)
+    assert d["tensors"][0]["method"] == "sfb" and d["tensors"][0]["shape"] == [1000, 1000]
+
+
+def test_jimu_plan_prints_and_saves_the_sync_plan_of_ddp_rows(tmp_path, capsys) -> None:
+    from deepjimu.cli import main
+
+    argv = ["plan", "--strategies", "local,ddp", "--workers", "2", "--models", "mlp:4096x3"]
+    argv += ["--batch-size", "32", "--sync-plan", "auto,allreduce", "--out", str(tmp_path / "p")]
+    assert main([*argv, "--cluster", "examples/clusters/h100-2nodes.toml"]) == 0
+    out = capsys.readouterr().out
+    assert "ddp x2 mlp:4096x3 sync-plan=auto: sync plan" in out
+    assert "sync-plan=allreduce: sync plan" not in out  # DDP's buckets: no per-tensor plan
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["rows"]
+    auto = next(r for r in rows if r["options"].get("sync_plan") == "auto")
+    plain = next(r for r in rows if r["options"].get("sync_plan") == "allreduce")
+    # on this cluster, at 16 rows per rank, the 4096 x 4096 weights go as sufficient factors
+    assert auto["sync_plan"]["methods"]["sfb"] == 2
+    assert auto["predicted"]["step_s"] < plain["predicted"]["step_s"]
+    assert auto["predicted"]["bytes_per_sample"] < plain["predicted"]["bytes_per_sample"]
