@@ -306,7 +306,8 @@ def plan(
     if nowhere:  # given for the bench, and of use to none of its runs: a mistake
         raise ConfigErrors(nowhere)
     runs = {o for cell, problems in checked if problems is None for o in cell.options}
-    cells, bad = [], {}  # bad: each problem once, with the configurations that have it
+    cells: list[Cell] = []
+    bad: dict[str, list[str]] = {}  # each problem once, with the configurations that have it
     for cell, problems in checked:
         if problems is None:
             cells.append(cell)
