@@ -47,3 +47,27 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, in
         return out
 
     return folder
+
+
+# Test files whose tests take longest on the clock (they wait on Slurm, on signals, on
+# processes they start, or train several runs), run first: the test processes share out the
+# rest behind them, and the suite does not end waiting on one long test started last.
+_LONG_FIRST = (
+    "test_hpc.py",
+    "test_readme.py",
+    "plan/test_command.py",
+    "strategies/admm/test_strategy.py",
+    "test_run.py",
+    "test_launch.py",
+    "bench/test_bench.py",
+    "strategies/test_ddp.py",
+    "strategies/admm/test_driver.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
