@@ -46,12 +46,13 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 # three test processes (pytest-xdist) on two cores: most tests wait on processes they start
-# (workers, a Slurm job, a signal), so two kept the cores busy only two thirds of the time;
-# a process takes the next test as soon as it is done (worksteal), so a long one delays
-# nothing else. Then the quick claims, alone: one of them is a speed ratio (local against
-# plain PyTorch), which another test's workers beside it would move
+# (workers, a Slurm job, a signal), so two kept the cores busy only two thirds of the time.
+# Tests go out in collection order, the longest files first (tests/conftest.py), each to
+# the process that is free (load): the suite does not end on a long test started last.
+# Then the quick claims, alone: one of them is a speed ratio (local against plain PyTorch),
+# which another test's workers beside it would move
 test: lint
-	$(BIN)/python -m pytest -q -n 3 --dist worksteal
+	$(BIN)/python -m pytest -q -n 3 --dist load
 	$(BIN)/python benchmarks/claims.py --quick
 
 bench: $(VENV)/.installed
