@@ -47,12 +47,11 @@ lint: $(VENV)/.dev
 
 # three test processes (pytest-xdist) on two cores: most tests wait on processes they start
 # (workers, a Slurm job, a signal), so two kept the cores busy only two thirds of the time.
-# Tests go out in collection order, the longest files first (tests/conftest.py), each to
-# the process that is free (load): the suite does not end on a long test started last.
-# Then the quick claims, alone: one of them is a speed ratio (local against plain PyTorch),
-# which another test's workers beside it would move
+# The longest files go first (tests/conftest.py), and a process takes the next test as
+# soon as it is done (worksteal). Then the quick claims, alone: one of them is a speed
+# ratio (local against plain PyTorch), which another test's workers beside it would move
 test: lint
-	$(BIN)/python -m pytest -q -n 3 --dist load
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal
 	$(BIN)/python benchmarks/claims.py --quick
 
 bench: $(VENV)/.installed

@@ -183,9 +183,9 @@ def test_a_slowed_worker_is_measured_slower_and_gets_less_work(tmp_path: Path) -
     assert summary["emulated_speeds"] == [1.0, 0.2]
     assert summary["balance"] == "speed"
     fast, slow = summary["speeds"]
-    # the quota is felt (a fifth of a core, against at least half a core for rank 0 even
-    # when the tests beside this one take the other half)
-    assert fast == 1.0 and slow < 0.6, summary["speeds"]
+    # the quota is felt: a fifth of a core, against what rank 0 gets beside the suite's
+    # other test processes (on 2 cores under `make test`, 0.70 was measured at worst)
+    assert fast == 1.0 and slow < 0.8, summary["speeds"]
     assert "worker speeds measured: 1.00, " in run.stdout
     assert "balance by estimated cost over speed" in run.stdout
     # the groups are gone with the run
