@@ -50,8 +50,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, in
 
 
 # Test files whose tests take longest on the clock (they wait on Slurm, on signals, on
-# processes they start, or train several runs), run first: the test processes share out the
-# rest behind them, and the suite does not end waiting on one long test started last.
+# processes they start, or train several runs) are collected first, so that they start
+# early rather than after the many short ones.
 _LONG_FIRST = (
     "test_hpc.py",
     "test_readme.py",
