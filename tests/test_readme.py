@@ -120,8 +120,8 @@ def _steps() -> list[Step]:
 
 def _chains(steps: list[Step]) -> list[tuple[Step, ...]]:
     """The steps in groups that run apart, each in order in a folder of its own: a command
-    that names a run or bench folder (``runs/NAME``, ``bench/NAME``, ``--resume NAME``)
-    joins the group of the command that made it (``--name NAME``, ``--out NAME``); a
+    that names a folder path ending in NAME (``runs/NAME``, ``--resume runs/NAME``) joins
+    the group of the command that made it (``--name NAME``, ``--out NAME``); a
     python block and a transcript's commands stay together. Apart, the long tour is many
     short tests that the suite's two processes share, instead of one of four minutes."""
     groups: list[list[Step]] = []
@@ -135,8 +135,8 @@ def _chains(steps: list[Step]) -> list[tuple[Step, ...]]:
             continue
         words = shlex.split(step.text, comments=True)
         named = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--name", "--out")]
-        used = [Path(w).name for w in words if "/" in w and Path(w).name in made]
-        group = next((made[n] for n in used if n in made), None)
+        used = [made[Path(w).name] for w in words if "/" in w and Path(w).name in made]
+        group = used[0] if used else None
         if group is None or group[0].block != step.block:
             group = []
             groups.append(group)

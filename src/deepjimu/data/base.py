@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ __all__ = [
     "datasets_of",
     "load_dataset",
     "per_class_split",
+    "quiet_csr",
     "register_dataset",
     "standardize",
 ]
@@ -179,8 +181,7 @@ class DataSplits:
     def load(cls, path: Path) -> DataSplits:
         """The splits :meth:`save` wrote to ``path``, its tensors mapped from the file (copy
         on write: a change stays in the process that makes it)."""
-        with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
-            warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+        with quiet_csr():
             values = torch.load(path, mmap=True, weights_only=True)
         if values["graph"] is not None:
             from deepjimu.data.graph import GraphData
@@ -200,6 +201,14 @@ class DataSplits:
             test_y=self.test_y.to(device),
             graph=self.graph.to(device) if self.graph is not None else None,
         )
+
+
+@contextmanager
+def quiet_csr() -> Iterator[None]:
+    """Inside, torch's once-per-process warning that sparse CSR tensors are "beta" is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+        yield
 
 
 def shard_sizes(n: int, weights: Sequence[float]) -> list[int]:

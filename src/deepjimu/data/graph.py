@@ -12,7 +12,6 @@ computed once, with torch sparse tensors: nothing is ever N x N dense.
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.choices import Family, GraphFeatures
-from deepjimu.data.base import DataOptions, RawData, register_dataset
+from deepjimu.data.base import DataOptions, RawData, quiet_csr, register_dataset
 from deepjimu.memory import peak_memory_mb
 
 __all__ = [
@@ -126,8 +125,7 @@ def normalized_adjacency(edges: Tensor, n: int) -> Tensor:
     coo = torch.sparse_coo_tensor(
         torch.stack([row, col]), values, (n, n), check_invariants=False
     ).coalesce()
-    with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
-        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+    with quiet_csr():
         return coo.to_sparse_csr()
 
 
