@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import uuid
@@ -96,9 +97,12 @@ def test_each_task_of_srun_sbatch_and_mpirun_is_placed_by_its_launcher(
     assert out.read_text().split()[:3] == ["local", "0", "1"], "the batch step is no task"
     r = slurm.run(["scontrol", "show", "hostnames", "node[01-03,07],r[1-2]-n[08-09],gpu[9-10]"])
     assert r.stdout.split() == expand_hostlist("node[01-03,07],r[1-2]-n[08-09],gpu[9-10]")
-    m = _mpirun(["-np", "2", sys.executable, "-c", _PLACE])
+    # each rank's line to a file of its own: mpirun forwards the ranks' output in chunks,
+    # which can interleave within a line
+    each = f'{shlex.quote(sys.executable)} -c "{_PLACE}" > {tmp_path}/mpi.$OMPI_COMM_WORLD_RANK'
+    m = _mpirun(["-np", "2", "bash", "-c", each])
     assert m.returncode == 0, m.stderr
-    rows = sorted(line.split()[:6] for line in m.stdout.splitlines())
+    rows = sorted((tmp_path / f"mpi.{i}").read_text().split()[:6] for i in range(2))
     assert rows == [["mpi", str(i), "2", str(i), "2", "127.0.0.1"] for i in range(2)]
 
 

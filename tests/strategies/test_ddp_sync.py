@@ -43,7 +43,8 @@ def test_auto_trains_an_embedding_bag_on_bow_and_writes_its_plan(tmp_path: Path)
 def test_sfb_sends_the_planned_bytes_every_step(tmp_path: Path) -> None:
     argv = ["train", "--strategy", "ddp", "--workers", "2", "--model", "mlp:32x1"]
     argv += ["--batch-size", "50", "--optimizer", "sgd", "--lr", "0.05", "--epochs", "2"]
-    argv += ["--sync-plan", "sfb"]
+    # an even split: --balance auto would split by speeds measured on a loaded machine
+    argv += ["--sync-plan", "sfb", "--balance", "even"]
     argv += ["--runs-dir", str(tmp_path), "--name", "sfb", "--quiet"]
     assert main(argv) == 0
     run = tmp_path / "sfb"
