@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import runpy
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +23,7 @@ __all__ = [
     "events",
     "fault_flags",
     "params",
+    "run_warm",
     "start",
     "wait_for_epochs",
 ]
@@ -55,6 +59,96 @@ def env() -> dict[str, str]:
     """This environment, with this checkout's ``src`` first on PYTHONPATH."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+# Modules a command's process imports before it does anything: 2.5-3.5 s of CPU per
+# process on the 2-core CI machine, most of a short command's cost (torch 1.5 s, the
+# torch._dynamo that torch's optimizers load 1.2 s, scikit-learn for digits).
+_WARM = [
+    "torch",
+    "torch._dynamo",
+    "torch.optim",
+    "sklearn.datasets",
+    "deepjimu.cli",
+    "deepjimu.launch",
+]
+
+
+def run_warm(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True)`` for
+    ``python -m deepjimu ...`` and ``python SCRIPT ...``, in a process forked from one that
+    has imported torch, scikit-learn and deepjimu and done nothing else
+    (:mod:`multiprocessing`'s fork server, :data:`_WARM` preloaded), so each command does
+    not pay for those imports again. The child then runs what ``python`` would (the
+    ``jimu`` entry point, or the script as ``__main__``) in ``cwd`` with :func:`env`, its
+    output to files; it is a fresh process that has run no torch operation, as a forked
+    DataLoader worker is. One difference from a new interpreter: OpenMP read its settings
+    when the server loaded torch, so a one-worker run's thread plan sets its threads but
+    not its wait policy (speed, not results). Any other command runs as a subprocess.
+    """
+    py = argv[0] == sys.executable
+    if py and argv[1:3] == ["-m", "deepjimu"]:
+        what: tuple[str, str | None, list[str]] = ("cli", None, argv[3:])
+    elif py and len(argv) > 1 and argv[1].endswith(".py"):
+        what = ("script", argv[1], argv[2:])
+    else:
+        return subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    out, err = cwd / f".warm-{os.getpid()}-{time.monotonic_ns()}", None
+    out, err = out.with_suffix(".out"), out.with_suffix(".err")
+    child = _forkserver().Process(
+        target=_warm_child, args=(*what, str(cwd), env(), str(out), str(err))
+    )
+    child.start()
+    child.join(timeout)
+    if child.exitcode is None:  # its own session: the workers it started go too
+        os.killpg(child.pid, signal.SIGKILL)
+        child.join()
+        raise subprocess.TimeoutExpired(argv, timeout)
+    try:
+        return subprocess.CompletedProcess(argv, child.exitcode, out.read_text(), err.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+        err.unlink(missing_ok=True)
+
+
+def _forkserver() -> Any:
+    """This test process's fork server context, :data:`_WARM` preloaded (started on first use)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_WARM)
+    return ctx
+
+
+def _warm_child(
+    kind: str, script: str | None, args: list[str], cwd: str, environ: dict[str, str],
+    out: str, err: str,
+) -> None:  # fmt: skip
+    """The child of :func:`run_warm`: a session of its own, ``cwd``, ``environ``, its
+    output to ``out`` and ``err``, then what ``python`` would run."""
+    os.setsid()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the process's own stdout)
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    if kind == "cli":
+        from deepjimu.cli import entry
+
+        sys.argv = ["jimu", *args]
+        entry()
+    assert script is not None
+    sys.argv = [script, *args]
+    path = Path(script).resolve()  # absolute: spawned workers find __main__ by its path
+    sys.path.insert(0, str(path.parent))
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def start(args: list[str], torchrun: list[str] | None = None) -> subprocess.Popen[str]:

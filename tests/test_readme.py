@@ -49,7 +49,7 @@ from data.graphfiles import make_planetoid_set
 from deepjimu.data.eurosat import CLASSES
 from deepjimu.data.hyperspectral import SCENES
 from deepjimu.emulate import find_cpu_controller
-from processes import env
+from processes import env, run_warm
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -234,8 +234,7 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in ``cwd``; with ``ctrl_c_after``, press Ctrl-C once that file exists."""
     if ctrl_c_after is None:
-        return subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True,
-                              timeout=TIMEOUT)  # fmt: skip
+        return run_warm(argv, cwd, TIMEOUT)
     proc = subprocess.Popen(argv, cwd=cwd, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     deadline = time.time() + TIMEOUT

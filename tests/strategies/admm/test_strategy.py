@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +16,7 @@ from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.strategies.admm.blocks import LayerBlock
+from processes import run_warm
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -296,9 +295,7 @@ def _peak_mb(tmp_path: Path, n: int, batch: int, aux: str = "restart") -> float:
     ]  # fmt: skip
     if batch:
         cmd += ["--admm-batch", str(batch), "--admm-inner", "2", "--admm-aux", aux]
-    src = str(Path(__file__).resolve().parents[3] / "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    r = run_warm(cmd, tmp_path, timeout=300)  # a process of its own: its peak is the run's
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads((tmp_path / name / "summary.json").read_text())["peak_mem_mb_per_rank"][0]
 
