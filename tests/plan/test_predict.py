@@ -13,7 +13,7 @@ from deepjimu.plan.cluster import Cluster, Device, Link
 from deepjimu.plan.ddp import BUCKET, FIRST_BUCKET
 from deepjimu.plan.predict import predict, staged_step
 from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
-from deepjimu.plan.setup import _action_s
+from deepjimu.plan.setup import _action_s, _ddp_sync
 
 GPU = Device("g", {"fp32": 1e12}, 2**34)
 LINK = Link(alpha_s=1e-3, bytes_per_s=1e6)  # 1 ms + 1 us per byte: easy sums
@@ -268,6 +268,39 @@ def test_a_measured_synchronisation_penalty_is_paid_once_a_step() -> None:
     a = predict(cfg("admm", 3, eval_every=1), layers([1] * 3, [4] * 3), 10, admm, rule)
     b = predict(cfg("admm", 3, eval_every=1), layers([1] * 3, [4] * 3), 10, admm, measured)
     assert b.step_s == pytest.approx(a.step_s + 3 * 0.002)  # the p and q exchanges, the readout
+
+
+def test_a_ddp_steps_all_reduce_penalty_is_solved_from_the_probe_and_paid_by_ddp_alone() -> None:
+    # the probe's plain step of 3 ranks stepping together (each alone: 4 ms) and its ddp
+    # step over the group (11 ms); one 1 MiB-first bucket of 40 bytes all-reduced over a
+    # 1 ms + 1 us/byte hop: ring all-reduce of 3 ranks = 2 * 2 hops of alpha, 2 * 2/3 * 40 B
+    lay = layers([10], [2])
+    rule = cpus(3, 2)
+    found = SimpleNamespace(world=3, model="m", compute_s=0.004, ddp_step_s=0.011)
+    ring = 4 * 1e-3 + 2 * (2 / 3) * 40 / 1e6
+    sync = _ddp_sync(rule, found, cfg("ddp", 3), lay)
+    assert sync == {3: pytest.approx(0.011 - 0.004 - ring)}
+    # a step over the group no slower than the plain step and its all-reduce: nothing
+    quick = SimpleNamespace(**{**vars(found), "ddp_step_s": 0.004})
+    assert _ddp_sync(rule, quick, cfg("ddp", 3), lay) == {3: 0.0}
+    # a probe of one rank (or an earlier probe file): no figure
+    assert (
+        _ddp_sync(rule, SimpleNamespace(**{**vars(found), "ddp_step_s": None}), cfg("ddp", 3), lay)
+        == {}
+    )
+    measured = dataclasses.replace(rule, ddp_sync_s=sync)
+    one = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), rule)
+    two = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), measured)
+    assert two.step_s == pytest.approx(one.step_s + sync[3])
+    # only at the probed worker count, and only ddp's steps pay it
+    assert predict(cfg("ddp", 2), lay, 30, Fixed([0.001]), measured).step_s == pytest.approx(
+        predict(cfg("ddp", 2), lay, 30, Fixed([0.001]), rule).step_s
+    )
+    staged = cfg("model-parallel", 3)
+    three = layers([1] * 3, [4] * 3)
+    assert predict(staged, three, 30, Fixed([0.001] * 3), measured).step_s == pytest.approx(
+        predict(staged, three, 30, Fixed([0.001] * 3), rule).step_s
+    )
 
 
 def test_a_slow_rank_sets_the_pace_and_balancing_by_speed_gives_it_less() -> None:

@@ -143,7 +143,10 @@ class Probe:
     stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it the planning
     layer solves the pipelining runtime's own cost per action); ``message_s``: the
     measured time of each all-gather the probed options make (:data:`TIMED_AT_SIZE`),
-    keyed ``"collective:bytes"`` (:func:`message_key`).
+    keyed ``"collective:bytes"`` (:func:`message_key`); ``ddp_step_s``: a plain ddp step over
+    the probed group itself, its all-reduce included (None with one rank; from it the
+    planning layer measures what a step's all-reduce costs beyond its fitted time when the
+    ranks reach it at different moments, :attr:`deepjimu.plan.cluster.Cluster.ddp_sync_s`).
     """
 
     world: int
@@ -159,6 +162,7 @@ class Probe:
     pipeline_step_s: float | None = None
     pipeline_sizes: list[int] = field(default_factory=list)
     pipeline_rows: int = 0
+    ddp_step_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -507,6 +511,7 @@ def measure(
         buckets=layout,
     )
     if world > 1:  # every rank derives the same messages from the same layout
+        probe.ddp_step_s = _time_options(["none"], model, x, y, cfg, run, None)[0]["none"]
         rows = max(1, cfg.batch_size // PIPELINE_M)
         index = torch.arange(rows) % len(data.train_y)
         xp, yp = data.train_x[index].to(run.device), data.train_y[index].to(run.device)

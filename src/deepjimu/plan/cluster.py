@@ -134,6 +134,7 @@ class Cluster:
     collectives: dict[str, Link] = field(default_factory=dict)
     source: str = ""
     sync_s: dict[int, float] = field(default_factory=dict)
+    ddp_sync_s: dict[int, float] = field(default_factory=dict)
     pipeline_action_s: float | None = None
     speeds: tuple[float, ...] = ()
 
@@ -285,6 +286,14 @@ class Cluster:
         """Seconds each synchronisation of p ranks loses beyond their fair share of the
         cores: measured by a probe (:attr:`sync_s`, per ranks on a node), else 0."""
         return self.sync_s.get(self._busiest_node_ranks(p), 0.0)
+
+    def ddp_sync_penalty_s(self, p: int) -> float:
+        """Seconds a ddp step's all-reduce over p ranks takes beyond its fitted time: the
+        ranks reach it at different moments, and where they time-share cores the one still
+        computing holds the others' ring back (3 ranks on 2 cores: 3-4 ms a step). Measured
+        by a probe of p ranks (:attr:`ddp_sync_s`, from its ddp step over its own group),
+        else 0."""
+        return self.ddp_sync_s.get(p, 0.0)
 
     def ranks_sharing_cores(self, p: int) -> float:
         """How much slower each rank computes when p ranks run at once on a CPU cluster.

@@ -25,7 +25,8 @@ Ranks that share a CPU node's cores slow each other down: a rank runs ``cores //
 threads, and P ranks computing at once run :meth:`Cluster.ranks_sharing_cores` slower
 (a pipeline's ranks, busy only part of the time, in proportion); ranks that synchronise on
 time-shared cores lose :meth:`Cluster.sync_penalty_s` more at each synchronisation
-(measured by the probe where it ran). DDP's own work comes from the compute figures
+(measured by the probe where it ran), and a ddp step's all-reduce
+:meth:`Cluster.ddp_sync_penalty_s` beyond its fitted time. DDP's own work comes from the compute figures
 (measured here, or an estimate elsewhere); the pipelining runtime's work per action from
 the probe's pipeline training step where a probe ran (:attr:`Cluster.pipeline_action_s`),
 else from the compute figures. Samples per second mean what ``jimu
@@ -49,7 +50,7 @@ from deepjimu.plan.sync import SyncEntry, TensorInfo, plan_sync
 from deepjimu.speeds import chosen_balance
 from deepjimu.strategies.partition import listed_balance, parse_balance, partition
 
-__all__ = ["Prediction", "predict", "staged_step", "sync_entries", "threads_per_rank"]
+__all__ = ["Prediction", "ddp_comm", "predict", "staged_step", "sync_entries", "threads_per_rank"]
 
 _FLOAT = 4  # activations, gradients and admm's variables are float32
 
@@ -151,7 +152,7 @@ def predict(
 
         return _gradient(cfg, layers, train_size, compute, cluster, comm=sync_comm)
     if kind == "ddp":
-        return _gradient(cfg, layers, train_size, compute, cluster, comm=_ddp_comm)
+        return _gradient(cfg, layers, train_size, compute, cluster, comm=ddp_comm)
     if kind == "model-parallel":
         return _model_parallel(cfg, layers, train_size, compute, cluster)
     if kind == "pipeline":
@@ -180,7 +181,7 @@ _Comm = Callable[[RunConfig, list[Layer], Cluster, int], tuple[float, int]]
 """A step's communication: (seconds, bytes one rank hands to collectives)."""
 
 
-def _ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
+def ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
     """Seconds and bytes (one rank's payload) of one step's collectives (:mod:`deepjimu.plan.ddp`)."""
     compress = str(cfg.compress)
     if compress not in ("none", "fp16", "bf16"):
@@ -263,7 +264,7 @@ def _gradient(
         else:
             step = c + comm_s
         if comm is not None:
-            step += cluster.sync_penalty_s(p)
+            step += cluster.sync_penalty_s(p) + cluster.ddp_sync_penalty_s(p)
         epoch += count * step
         steps += count
         compute_s += count * c
@@ -539,7 +540,7 @@ def _kfac(
     p = _workers(cfg)
     t = threads_per_rank(cluster, p)
     slow = _slowdown(cluster, p)
-    grad_s, grad_bytes = _ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
+    grad_s, grad_bytes = ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
     speeds, by_speed = _speeds(cfg, cluster)
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in _batches(train_size, cfg.batch_size):

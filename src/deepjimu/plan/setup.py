@@ -65,6 +65,7 @@ def _probe_file(path: Path, workers: int, cfg: RunConfig, made: dict[Any, Any]) 
         ranks_per_node=max(workers, found.world),
         source=str(path),
         pipeline_action_s=_action_s(cluster, found, cfg, own, layers),
+        ddp_sync_s=_ddp_sync(cluster, found, cfg, layers),
     )
 
 
@@ -163,7 +164,9 @@ def _cluster_and_compute(
             sync = {p: max(0.0, found.compute_s - fair)}
             cluster = dataclasses.replace(cluster, sync_s=sync)
             made["cluster", p] = dataclasses.replace(
-                cluster, pipeline_action_s=_action_s(cluster, found, cfg, own, own_layers)
+                cluster,
+                pipeline_action_s=_action_s(cluster, found, cfg, own, own_layers),
+                ddp_sync_s=_ddp_sync(cluster, found, cfg, own_layers),
             )
     return made["cluster", p], compute, layers, n
 
@@ -202,6 +205,23 @@ def _action_s(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if step(mid) < target else (lo, mid)
     return (lo + hi) / 2
+
+
+def _ddp_sync(
+    cluster: Cluster, found: Any, cfg: RunConfig, layers: list[Layer]
+) -> dict[int, float]:
+    """:attr:`Cluster.ddp_sync_s` of ``cluster``: what the probe's ddp step over its own
+    group (``found.ddp_step_s``) took beyond the same step of its ranks stepping together
+    alone (``found.compute_s``, on the same cores at the same moment) and the all-reduce
+    of the probed model's buckets that the fitted links predict; empty where the probe
+    timed no such step (one rank, or a probe file of an earlier version)."""
+    from deepjimu.plan.predict import ddp_comm
+
+    if found.ddp_step_s is None:
+        return {}
+    probed = dataclasses.replace(cfg, model=found.model, compress="none")
+    comm_s, _ = ddp_comm(probed, layers, cluster, found.world)
+    return {found.world: max(0.0, found.ddp_step_s - found.compute_s - comm_s)}
 
 
 def _alone() -> Cluster:
