@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WORKLOADS", "main"]
+__all__ = ["WORKLOADS", "figures", "main"]
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "mlp": {
@@ -58,7 +58,12 @@ def run(
     cmd += [*WORKLOADS[workload]["flags"], "--epochs", str(args.epochs), "--sync-plan", method]
     cmd += ["--quiet", "--runs-dir", str(out), "--name", name]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    folder = out / name
+    return figures(out / name, args.workers)
+
+
+def figures(folder: Path, workers: int) -> dict[str, Any]:
+    """A finished run's step, test accuracy, bytes one rank sent per step, and its saved
+    sync plan (None for ``allreduce``, which runs torch's DDP)."""
     summary = json.loads((folder / "summary.json").read_text())
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     steps = events[-1]["step"]
@@ -66,7 +71,7 @@ def run(
     return {
         "step_s": summary["step_s"],
         "test_acc": summary["test_acc"],
-        "bytes": sum(e["bytes_sent"] for e in events) / args.workers / steps,
+        "bytes": sum(e["bytes_sent"] for e in events) / workers / steps,
         "plan": json.loads(plan.read_text()) if plan.exists() else None,
     }
 
