@@ -13,7 +13,9 @@ and auto's step over the best single method's.
 
 The workloads (the issue's): ``mlp:4096x3`` on digits at 16 rows per rank (a wide layer at
 a small batch: sufficient factors), and ``embed:VOCAB:DIM`` on ``bow`` (an embedding's
-sparse gradient: its touched rows).
+sparse gradient: its touched rows). Rows are split evenly (``--balance even``): ddp's
+default weighs each rank's rows by speeds measured at the run's start, and the methods must
+train on the same rows to deliver the same gradients.
 
 Usage:
     nice -n 5 python benchmarks/sync_plan.py [--workers 2] [--rounds 2] [--epochs 1]
@@ -35,13 +37,14 @@ __all__ = ["WORKLOADS", "figures", "main"]
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "mlp": {
-        "flags": ["--model", "mlp:4096x3", "--dataset", "digits"],
+        "flags": ["--model", "mlp:4096x3", "--dataset", "digits", "--balance", "even"],
         "methods": ["allreduce", "ps", "sfb", "auto"],
     },
     "embed": {
         "flags": [
             "--model", "embed:100000:64", "--dataset", "bow", "--synthetic-features", "100000",
             "--synthetic-n", "20000", "--optimizer", "sgd", "--momentum", "0", "--lr", "2",
+            "--balance", "even",
         ],
         "methods": ["allreduce", "ps", "sfb", "sparse", "auto"],
     },

@@ -83,3 +83,37 @@ def test_configurations_without_a_prediction_say_why_and_come_last(tmp_path, cap
     assert all(r["predicted"] is not None for r in rows[:-1])
     assert rows[-1]["predicted"] is None and "qsgd:8" in rows[-1]["not_predicted"]
     assert "not predicted: the planner predicts ddp with --compress none, fp16 or bf16" in text
+
+
+def test_repeated_checks_compare_with_each_configurations_median_run() -> None:
+    from deepjimu.plan.command import _check_summary, _compare
+
+    def row(strategy: str, predicted: float) -> dict:
+        return {"strategy": strategy, "workers": 1, "model": "m", "options": {},
+                "predicted": {"samples_per_s": predicted}}  # fmt: skip
+
+    def run(speed: float, sent: float) -> dict:
+        return {"samples_per_s": speed, "bytes_per_sample": sent, "peak_mem_mb": 1.0, "train_s": 1}
+
+    fast, slow = row("local", 120.0), row("ddp", 50.0)
+    _compare(fast, [run(150, 1), run(100, 2), run(90, 3)])
+    _compare(slow, [run(40, 7), run(60, 8)])
+    # the median run's figures: 100 samples/s and its own bytes; an even count averages speeds
+    assert fast["measured"]["samples_per_s"] == 100 and fast["measured"]["bytes_per_sample"] == 2
+    assert fast["error"] == pytest.approx(0.2)
+    assert fast["measured"]["runs_samples_per_s"] == [90, 100, 150]
+    assert slow["measured"]["samples_per_s"] == 50 and slow["error"] == pytest.approx(0.0)
+    text = _check_summary([fast, slow], repeats=3)
+    assert "local x1 m: predicted 120, measured 100 samples/s (+20%)" in text
+    # spread: 150 / 90 - 1 = 67% and 60 / 40 - 1 = 50%
+    assert "median of 3 runs each" in text and "median +58%, worst +67%" in text
+    assert "median 10%, worst 20%" in text and "is the measured fastest" in text
+
+
+def test_plan_refuses_repeats_below_one_in_one_line(tmp_path, capsys) -> None:
+    code = main(
+        ["plan", "--workers", "1", "--check", "--repeats", "0", "--out", str(tmp_path / "p")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--repeats must be >= 1" in err
+    assert not (tmp_path / "p").exists()

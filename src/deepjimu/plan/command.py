@@ -77,6 +77,15 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         "predicted against measured",
     )
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="with --check, run each configuration R times, in R rounds over all of them, and "
+        "compare with the median (default: 1); the spread of a configuration's runs is what "
+        "the machine itself varies",
+    )
+    p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per checked run (default: 300)"
     )
     train = p.add_argument_group(
@@ -135,6 +144,8 @@ def plan_from_args(args: argparse.Namespace) -> Path:
     Raises:
         JimuError: a bad option or cluster file, a configuration ``jimu train`` would refuse.
     """
+    if args.repeats < 1:
+        raise JimuError(f"--repeats must be >= 1 (repeats: {args.repeats})")
     configs, skipped = _configs(args)
     out = Path(args.out or f"plans/plan-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     if (out / "plan.json").exists():
@@ -226,40 +237,87 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> None:
-    """Run the best ``args.check`` rows (0: all) for real; add ``measured`` and the error to each."""
+    """Run the best ``args.check`` rows (0: all) for real, ``args.repeats`` rounds of them;
+    add ``measured`` (the median run's figures, every run's samples/s) and the error to each.
+
+    Rounds rather than a configuration's repeats back to back: a machine whose speed drifts
+    over minutes then moves every configuration alike, not one of them."""
     from deepjimu.bench.runner import measure, run_cell, train_command
 
     todo = [r for r in rows if r.get("predicted")]
     todo = todo[: args.check] if args.check else todo
     runs = out / "check"
-    for i, r in enumerate(todo, start=1):
-        cell = r["_cell"]
-        cmd = train_command(
-            cell, runs / "runs", args.dataset, args.data_dir, args.seed, args.epochs, r["_argv"]
-        )
-        print(f"[{i}/{len(todo)}] {_label(r)}...", end=" ", flush=True)
-        outcome = run_cell(cmd, runs / "logs", cell.name, args.timeout)
-        if outcome.status != "ok":
-            r["measured"] = {"status": outcome.status, "error": outcome.error}
-            print(f"{outcome.status}: {outcome.error}", flush=True)
-            continue
-        got = measure(runs / "runs" / cell.name)
-        r["measured"] = {
-            k: got.get(k) for k in ("samples_per_s", "bytes_per_sample", "peak_mem_mb", "train_s")
-        }
-        pred, real = r["predicted"]["samples_per_s"], got.get("samples_per_s")
-        r["error"] = (pred - real) / real if real else None
-        print(
-            f"predicted {pred:.0f}, measured {real:.0f} samples/s ({r['error']:+.0%})", flush=True
-        )
-    print(_check_summary(todo))
+    got: dict[int, list[dict[str, Any]]] = {id(r): [] for r in todo}
+    for round_ in range(args.repeats):
+        for i, r in enumerate(todo, start=1):
+            cell = r["_cell"]
+            # one folder of runs per round: runs/NAME, then runs-1/NAME, ...
+            folder = runs / ("runs" if round_ == 0 else f"runs-{round_}")
+            cmd = train_command(
+                cell, folder, args.dataset, args.data_dir, args.seed, args.epochs, r["_argv"]
+            )
+            at = f"{i}/{len(todo)}" if args.repeats == 1 else f"{round_ + 1}.{i}/{len(todo)}"
+            print(f"[{at}] {_label(r)}...", end=" ", flush=True)
+            outcome = run_cell(
+                cmd,
+                runs / "logs",
+                cell.name if round_ == 0 else f"{cell.name}-{round_}",
+                args.timeout,
+            )
+            if outcome.status != "ok":
+                r["measured"] = {"status": outcome.status, "error": outcome.error}
+                print(f"{outcome.status}: {outcome.error}", flush=True)
+                continue
+            got[id(r)].append(measure(folder / cell.name))
+            real = got[id(r)][-1].get("samples_per_s")
+            pred = r["predicted"]["samples_per_s"]
+            error = f" ({(pred - real) / real:+.0%})" if real else ""
+            print(f"predicted {pred:.0f}, measured {real:.0f} samples/s{error}", flush=True)
+    for r in todo:
+        _compare(r, got[id(r)])
+    print(_check_summary(todo, args.repeats))
 
 
-def _check_summary(rows: list[dict[str, Any]]) -> str:
-    """Median and worst error of samples/s, and whether the predicted fastest is the fastest."""
+def _compare(row: dict[str, Any], runs: list[dict[str, Any]]) -> None:
+    """Set ``row``'s measured figures from its runs (the median run by samples/s) and its error."""
+    done = sorted((g for g in runs if g.get("samples_per_s")), key=lambda g: g["samples_per_s"])
+    if not done or "status" in row.get("measured", {}):
+        return
+    median = done[len(done) // 2] if len(done) % 2 else None
+    speeds = [g["samples_per_s"] for g in done]
+    real = statistics.median(speeds)
+    row["measured"] = {
+        k: (median or done[0]).get(k) for k in ("bytes_per_sample", "peak_mem_mb", "train_s")
+    }
+    row["measured"]["samples_per_s"] = real
+    if len(done) > 1:
+        row["measured"]["runs_samples_per_s"] = speeds
+    row["error"] = (row["predicted"]["samples_per_s"] - real) / real
+
+
+def _check_summary(rows: list[dict[str, Any]], repeats: int = 1) -> str:
+    """Predicted against measured per row, the median and worst error of samples/s, and
+    whether the predicted fastest is the fastest (with repeats: against each row's median run,
+    and how far the runs of one configuration spread)."""
     done = [r for r in rows if r.get("error") is not None]
     if not done:
         return "check: no configuration finished"
+    spread = [
+        max(s) / min(s) - 1
+        for r in done
+        if len(s := r["measured"].get("runs_samples_per_s", [])) > 1
+    ]
+    lines = [
+        f"{_label(r)}: predicted {r['predicted']['samples_per_s']:.0f}, measured "
+        f"{r['measured']['samples_per_s']:.0f} samples/s ({r['error']:+.0%})"
+        for r in done
+    ]
+    noise = (
+        f" (median of {repeats} runs each; a configuration's fastest run over its slowest: "
+        f"median +{statistics.median(spread):.0%}, worst +{max(spread):.0%})"
+        if spread
+        else ""
+    )
     errors = [abs(r["error"]) for r in done]
     fastest = max(done, key=lambda r: r["measured"]["samples_per_s"])
     first = done[0]  # rows are ranked by prediction
@@ -269,7 +327,8 @@ def _check_summary(rows: list[dict[str, Any]]) -> str:
         if first is fastest
         else f"{gap:.0%} slower than the measured fastest ({_label(fastest)})"
     )
-    return (
+    summary = (
         f"check: {len(done)} configurations, |error| of samples/s median {statistics.median(errors):.0%}, "
-        f"worst {max(errors):.0%}; the predicted fastest ({_label(first)}) is {verdict}"
+        f"worst {max(errors):.0%}; the predicted fastest ({_label(first)}) is {verdict}{noise}"
     )
+    return "\n".join([*lines, summary]) if repeats > 1 else summary
