@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 HAVE_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: demo test lint bench claims clean install dev
+.PHONY: demo test test-fast lint bench claims clean install dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ lint: $(VENV)/.dev
 test: lint
 	$(BIN)/python -m pytest -q -n 3 --dist worksteal
 	$(BIN)/python benchmarks/claims.py --quick
+
+# the units alone (no test that starts processes or trains whole runs: tests/conftest.py
+# fails one that does without the `slow` marker), for the inner loop; `make test` runs all
+test-fast: $(VENV)/.dev
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 bench: $(VENV)/.installed
 	$(BIN)/jimu bench

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,56 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
+
+
+# ---- fast and slow tests --------------------------------------------------------------------
+# `make test-fast` runs `pytest -m "not slow"`: the units, for the inner loop. A test that
+# starts a process (workers, a CLI run, Slurm, torchrun) is slow and carries the marker; in a
+# fast run a test without it that starts one anyway fails, naming the marker, so the split
+# cannot rot. A file whose every test starts processes marks itself (`pytestmark`).
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: starts processes or trains whole runs (make test-fast leaves it out)"
+    )
+
+
+def _fast_run(config: pytest.Config) -> bool:
+    return "not slow" in (config.getoption("markexpr", "") or "")
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """In a fast run, note any process an unmarked test starts, and fail it at teardown."""
+    if not _fast_run(request.config) or request.node.get_closest_marker("slow"):
+        yield
+        return
+    started: list[str] = []
+
+    def noting(name: str, original: Callable[..., object]) -> Callable[..., object]:
+        def wrapper(*args: object, **kwargs: object) -> object:
+            started.append(name)
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    # every way a test can start one: subprocess, multiprocessing's spawn and forkserver
+    # (both exec through spawnv_passfds) and fork
+    monkeypatch.setattr(
+        subprocess.Popen, "_execute_child", noting("subprocess", subprocess.Popen._execute_child)
+    )
+    monkeypatch.setattr(
+        multiprocessing.util,
+        "spawnv_passfds",
+        noting("multiprocessing", multiprocessing.util.spawnv_passfds),
+    )
+    monkeypatch.setattr(os, "fork", noting("fork", os.fork))
+    yield
+    if started:
+        pytest.fail(
+            f"{request.node.nodeid} starts a process ({started[0]}): mark it @pytest.mark.slow",
+            pytrace=False,
+        )
