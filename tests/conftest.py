@@ -73,6 +73,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
+    for item in items:
+        if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 # ---- fast and slow tests --------------------------------------------------------------------
@@ -80,6 +83,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # starts a process (workers, a CLI run, Slurm, torchrun) is slow and carries the marker; in a
 # fast run a test without it that starts one anyway fails, naming the marker, so the split
 # cannot rot. A file whose every test starts processes marks itself (`pytestmark`).
+
+
+# Fixtures shared by a module or the session that start processes: the guard below sees
+# only what a test itself starts, so the tests that use one of these are marked here.
+_PROCESS_FIXTURES = {"default_runs", "ranks", "short_runs", "slurm", "uninterrupted"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -56,6 +56,7 @@ def test_a_write_that_finds_no_room_is_one_line_naming_the_folder(
     assert [x.name for x in tmp_path.iterdir()] == ["summary.json"]
 
 
+@pytest.mark.slow
 def test_an_append_that_finds_no_room_is_cut_back_off(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", "16k") as disk:
         log = disk / "events.jsonl"

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from deepjimu.bookkeeping import Bookkeeping
 from distributed import distributed_test
+
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
 
 
 @distributed_test(world_size=[1, 2, 3])

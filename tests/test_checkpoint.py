@@ -34,6 +34,7 @@ def _model() -> torch.nn.Module:
     return torch.nn.Linear(3, 2)
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[1, 2, 3])
 def test_each_rank_gets_its_own_state_back(rank: int, world: int, tmp: str) -> None:
     ckpt = _checkpointer(Path(tmp), rank, world)
@@ -53,6 +54,7 @@ def test_each_rank_gets_its_own_state_back(rank: int, world: int, tmp: str) -> N
     assert meta["world"] == world and meta["config"]["quiet"] is True
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3])
 def test_a_rank_that_cannot_find_its_file_stops_every_rank(rank: int, world: int, tmp: str) -> None:
     ckpt = _checkpointer(Path(tmp), rank, world)
@@ -68,6 +70,7 @@ def test_a_rank_that_cannot_find_its_file_stops_every_rank(rank: int, world: int
     assert "file system they all share" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3])
 def test_a_run_folder_that_is_not_shared_is_refused(rank: int, world: int, tmp: str) -> None:
     # the last rank runs on "another machine": its run folder is a copy of its own
@@ -109,6 +112,7 @@ def test_resume_without_the_rank_state_file_is_one_line(tmp_path: Path, capsys) 
     assert err.startswith(f"error: checkpoint: worker 0 cannot find {lost}; ") and "\n" not in err
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[1, 2])
 def test_a_checkpoint_that_finds_no_room_keeps_the_last_one_and_leaves_nothing(
     rank: int, world: int, tmp: str
@@ -136,6 +140,7 @@ def test_a_checkpoint_that_finds_no_room_keeps_the_last_one_and_leaves_nothing(
     assert loaded is not None and loaded.step == 1 and loaded.rank_state == {"rank": rank}
 
 
+@pytest.mark.slow
 def test_a_first_checkpoint_on_a_full_disk_leaves_no_folder(tmp_path: Path) -> None:
     with small_disk(tmp_path / "disk", "64k") as disk:
         ckpt = _checkpointer(disk, 0, 1)

@@ -35,6 +35,7 @@ def _records(tmp_path: Path, body: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("bound", "code", "verdict"),
     [

@@ -125,6 +125,7 @@ def test_default_run_name(capsys, tmp_path) -> None:
     assert folder.name.startswith("local-digits-")
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point() -> None:
     import subprocess
     import sys

@@ -14,6 +14,9 @@ from deepjimu.config import RunConfig
 from deepjimu.launch import train
 from deepjimu.report import read_events, table, train_time_to
 
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
+
 RUNS = [
     ("local", 1, {}),
     ("ddp", 2, {}),

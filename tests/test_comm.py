@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deepjimu.comm import Comm, CommStats, nbytes, sum_by_kind
@@ -19,6 +20,7 @@ def test_a_sparse_tensor_counts_its_indices_and_values_not_its_dense_size() -> N
     assert nbytes(g) == 2 * 8 + 2 * 8 * 4
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[1, 2, 3])
 def test_collectives_count_their_payload_once_each_way(rank: int, world: int) -> None:
     comm = Comm(CommStats())
@@ -38,6 +40,7 @@ def test_collectives_count_their_payload_once_each_way(rank: int, world: int) ->
     assert s.sent_by_kind == {"grads": 24} and s.messages == 2 and s.wait_s >= 0
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3])
 def test_point_to_point_counts_the_sender_and_the_receiver(rank: int, world: int) -> None:
     comm = Comm(CommStats())

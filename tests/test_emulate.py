@@ -162,6 +162,7 @@ def _real_controller() -> CpuController | None:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     _real_controller() is None, reason="needs root and a mounted cpu cgroup controller"
 )

@@ -59,6 +59,7 @@ def test_rank_0_writes_and_a_resume_drops_the_later_events(tmp_path: Path) -> No
     assert [e["step"] for e in events] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3])
 def test_every_rank_reports_and_rank_0_alone_writes(rank: int, world: int, tmp: str) -> None:
     counters = Counters(torch.device("cpu"))

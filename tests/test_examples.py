@@ -15,6 +15,9 @@ from deepjimu.config import RunConfig
 from deepjimu.launch import train
 from processes import env
 
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "admm_api.py"
 HYPERSPECTRAL = EXAMPLE.with_name("hyperspectral.py")
 # the workload made small for the test; every other setting is the defaults of both

@@ -25,6 +25,9 @@ from deepjimu.rundir import latest_checkpoint
 from hpc import TIMEOUT, Slurm, missing, mpi_env, start_slurm, tasks_of
 from processes import FAULT, events, fault_flags, params, wait_for_epochs
 
+# every test here runs real Slurm and OpenMPI jobs
+pytestmark = pytest.mark.slow
+
 JIMU = [sys.executable, "-m", "deepjimu"]
 _SAME = ("step", "epoch", "loss", "train_acc", "val_acc", "test_acc", "bytes_sent", "bytes_recv")
 _PLACE = (

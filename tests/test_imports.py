@@ -7,7 +7,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from processes import env
+
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 

@@ -39,6 +39,7 @@ def _left_behind(spill: Path) -> list[str]:
     return [p.name for p in spill.iterdir() if p.name.startswith(("torchelastic_", "jimu-"))]
 
 
+@pytest.mark.slow
 def test_ddp_matches_local_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spill = _private_tmpdir(tmp_path, monkeypatch)
     local = train(RunConfig(strategy="local", runs_dir=str(tmp_path), name="local", **FAST))
@@ -73,6 +74,7 @@ def test_torchrun_refuses_a_conflicting_worker_count(tmp_path: Path, monkeypatch
         train(RunConfig(strategy="ddp", max_restarts=1, runs_dir=str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_a_worker_error_is_reported_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +97,7 @@ def test_a_worker_error_is_reported_in_one_line(
 _SAME = ("step", "epoch", "loss", "train_acc", "test_acc", "bytes_sent")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "jimu"])
 def test_after_a_kill_restarted_workers_rejoin_and_finish_the_run(
     tmp_path: Path, uninterrupted: Callable[[str, int], Path], launcher: str
@@ -182,6 +185,7 @@ def test_under_torchrun_a_job_claims_its_run_folder_once(
     assert len(events(tmp_path / "t")) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "strategy", "workers"), [(signal.SIGINT, "ddp", 2), (signal.SIGTERM, "local", 1)]
 )
@@ -218,6 +222,7 @@ def test_a_signal_ends_every_worker_and_the_run_in_one_line(
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "kill -9 rank 0", "kill -9 rank 1"])
 def test_with_the_progress_bar_a_stopped_run_still_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
@@ -287,6 +292,7 @@ def test_after_restarts_the_last_attempts_errors_explain_the_failure(tmp_path: P
     assert _failure_line(tmp_path, RuntimeError()) == "worker 1: the error that ended the run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fills", ["the checkpoint", "the events"])
 def test_a_full_disk_is_one_line_naming_it_and_leaves_no_debris(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fills: str

@@ -11,6 +11,9 @@ import pytest
 
 from processes import env
 
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
+
 
 def run(body: str) -> subprocess.CompletedProcess[str]:
     """``body`` in a fresh interpreter, after an atexit hook that prints ``shutdown ran``."""

@@ -198,6 +198,7 @@ def test_a_read_only_run_folder_ends_in_one_line_naming_it_and_out(
     assert (tmp_path / "elsewhere" / "accuracy.png").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare"
 )

@@ -159,6 +159,7 @@ def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
 _SAME = ("step", "epoch", "loss", "train_acc", "val_acc", "test_acc", "bytes_sent", "bytes_recv")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "workers"), [("local", 1), ("ddp", 2), ("admm", 2)])
 def test_kill_9_then_resume_equals_the_uninterrupted_run(
     tmp_path: Path, uninterrupted: Callable[[str, int], Path], strategy: str, workers: int

@@ -26,6 +26,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+@pytest.mark.slow
 def test_the_lock_admits_one_holder_and_dies_with_it(tmp_path: Path) -> None:
     run = tmp_path / "r"
     with lock_run_dir(run):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from deepjimu.config import RunConfig
@@ -31,6 +32,7 @@ def _decide(rank: int, world: int, tmp: str) -> list[Any]:
     return [first, (run.balance, run.speeds)]
 
 
+@pytest.mark.slow
 def test_time_shared_cores_split_evenly_on_every_rank_and_a_resume_keeps_it(tmp_path: Path) -> None:
     results = run_world(_decide, 2, str(tmp_path))
     assert results == [[("even", None), ("even", None)]] * 2

@@ -62,6 +62,7 @@ def test_bad_requests_are_refused(bad: dict[str, object]) -> None:
         plan_threads(**args)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_busy_elsewhere_sees_a_spinning_process() -> None:
     spin = [sys.executable, "-c", "while True: pass"]
     procs = [subprocess.Popen(spin) for _ in range(2)]

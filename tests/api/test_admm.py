@@ -242,6 +242,7 @@ def _group_of_two(rank: int, world: int) -> dict | None:
     }
 
 
+@pytest.mark.slow
 def test_a_group_of_two_ranks_equals_serial() -> None:
     """Transparency: 2 ranks of a subgroup (layers [2, 1], 8-bit exchange, messages addressed
     by group rank) compute the serial iterates, and gather() makes the model whole on both."""

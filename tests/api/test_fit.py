@@ -57,6 +57,7 @@ def test_fit_equals_jimu_train_on_the_same_data(tmp_path: Path) -> None:
     assert acc == pytest.approx(ref["test_acc"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_fit_with_two_ddp_workers_reaches_the_workers_tensors() -> None:
     """The workers are spawned processes: they read the caller's tensors from the run folder."""
     x, y, xt, yt = _digits()
@@ -109,6 +110,7 @@ def test_a_fit_run_is_resumed_through_fit_and_refused_by_the_cli(tmp_path: Path,
         assert torch.equal(a, b)  # as if never interrupted
 
 
+@pytest.mark.slow
 def test_fit_admm_trains_the_users_flat_mlp_alike_on_one_and_two_workers(tmp_path: Path) -> None:
     """Transparency: 2 workers give 1 worker's weights; the model returned holds them, under
     the model's own keys (admm groups the flat Sequential's own modules into layers)."""
@@ -237,6 +239,7 @@ _SCRIPT = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["stdin", "-c"])
 def test_fit_refuses_a_factory_of_a_main_without_a_file_in_one_line(how: str) -> None:
     """A notebook, an interactive session, a script read on stdin: the spawned workers
@@ -256,6 +259,7 @@ def test_fit_refuses_a_factory_of_a_main_without_a_file_in_one_line(how: str) ->
     assert "spawn" not in r.stderr  # no worker started
 
 
+@pytest.mark.slow
 def test_fit_outside_a_main_guard_stops_each_worker_in_one_line(tmp_path: Path) -> None:
     """Each spawned worker runs the script again; one that reaches fit says what to do."""
     script = tmp_path / "unguarded.py"

@@ -5,7 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from processes import env
+
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
 
 
 def test_help_documents_fit_fitted_and_pdadmm_and_the_import_loads_no_torch() -> None:

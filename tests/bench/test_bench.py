@@ -146,6 +146,7 @@ def test_error_line_prefers_the_cli_error() -> None:
     assert error_line("", 9) == "exit code 9 without a message"
 
 
+@pytest.mark.slow
 def test_run_cell_times_out_and_records_failures(tmp_path: Path) -> None:
     slow = run_cell([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, "slow", 0.5)
     assert slow.status == "timeout" and "0.5 s" in slow.error and slow.wall_s < 15
@@ -205,6 +206,7 @@ def test_speedup_falls_back_to_local() -> None:
     assert rows[1]["speedup"] is None
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_records_failures_and_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,6 +278,7 @@ def test_every_configuration_is_checked_before_anything_runs(
     assert not (tmp_path / "b").exists()  # nothing ran, nothing was written
 
 
+@pytest.mark.slow
 def test_tune_runs_the_same_trials_for_each_strategy_then_the_matrix(tmp_path: Path) -> None:
     argv = ["bench", "--bench-dir", str(tmp_path), "--name", "t", "--strategies", "local"]
     argv += [
@@ -310,6 +313,7 @@ def _wait(check: Callable[[], bool], proc: subprocess.Popen[str], what: str) -> 
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_stopped_bench_writes_what_finished_and_resume_runs_only_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

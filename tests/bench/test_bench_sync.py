@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from deepjimu.bench.matrix import plan, split_variants
 from deepjimu.bench.results import read_csv
 from deepjimu.cli import main
@@ -28,6 +30,7 @@ def test_sync_plans_are_a_dimension_of_ddp_only() -> None:
     assert local == [True, False, False, False]
 
 
+@pytest.mark.slow
 def test_a_tiny_bench_runs_sync_plans_side_by_side(tmp_path: Path) -> None:
     argv = ["bench", "--bench-dir", str(tmp_path), "--name", "sync", "--strategies", "ddp"]
     argv += ["--workers", "2", "--models", "mlp:16x1", "--epochs", "1"]

@@ -62,6 +62,7 @@ def test_a_missing_or_damaged_probe_file_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2], preload=["torch._dynamo"])
 def test_a_probed_step_counts_at_its_slowest_rank_on_every_rank(
     rank: int, world: int, tmp: str
@@ -81,6 +82,7 @@ def test_a_probed_step_counts_at_its_slowest_rank_on_every_rank(
     assert run.gather_objects(steps) == [steps] * world
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2])
 def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
     rank: int, world: int, tmp: str
@@ -95,6 +97,7 @@ def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
     assert gathered == [got] * world  # the slowest rank's times, on every rank
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3])
 def test_reduce_scatter_is_timed_only_when_asked_and_only_up_to_the_sizes_asked(
     rank: int, world: int, tmp: str
@@ -107,6 +110,7 @@ def test_reduce_scatter_is_timed_only_when_asked_and_only_up_to_the_sizes_asked(
     assert "reduce_scatter" not in probe_module.COLLECTIVES  # jimu probe keeps its time
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2])
 def test_the_probes_pipeline_step_trains_the_models_own_stages(
     rank: int, world: int, tmp: str

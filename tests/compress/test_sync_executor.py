@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -13,6 +14,9 @@ from deepjimu.compress.sync import SyncExecutor
 from deepjimu.models.embed import TokenBag
 from deepjimu.plan.sync import METHODS, TensorInfo, applicable, method_messages
 from distributed import distributed_test
+
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
 
 VOCAB, DIM, BAG = 40, 6, 5
 

@@ -53,6 +53,7 @@ def test_kfac_trains_faster_per_epoch_than_sgd_on_digits(tmp_path: Path) -> None
     assert kfac["test_acc"] > sgd["test_acc"] + 0.05, (kfac["test_acc"], sgd["test_acc"])
 
 
+@pytest.mark.slow
 def test_ddp_mem_opt_counts_factor_and_gradient_bytes(tmp_path: Path) -> None:
     cfg = RunConfig(
         strategy="ddp", workers=2, optimizer="kfac", kfac_grad_workers=0.5, model="mlp:16x1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,6 +14,9 @@ from torch.nn.parallel import DistributedDataParallel
 from deepjimu.comm import Comm, CommStats
 from deepjimu.kfac import KFAC, KFACSettings
 from distributed import run_world
+
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
 
 STEPS, BATCH = 6, 8
 SETTINGS = {"damping": 0.05, "kl_clip": 0.01, "factor_decay": 0.8, "inv_every": 2}

@@ -43,6 +43,7 @@ def test_plan_with_a_bad_cluster_file_says_so_in_one_line(tmp_path, capsys) -> N
     assert not (tmp_path / "plans").exists()
 
 
+@pytest.mark.slow
 def test_plan_probes_this_machine_and_checks_against_real_runs(
     tmp_path, capsys, monkeypatch
 ) -> None:

@@ -74,6 +74,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 def test_every_compressor_and_local_sgd_end_within_a_point_of_plain_ddp(tmp_path: Path) -> None:
     # SGD: top-k with error feedback lags under Adam (see deepjimu.compress.cost). 60 epochs of
     # 11 steps: after 30, top-k 1% was 0.3 to 2.8 points behind plain ddp (seeds 0-3, so the
@@ -149,6 +150,7 @@ def test_auto_probes_predicts_and_logs_predicted_and_measured_steps(short_runs) 
         assert e["predicted_step_s"] == chosen and e["step_s"] > 0
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[1, 2, 3], preload=["torch._dynamo"])
 def test_replicas_stay_equal_and_every_gradient_byte_is_counted(
     rank: int, world: int, tmp: str
@@ -221,6 +223,7 @@ def _uneven(rank: int, world: int, tmp: str, speeds: list[float]) -> dict[str, A
     }
 
 
+@pytest.mark.slow
 def test_ddp_on_uneven_shards_equals_one_process_on_the_whole_batch(tmp_path: Path) -> None:
     out = run_world(_uneven, 2, str(tmp_path), [1.0, 0.3])[0]
     fast, slow = out["rows"]

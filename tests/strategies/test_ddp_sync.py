@@ -23,6 +23,7 @@ def _events(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_auto_trains_an_embedding_bag_on_bow_and_writes_its_plan(tmp_path: Path) -> None:
     argv = ["train", "--strategy", "ddp", "--workers", "2", "--dataset", "bow"]
     argv += ["--model", "embed:300:12", "--synthetic-features", "300", "--synthetic-n", "600"]
@@ -40,6 +41,7 @@ def test_auto_trains_an_embedding_bag_on_bow_and_writes_its_plan(tmp_path: Path)
     assert summary["test_acc"] > 0.3  # 10 classes: it learns
 
 
+@pytest.mark.slow
 def test_sfb_sends_the_planned_bytes_every_step(tmp_path: Path) -> None:
     argv = ["train", "--strategy", "ddp", "--workers", "2", "--model", "mlp:32x1"]
     argv += ["--batch-size", "50", "--optimizer", "sgd", "--lr", "0.05", "--epochs", "2"]
@@ -57,6 +59,7 @@ def test_sfb_sends_the_planned_bytes_every_step(tmp_path: Path) -> None:
     assert summary["test_acc"] > 0.8
 
 
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3], preload=["torch._dynamo"])
 def test_every_plan_trains_exactly_as_ddp_does(rank: int, world: int, tmp: str) -> None:
     """A transparency test: the same gradients each step, so the same weights at the end

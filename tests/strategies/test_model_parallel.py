@@ -131,6 +131,7 @@ def check_transparency(per_rank: list[list[dict[str, Any]]], world: int) -> None
             assert view["bytes_sent"] == view["bytes_recv"] == want, (case, r)
 
 
+@pytest.mark.slow
 def test_model_parallel_matches_local(tmp_path: Path) -> None:
     cases = [
         {"strategy": "model-parallel", "balance": "time"},
@@ -141,6 +142,7 @@ def test_model_parallel_matches_local(tmp_path: Path) -> None:
     check_transparency(per_rank, 2)
 
 
+@pytest.mark.slow
 def test_model_parallel_run_through_launcher(tmp_path: Path) -> None:
     cfg = RunConfig(
         strategy="model-parallel",

@@ -14,6 +14,7 @@ from deepjimu.launch import train
 from distributed import run_world
 
 
+@pytest.mark.slow
 def test_two_stages_match_local(tmp_path: Path) -> None:
     cases = [
         {"strategy": "pipeline", "schedule": "gpipe", "microbatches": 4, "balance": "time"},
@@ -30,6 +31,7 @@ def test_two_stages_match_local(tmp_path: Path) -> None:
     check_transparency(per_rank, 2)
 
 
+@pytest.mark.slow
 def test_three_stages_match_local(tmp_path: Path) -> None:
     cases = [
         {"strategy": "pipeline", "schedule": "gpipe", "microbatches": 4, "balance": "1,1,2"},
@@ -41,6 +43,7 @@ def test_three_stages_match_local(tmp_path: Path) -> None:
     check_transparency(per_rank, 3)
 
 
+@pytest.mark.slow
 def test_pipeline_run_through_launcher(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     cfg = RunConfig(
         strategy="pipeline",

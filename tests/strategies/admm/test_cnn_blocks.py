@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
+import pytest
 import torch
 from torch import nn
 
@@ -126,12 +127,14 @@ def _check_equal(serial: dict[str, torch.Tensor], results: list, what: str) -> N
         torch.testing.assert_close(merged[k], serial[k], rtol=1e-5, atol=1e-5, msg=f"{k} ({what})")
 
 
+@pytest.mark.slow
 def test_cnn_two_workers_iterate_as_one() -> None:
     serial, cg_iters = _serial(0)
     assert cg_iters > 0  # the conv p-steps ran conjugate gradients
     _check_equal(serial, run_world(_distributed, 2, [2, 2], 0), "[2, 2]")
 
 
+@pytest.mark.slow
 def test_cnn_three_workers_iterate_as_one_and_8_bits_send_3x_fewer_bytes() -> None:
     plain = run_world(_distributed, 3, [1, 2, 1], 0)
     _check_equal(_serial(0)[0], plain, "[1, 2, 1]")

@@ -20,6 +20,9 @@ from deepjimu.strategies.admm.driver import (
 from deepjimu.strategies.partition import partition
 from distributed import run_world
 
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
+
 WIDTHS = [12, 16, 16, 16, 5]  # 4 layers
 N, ITERS = 40, 4
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.quantize import project
 from distributed import distributed_test
+
+# every test here starts processes (workers, a CLI run) or trains whole runs
+pytestmark = pytest.mark.slow
 
 SHAPE = (13, 6)
 # bytes on the wire per bits: float32, or the codes plus the (scale, offset) float32 header

@@ -124,6 +124,7 @@ def _distributed(rank: int, world: int, case: str, sizes: list[int], bits: int) 
     return choice, weights, block.last_Wb
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "sizes", "bits"), [("mlp", [2, 2], 0), ("mlp", [1, 2, 1], 8), ("cnn", [1, 2], 0)]
 )
@@ -149,6 +150,7 @@ def test_distributed_readout_equals_the_serial_one(case: str, sizes: list[int], 
     torch.testing.assert_close(results[-1][2], block.last_Wb, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_readout_never_fits_worse_than_the_iterate_and_beats_it_here(tmp_path: Path) -> None:
     """The same iterates (the readout does not touch them), evaluated two ways."""
     losses = {}

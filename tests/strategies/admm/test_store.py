@@ -48,6 +48,7 @@ def test_store_gives_back_each_batch_as_last_saved(tmp_path: Path) -> None:
     assert store.nbytes() == 0 and not store.has(0)
 
 
+@pytest.mark.slow
 def test_a_killed_process_leaves_no_store_behind(tmp_path: Path) -> None:
     """SIGKILL runs no clean-up: the store's files must be freed by the system alone."""
     code = (

@@ -98,6 +98,7 @@ def test_events_carry_admm_diagnostics(default_runs: dict[str, dict]) -> None:
     assert events[-1]["admm_objective"] < events[0]["admm_objective"]
 
 
+@pytest.mark.slow
 def test_resumed_admm_run_equals_uninterrupted(tmp_path: Path) -> None:
     common = {"model": "mlp:32x2", "quiet": True, "runs_dir": str(tmp_path), "workers": 2}
     train(RunConfig(epochs=4, name="full", **common))
@@ -177,6 +178,7 @@ def test_what_admm_refuses_is_one_line(kw: dict, line: str) -> None:
     assert line in str(e.value).splitlines()
 
 
+@pytest.mark.slow
 def test_balance_gives_each_worker_its_layers(tmp_path: Path) -> None:
     common = {"model": "mlp:16x2", "epochs": 1, "quiet": True, "runs_dir": str(tmp_path)}
     for sizes in ([1, 2], [2, 1]):  # one of them is not the cost estimate's split
@@ -185,6 +187,7 @@ def test_balance_gives_each_worker_its_layers(tmp_path: Path) -> None:
         assert summary is not None and summary["admm_blocks"] == sizes
 
 
+@pytest.mark.slow
 def test_cnn_trains_in_parallel_and_resumes_as_uninterrupted(tmp_path: Path) -> None:
     common = {"model": "cnn:4-8", "quiet": True, "runs_dir": str(tmp_path), "workers": 2}
     full = train(RunConfig(epochs=4, name="full", **common))
@@ -198,6 +201,7 @@ def test_cnn_trains_in_parallel_and_resumes_as_uninterrupted(tmp_path: Path) -> 
         assert torch.equal(full_model[k], resumed[k]), k
 
 
+@pytest.mark.slow
 def test_kept_minibatches_train_in_parallel_as_serially_and_leave_no_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,6 +304,7 @@ def _peak_mb(tmp_path: Path, n: int, batch: int, aux: str = "restart") -> float:
     return json.loads((tmp_path / name / "summary.json").read_text())["peak_mem_mb_per_rank"][0]
 
 
+@pytest.mark.slow
 def test_minibatch_memory_does_not_grow_with_n(tmp_path: Path) -> None:
     small, large = _peak_mb(tmp_path, 5_000, 1000), _peak_mb(tmp_path, 50_000, 1000)
     assert large <= 1.5 * small, (small, large)
