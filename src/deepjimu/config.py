@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -659,12 +660,33 @@ def load_config(flag_values: dict[str, Any], config_file: str | None = None) -> 
 
 def basic_problems(cfg: RunConfig) -> list[str]:
     """Checks that need no registry: ranges and formats of single fields. One line each."""
-    problems = []
+    return [
+        *_training_problems(cfg),
+        *_data_problems(cfg),
+        *_run_problems(cfg),
+        *_admm_problems(cfg),
+        *_kfac_problems(cfg),
+        *_ddp_sync_problems(cfg),
+        *_graph_problems(cfg),
+        *_naming_problems(cfg),
+        *_choice_problems(cfg),
+    ]
+
+
+def _checker() -> tuple[list[str], Callable[[bool, str], None]]:
+    """A problems list and ``need(ok, msg)``, which adds ``msg`` to it where ``ok`` is false."""
+    problems: list[str] = []
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
             problems.append(msg)
 
+    return problems, need
+
+
+def _training_problems(cfg: RunConfig) -> list[str]:
+    """Workers, epochs, batch size and the optimizer's numbers: each in its range."""
+    problems, need = _checker()
     need(cfg.workers is None or cfg.workers >= 1, f"workers must be >= 1 (workers: {cfg.workers})")
     need(cfg.epochs is None or cfg.epochs >= 1, f"epochs must be >= 1 (epochs: {cfg.epochs})")
     need(cfg.batch_size >= 1, f"batch-size must be >= 1 (batch-size: {cfg.batch_size})")
@@ -674,6 +696,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
     )
     need(0 <= cfg.momentum < 1, f"momentum must be in [0, 1) (momentum: {cfg.momentum})")
     need(cfg.weight_decay >= 0, f"weight-decay must be >= 0 (weight-decay: {cfg.weight_decay})")
+    return problems
+
+
+def _data_problems(cfg: RunConfig) -> list[str]:
+    """The data options: splits, downsampling, patches and the synthetic data set's size."""
+    problems, need = _checker()
     need(
         0 <= cfg.val_fraction < 1,
         f"val-fraction must be in [0, 1) (val-fraction: {cfg.val_fraction})",
@@ -696,6 +724,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         cfg.synthetic_classes >= 2,
         f"synthetic-classes must be >= 2 (synthetic-classes: {cfg.synthetic_classes})",
     )
+    return problems
+
+
+def _run_problems(cfg: RunConfig) -> list[str]:
+    """The run's checkpoints, threads, restarts and evaluations, and the pipeline's micro-batches."""
+    problems, need = _checker()
     need(
         cfg.checkpoint_every >= 0,
         f"checkpoint-every must be >= 0 (checkpoint-every: {cfg.checkpoint_every})",
@@ -704,6 +738,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
     need(cfg.max_restarts >= 0, f"max-restarts must be >= 0 (max-restarts: {cfg.max_restarts})")
     need(cfg.eval_every >= 1, f"eval-every must be >= 1 (eval-every: {cfg.eval_every})")
     need(cfg.microbatches >= 1, f"microbatches must be >= 1 (microbatches: {cfg.microbatches})")
+    return problems
+
+
+def _admm_problems(cfg: RunConfig) -> list[str]:
+    """pdADMM's options: penalties, the exchange's quantization, batches, solvers."""
+    problems, need = _checker()
     need(cfg.rho > 0 and math.isfinite(cfg.rho), f"rho must be a positive number (rho: {cfg.rho})")
     need(cfg.nu > 0 and math.isfinite(cfg.nu), f"nu must be a positive number (nu: {cfg.nu})")
     need(cfg.quantize in (0, 8, 16), f"quantize must be 0, 8 or 16 (quantize: {cfg.quantize})")
@@ -731,7 +771,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         f"admm-sweeps must be >= 0 (admm-sweeps: {cfg.admm_sweeps})",
     )
     need(cfg.admm_cg_iters >= 1, f"admm-cg-iters must be >= 1 (admm-cg-iters: {cfg.admm_cg_iters})")
-    # kfac (issue 12)
+    return problems
+
+
+def _kfac_problems(cfg: RunConfig) -> list[str]:
+    """K-FAC's options (issue 12): update intervals, damping, clipping, factor decay."""
+    problems, need = _checker()
     need(
         cfg.kfac_factor_every >= 1,
         f"kfac-factor-every must be >= 1 (kfac-factor-every: {cfg.kfac_factor_every})",
@@ -752,7 +797,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         0 <= cfg.kfac_factor_decay < 1,
         f"kfac-factor-decay must be in [0, 1) (kfac-factor-decay: {cfg.kfac_factor_decay})",
     )
-    # ddp: gradient compression and local SGD
+    return problems
+
+
+def _ddp_sync_problems(cfg: RunConfig) -> list[str]:
+    """ddp's gradient sync: compression, local SGD, sync plans, and what combines with what."""
+    problems, need = _checker()
     problems.extend(compress_problems(cfg.compress))
     start = cfg.compress_start
     need(start is None or start >= 0, f"compress-start must be >= 0 (compress-start: {start})")
@@ -788,7 +838,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         not (cfg.local_sgd and cfg.compress != "none"),
         f"local-sgd and compress cannot be combined (local-sgd: {cfg.local_sgd}, compress: {cfg.compress})",
     )
-    # graphs (issue 10)
+    return problems
+
+
+def _graph_problems(cfg: RunConfig) -> list[str]:
+    """The graph options (issue 10): hops, and the synthetic SBM graph's degree and homophily."""
+    problems, need = _checker()
     need(cfg.graph_hops >= 0, f"graph-hops must be >= 0 (graph-hops: {cfg.graph_hops})")
     need(
         0 < cfg.sbm_degree < cfg.synthetic_n - 1,
@@ -799,6 +854,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
         0 <= cfg.sbm_homophily <= 1,
         f"sbm-homophily must be in [0, 1] (sbm-homophily: {cfg.sbm_homophily})",
     )
+    return problems
+
+
+def _naming_problems(cfg: RunConfig) -> list[str]:
+    """The names a user gives: the chosen classes, and the run folder's name."""
+    problems, need = _checker()
     if cfg.classes is not None:
         need(
             len(cfg.classes) >= 2, f"classes must name at least 2 classes (classes: {cfg.classes})"
@@ -812,6 +873,12 @@ def basic_problems(cfg: RunConfig) -> list[str]:
             cfg.name not in ("", ".", "..") and "/" not in cfg.name and "\\" not in cfg.name,
             f"name must be a plain folder name (name: {cfg.name!r})",
         )
+    return problems
+
+
+def _choice_problems(cfg: RunConfig) -> list[str]:
+    """Every field with a fixed list of choices holds one of them."""
+    problems = []
     for f in fields(RunConfig):
         choices = f.metadata.get("choices")
         value = getattr(cfg, f.name)

@@ -31,6 +31,8 @@ from deepjimu.strategies import get_strategy, strategy_names
 if TYPE_CHECKING:
     from torch import nn
 
+    from deepjimu.strategies.base import Strategy
+
 __all__ = ["defaults_line", "does_not_apply", "family_defaults", "validate"]
 
 
@@ -62,15 +64,8 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
     problems.extend(misplaced.values())
     if cfg.dataset not in dataset_names():
         problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
-    n_blocks, factory = 0, False
-    try:
-        factory = parse_spec(cfg.model).kind == "factory"
-        if not factory:
-            n_blocks = count_blocks(cfg.model)
-        elif model is None:
-            problems.append(_needs_its_factory(cfg))
-    except JimuError as e:
-        problems.append(str(e))
+    n_blocks, factory, spec_problems = _spec_blocks(cfg, model)
+    problems.extend(spec_problems)
     try:
         strategy = get_strategy(cfg.strategy)
     except JimuError as e:
@@ -82,6 +77,42 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
         except JimuError as e:
             problems.append(f"model {cfg.model}: {e}")
     workers = cfg.workers if cfg.workers is not None else strategy.default_workers
+    problems.extend(_worker_problems(cfg, strategy, workers, n_blocks))
+    problems.extend(_precision_problems(cfg, strategy))
+    # kfac (issue 12)
+    if cfg.optimizer == Optimizer.KFAC and workers >= 1:
+        problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
+    problems.extend(_graph_model_problems(cfg, strategy, n_blocks))
+    if not problems:
+        problems.extend(strategy.problems(cfg, n_blocks))
+    if problems:
+        raise ConfigErrors(problems)
+    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
+    epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
+    return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr, given=given)
+
+
+def _spec_blocks(cfg: RunConfig, model: nn.Sequential | None) -> tuple[int, bool, list[str]]:
+    """The blocks of ``cfg.model`` by its spec (0 where a factory builds it: the strategy
+    counts those), whether a factory builds it, and the spec's problems."""
+    problems: list[str] = []
+    n_blocks, factory = 0, False
+    try:
+        factory = parse_spec(cfg.model).kind == "factory"
+        if not factory:
+            n_blocks = count_blocks(cfg.model)
+        elif model is None:
+            problems.append(_needs_its_factory(cfg))
+    except JimuError as e:
+        problems.append(str(e))
+    return n_blocks, factory, problems
+
+
+def _worker_problems(
+    cfg: RunConfig, strategy: type[Strategy], workers: int, n_blocks: int
+) -> list[str]:
+    """The worker count against the strategy's limits, the model's blocks and --emulate-speeds."""
+    problems = []
     if strategy.max_workers is not None and workers > strategy.max_workers:
         problems.append(
             f"strategy {cfg.strategy} runs on at most {strategy.max_workers} worker(s) (workers: {workers})"
@@ -92,6 +123,12 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
             f"(workers: {workers}, blocks in {cfg.model}: {n_blocks})"
         )
     problems.extend(speeds_problems(cfg.emulate_speeds, workers))
+    return problems
+
+
+def _precision_problems(cfg: RunConfig, strategy: type[Strategy]) -> list[str]:
+    """--precision against the strategy's precisions and the device."""
+    problems = []
     if isinstance(cfg.precision, Precision) and cfg.precision not in strategy.precisions:
         problems.append(
             f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
@@ -99,10 +136,12 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
         )
     if cfg.precision == Precision.TF32 and cfg.device == Device.CPU:
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
-    # kfac (issue 12)
-    if cfg.optimizer == Optimizer.KFAC and workers >= 1:
-        problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
-    # graphs (issue 10): a graph model takes the whole graph, in one process
+    return problems
+
+
+def _graph_model_problems(cfg: RunConfig, strategy: type[Strategy], n_blocks: int) -> list[str]:
+    """Graphs (issue 10): a graph model takes the whole graph, in one process, of graph data."""
+    problems = []
     if n_blocks and parse_spec(cfg.model).needs_graph:
         if not strategy.graph_models:
             problems.append(
@@ -114,13 +153,7 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
                 f"model {cfg.model} needs a graph data set "
                 f"({', '.join(datasets_of(Family.GRAPH))}; dataset: {cfg.dataset})"
             )
-    if not problems:
-        problems.extend(strategy.problems(cfg, n_blocks))
-    if problems:
-        raise ConfigErrors(problems)
-    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
-    epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
-    return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr, given=given)
+    return problems
 
 
 def _misplaced(cfg: RunConfig, given: dict[str, str]) -> dict[str, str]:

@@ -41,7 +41,7 @@ from deepjimu.rundir import (
 )
 from deepjimu.speeds import balance_speeds
 from deepjimu.strategies import get_strategy
-from deepjimu.strategies.base import accuracies
+from deepjimu.strategies.base import FitResult, accuracies
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
 
 __all__ = [
@@ -223,32 +223,7 @@ def _work(
     plan = plan or plan_threads(local_world, cfg.threads, cfg.omp_wait)
     torch.set_num_threads(plan.threads)
     device = pick_device(cfg, local_rank, local_world)
-    # under a launcher (torch elastic: ours or torchrun) the job's store outlives restarts
-    store, threads = None, thread_ids()
-    if "MASTER_ADDR" in os.environ:
-        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
-    if world > 1 or get_strategy(cfg.strategy).needs_group:
-        group_started()
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if store is not None:
-            # torch elastic keeps one store for all restarts of a job (pytorch/pytorch#135712):
-            # a restarted group would read the addresses of its dead predecessors and fail
-            # in Gloo's connectFullMesh, so each attempt gets keys of its own
-            group_store = dist.PrefixStore(f"deepjimu/attempt-{attempt}", store)
-            dist.init_process_group(
-                backend, rank=rank, world_size=world, timeout=_TIMEOUT, store=group_store
-            )
-        else:  # a one-worker run that still needs a group (ddp x1) has no launcher
-            dist.init_process_group(
-                backend,
-                rank=rank,
-                world_size=world,
-                timeout=_TIMEOUT,
-                init_method=f"tcp://127.0.0.1:{free_port()}",
-            )
-        free_comm_threads(threads)  # --emulate-speeds slows the device, not the network
+    store = _join_group(cfg, rank, world, attempt, device)
     try:
         with contextlib.ExitStack() as held:
             joined = out_dir is None
@@ -277,6 +252,40 @@ def _work(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _join_group(
+    cfg: RunConfig, rank: int, world: int, attempt: int, device: torch.device
+) -> dist.Store | None:
+    """The job's store under a launcher (None without one), and the process group, where
+    the run has several workers or its strategy needs one even alone."""
+    # under a launcher (torch elastic: ours or torchrun) the job's store outlives restarts
+    store, threads = None, thread_ids()
+    if "MASTER_ADDR" in os.environ:
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
+    if world > 1 or get_strategy(cfg.strategy).needs_group:
+        group_started()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if store is not None:
+            # torch elastic keeps one store for all restarts of a job (pytorch/pytorch#135712):
+            # a restarted group would read the addresses of its dead predecessors and fail
+            # in Gloo's connectFullMesh, so each attempt gets keys of its own
+            group_store = dist.PrefixStore(f"deepjimu/attempt-{attempt}", store)
+            dist.init_process_group(
+                backend, rank=rank, world_size=world, timeout=_TIMEOUT, store=group_store
+            )
+        else:  # a one-worker run that still needs a group (ddp x1) has no launcher
+            dist.init_process_group(
+                backend,
+                rank=rank,
+                world_size=world,
+                timeout=_TIMEOUT,
+                init_method=f"tcp://127.0.0.1:{free_port()}",
+            )
+        free_comm_threads(threads)  # --emulate-speeds slows the device, not the network
+    return store
 
 
 @contextlib.contextmanager
@@ -379,11 +388,7 @@ def _train(
     if rank == 0 and data.info and not cfg.quiet:
         print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))
     strategy = strategy_cls(cfg)
-    if model_factory is None:
-        model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
-    else:  # the same start on every rank, as build_model's seeded init
-        torch.manual_seed(cfg.seed)
-        model = model_factory()
+    model = _model(cfg, data, model_factory)
     # each rank's speed, where the run may balance its work by it (--balance auto, speed)
     sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
     balance_speeds(model, *sample, run, resume, _time_shared(cfg, plan, device))
@@ -391,17 +396,7 @@ def _train(
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
     if resume is not None:
-        ckpt = run.load_checkpoint(resume)
-        if ckpt is None and cfg.resume:
-            raise JimuError(f"--resume {resume}: no checkpoint in {resume / 'checkpoint'}")
-        if ckpt is not None:
-            try:
-                model.load_state_dict(ckpt.model_state)
-            except RuntimeError as e:
-                raise JimuError(
-                    f"checkpoint of {resume} does not fit model {cfg.model}: {one_line(e)[:200]}"
-                ) from None
-        run.continue_history(ckpt, how)
+        _resume(cfg, run, model, resume, how)
     if rank == 0:  # only now: a resume that fails above leaves the folder as it was
         atomic_write_text(out_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
     run.begin_fit()
@@ -410,9 +405,52 @@ def _train(
     finally:  # the progress bar ends its line, so the launcher's one line starts its own
         run.close()
     gathered = run.gather_objects((run.stats.as_list(), run.stats.sent_by_kind))
-    totals = [g[0] for g in gathered]
     if rank != 0:
         return None
+    return _summarise(cfg, out_dir, world, device, plan, run, model, data, result, gathered)
+
+
+def _model(cfg: RunConfig, data: DataSplits, model_factory: ModelFactory | None) -> nn.Sequential:
+    """The run's model: built from its spec, or by the user's factory (``deepjimu.fit``)."""
+    if model_factory is None:
+        return build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    # the same start on every rank, as build_model's seeded init
+    torch.manual_seed(cfg.seed)
+    return model_factory()
+
+
+def _resume(cfg: RunConfig, run: Run, model: nn.Module, resume: Path, how: str) -> None:
+    """Load the model's weights from the checkpoint in ``resume`` (if any) and go on with
+    the run's history; a ``--resume`` without a checkpoint, or one that does not fit, ends
+    in one line."""
+    ckpt = run.load_checkpoint(resume)
+    if ckpt is None and cfg.resume:
+        raise JimuError(f"--resume {resume}: no checkpoint in {resume / 'checkpoint'}")
+    if ckpt is not None:
+        try:
+            model.load_state_dict(ckpt.model_state)
+        except RuntimeError as e:
+            raise JimuError(
+                f"checkpoint of {resume} does not fit model {cfg.model}: {one_line(e)[:200]}"
+            ) from None
+    run.continue_history(ckpt, how)
+
+
+def _summarise(
+    cfg: RunConfig,
+    out_dir: Path,
+    world: int,
+    device: torch.device,
+    plan: ThreadPlan,
+    run: Run,
+    model: nn.Module,
+    data: DataSplits,
+    result: FitResult,
+    gathered: list[Any],
+) -> dict[str, Any]:
+    """Rank 0's summary of the finished run (``gathered``: every rank's traffic and time
+    counters), written to ``summary.json``."""
+    totals = [g[0] for g in gathered]
     model = model.to(device)
     events = read_events(out_dir)
     last = events[-1]

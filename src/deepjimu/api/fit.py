@@ -109,33 +109,15 @@ def fit(
         >>> fitted.summary["train_acc"], fitted.model  # doctest: +SKIP
     """
     _not_in_a_worker()
-    try:
-        pickle.dumps(model_factory)
-    except Exception as e:
-        raise ValueError(
-            f"model_factory must be picklable to reach the workers, e.g. a module-level "
-            f"function ({type(e).__name__}: {e})"
-        ) from None
+    _check_picklable(model_factory)
     _check_importable(model_factory)
     x, y, test_x, test_y = samples_and_labels(x, y, test)
     model = model_factory()
     if not isinstance(model, nn.Sequential):
         raise ValueError(f"model_factory must return an nn.Sequential (got {type(model).__name__})")
     classes = _outputs(model, x)
-    top = int(torch.cat([y, test_y]).max()) if len(y) + len(test_y) else -1
-    if top >= classes:
-        raise ValueError(
-            f"labels go up to {top}, the model has {classes} outputs: class indices must be "
-            f"below the model's outputs (labels: 0..{top}, outputs: {classes})"
-        )
-    known = {f.name for f in option_fields()}
-    for name in options:
-        if name in _SET_BY_FIT:
-            raise ValueError(f"{name} is set by fit itself (option: {name})")
-        if name not in known:
-            raise ValueError(f"unknown option {name!r} (the jimu train options, e.g. epochs, lr)")
-    if run_dir is not None and resume is not None:
-        raise ValueError(f"give run_dir or resume, not both (run_dir: {run_dir}, resume: {resume})")
+    _check_labels(y, test_y, classes)
+    _check_options(options, run_dir, resume)
     with contextlib.ExitStack() as stack:
         new_folder = False
         if resume is not None:
@@ -179,6 +161,54 @@ def fit(
             raise JimuError(f"fit: the run in {folder} left no summary or final checkpoint")
         model.load_state_dict(load_file(found[0] / "model.pt"))
         return Fitted(summary, model, folder if run_dir is not None or resume else None)
+
+
+def _check_picklable(model_factory: ModelFactory) -> None:
+    """Refuse a factory that cannot be pickled: it must reach the spawned workers.
+
+    Raises:
+        ValueError: such a factory (one line naming pickle's complaint).
+    """
+    try:
+        pickle.dumps(model_factory)
+    except Exception as e:
+        raise ValueError(
+            f"model_factory must be picklable to reach the workers, e.g. a module-level "
+            f"function ({type(e).__name__}: {e})"
+        ) from None
+
+
+def _check_labels(y: Tensor, test_y: Tensor, classes: int) -> None:
+    """Refuse labels (training and test) that are not below the model's ``classes`` outputs.
+
+    Raises:
+        ValueError: a label >= ``classes``.
+    """
+    top = int(torch.cat([y, test_y]).max()) if len(y) + len(test_y) else -1
+    if top >= classes:
+        raise ValueError(
+            f"labels go up to {top}, the model has {classes} outputs: class indices must be "
+            f"below the model's outputs (labels: 0..{top}, outputs: {classes})"
+        )
+
+
+def _check_options(
+    options: dict[str, Any], run_dir: str | Path | None, resume: str | Path | None
+) -> None:
+    """Refuse an option that fit sets itself or that ``jimu train`` does not know, and
+    ``run_dir`` with ``resume``.
+
+    Raises:
+        ValueError: the first such option, or both folders.
+    """
+    known = {f.name for f in option_fields()}
+    for name in options:
+        if name in _SET_BY_FIT:
+            raise ValueError(f"{name} is set by fit itself (option: {name})")
+        if name not in known:
+            raise ValueError(f"unknown option {name!r} (the jimu train options, e.g. epochs, lr)")
+    if run_dir is not None and resume is not None:
+        raise ValueError(f"give run_dir or resume, not both (run_dir: {run_dir}, resume: {resume})")
 
 
 def _not_in_a_worker() -> None:

@@ -45,6 +45,7 @@ from deepjimu.bench.matrix import (
 from deepjimu.bench.plots import write_plots
 from deepjimu.bench.results import (
     COLUMNS,
+    Target,
     add_speedups,
     add_time_to_target,
     choose_target,
@@ -134,6 +135,18 @@ class BenchOptions:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``jimu bench`` options to ``p``."""
+    _add_folder_arguments(p)
+    _add_matrix_arguments(p)
+    _add_tune_arguments(p)
+    train = p.add_argument_group(
+        "jimu train options",
+        "any jimu train option, for every run; a comma list (--lr 1e-3,3e-3) is a matrix dimension",
+    )
+    add_options(train, exclude=BENCH_FLAGS)
+
+
+def _add_folder_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench folder's options: its name, where it goes, and --resume."""
     p.add_argument(
         "--name", default=None, help="bench folder name (default: bench-YYYYmmdd-HHMMSS)"
     )
@@ -147,6 +160,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         help="go on with the bench in DIR (one that was stopped): run only the configurations "
         "without a result; other options, if given, must be the bench's own",
     )
+
+
+def _add_matrix_arguments(p: argparse.ArgumentParser) -> None:
+    """The matrix's dimensions and what every run of it shares (data, epochs, seed, limits)."""
     p.add_argument(
         "--strategies",
         default=None,
@@ -181,6 +198,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help='extra jimu train flags for every run, as one string, e.g. "--microbatches 8"',
     )
+
+
+def _add_tune_arguments(p: argparse.ArgumentParser) -> None:
+    """--tune and its number of trials."""
     p.add_argument(
         "--tune",
         action="store_true",
@@ -191,11 +212,6 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tune-trials", type=int, default=None, help="trials per strategy for --tune (default: 5)"
     )
-    train = p.add_argument_group(
-        "jimu train options",
-        "any jimu train option, for every run; a comma list (--lr 1e-3,3e-3) is a matrix dimension",
-    )
-    add_options(train, exclude=BENCH_FLAGS)
 
 
 def train_flags(args: argparse.Namespace) -> dict[str, str]:
@@ -500,7 +516,6 @@ def _run(
     except OSError as e:
         raise JimuError(f"cannot write bench folder {out}: {e.strerror}") from None
     t0 = time.perf_counter()
-    runs_dir = out / "runs"
     rows = [_row(c, ()) for c in cells]
     current: dict[str, Any] | None = None
     stopped: KeyboardInterrupt | None = None
@@ -511,37 +526,11 @@ def _run(
             _write_record(opts, tunings)
         chosen = {(t.strategy, t.model, t.options): t.choice for t in tunings or []}
         rows = [_row(c, chosen.get(c.group, ())) for c in cells]
-        read_back = _read_back(cells, rows, out) if resume else 0
-        todo = [(c, r) for c, r in zip(cells, rows, strict=True) if r["status"] == "pending"]
-        skipped = sum(1 for c in cells if c.skip)
-        print(
-            f"bench {opts.name}: {len(todo)} runs"
-            + (f" ({read_back} finished before, read back)" if resume else "")
-            + f", {skipped} impossible combinations skipped",
-            flush=True,
-        )
+        todo = _pending(opts, resume, cells, rows)
         for i, (cell, row) in enumerate(todo, start=1):
-            argv = cell.argv(train, chosen.get(cell.group, ()))
-            cmd = train_command(
-                cell, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, argv
-            )
-            if resume:  # the stopped attempt's folder: this run replaces it
-                shutil.rmtree(runs_dir / cell.name, ignore_errors=True)
-            print(f"[{i}/{len(todo)}] {cell.label} {row['tuned'] or ''}...", end=" ", flush=True)
+            cmd = _announce_cell(opts, resume, cell, row, train, chosen, i, len(todo))
             current = row
-            outcome = run_cell(cmd, out / "logs", cell.name, opts.timeout)
-            row.update(
-                status=outcome.status,
-                error=outcome.error,
-                wall_s=outcome.wall_s,
-                run_dir=str(runs_dir / cell.name),
-                log=str(out / "logs" / f"{cell.name}.stderr.log"),
-            )
-            if outcome.status == "ok":
-                try:
-                    row.update(measure(runs_dir / cell.name))
-                except JimuError as e:
-                    row.update(status="failed", error=str(e))
+            _run_one(opts, cell, row, cmd)
             current = None
             print(_progress_text(row), flush=True)
             add_speedups(rows)
@@ -551,6 +540,81 @@ def _run(
         if current is not None:
             current.update(status="interrupted", error=_signal_name(e))
         print(flush=True)
+    _report(opts, resume, cells, rows, train, tunings, t0, stopped)
+    _raise_unfinished(cells, rows, out, stopped)
+    return out
+
+
+def _pending(
+    opts: BenchOptions, resume: bool, cells: list[Cell], rows: list[dict[str, Any]]
+) -> list[tuple[Cell, dict[str, Any]]]:
+    """The configurations still to run, each with its row (a resume reads back the finished
+    ones first); prints how many."""
+    read_back = _read_back(cells, rows, opts.out_dir) if resume else 0
+    todo = [(c, r) for c, r in zip(cells, rows, strict=True) if r["status"] == "pending"]
+    skipped = sum(1 for c in cells if c.skip)
+    print(
+        f"bench {opts.name}: {len(todo)} runs"
+        + (f" ({read_back} finished before, read back)" if resume else "")
+        + f", {skipped} impossible combinations skipped",
+        flush=True,
+    )
+    return todo
+
+
+def _announce_cell(
+    opts: BenchOptions,
+    resume: bool,
+    cell: Cell,
+    row: dict[str, Any],
+    train: Options,
+    chosen: dict[tuple[str, str, Options], Options],
+    i: int,
+    n: int,
+) -> list[str]:
+    """The ``jimu train`` command of ``cell``, its stopped attempt's folder cleared, its
+    progress line begun (run ``i`` of ``n``)."""
+    runs_dir = opts.out_dir / "runs"
+    argv = cell.argv(train, chosen.get(cell.group, ()))
+    cmd = train_command(cell, runs_dir, opts.dataset, opts.data_dir, opts.seed, opts.epochs, argv)
+    if resume:  # the stopped attempt's folder: this run replaces it
+        shutil.rmtree(runs_dir / cell.name, ignore_errors=True)
+    print(f"[{i}/{n}] {cell.label} {row['tuned'] or ''}...", end=" ", flush=True)
+    return cmd
+
+
+def _run_one(opts: BenchOptions, cell: Cell, row: dict[str, Any], cmd: list[str]) -> None:
+    """Run ``cmd`` and fill ``row`` with how it ended and, if it finished, its figures."""
+    out = opts.out_dir
+    runs_dir = out / "runs"
+    outcome = run_cell(cmd, out / "logs", cell.name, opts.timeout)
+    row.update(
+        status=outcome.status,
+        error=outcome.error,
+        wall_s=outcome.wall_s,
+        run_dir=str(runs_dir / cell.name),
+        log=str(out / "logs" / f"{cell.name}.stderr.log"),
+    )
+    if outcome.status == "ok":
+        try:
+            row.update(measure(runs_dir / cell.name))
+        except JimuError as e:
+            row.update(status="failed", error=str(e))
+
+
+def _report(
+    opts: BenchOptions,
+    resume: bool,
+    cells: list[Cell],
+    rows: list[dict[str, Any]],
+    train: Options,
+    tunings: list[Tuning] | None,
+    t0: float,
+    stopped: KeyboardInterrupt | None,
+) -> None:
+    """Print the skips, then write ``results.csv`` (with speedups and time to target), the
+    plots and ``report.md`` (``t0``: when the bench started)."""
+    out = opts.out_dir
     for c in cells:
         if c.skip:
             print(f"skipped {c.label}: {c.skip}")
@@ -562,7 +626,22 @@ def _run(
         f"{opts.epochs} epoch{'s' if opts.epochs != 1 else ''}" if opts.epochs else "default epochs"
     )
     plots = write_plots(rows, out, title, target)
-    setup = {
+    setup = _setup(opts, resume, train, target, t0, stopped)
+    write_markdown(out / "report.md", rows, setup, plots, tunings)
+    print(f"wrote {out / 'results.csv'} and {out / 'report.md'}")
+
+
+def _setup(
+    opts: BenchOptions,
+    resume: bool,
+    train: Options,
+    target: Target,
+    t0: float,
+    stopped: KeyboardInterrupt | None,
+) -> dict[str, Any]:
+    """What all runs of the bench shared, for the report (:func:`write_markdown`)."""
+    out = opts.out_dir
+    return {
         "name": opts.name,
         "command": bench_command(opts),
         "dataset": opts.dataset,
@@ -578,8 +657,12 @@ def _run(
         if stopped is None
         else f"{_signal_name(stopped)}; go on with: jimu bench --resume {out}",
     }
-    write_markdown(out / "report.md", rows, setup, plots, tunings)
-    print(f"wrote {out / 'results.csv'} and {out / 'report.md'}")
+
+
+def _raise_unfinished(
+    cells: list[Cell], rows: list[dict[str, Any]], out: Path, stopped: KeyboardInterrupt | None
+) -> None:
+    """End a bench that a signal stopped, or whose runs failed or timed out, in one line."""
     ran = [r for r in rows if r["status"] != "skipped"]
     if stopped is not None:
         finished = sum(1 for r in ran if r["status"] == "ok")
@@ -599,7 +682,6 @@ def _run(
             f"{len(failed)} of {len(ran)} runs failed: {', '.join(failed)}; "
             f"their errors are in {out / 'report.md'}"
         )
-    return out
 
 
 def _signal_name(e: KeyboardInterrupt) -> str:

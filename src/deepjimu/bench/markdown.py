@@ -107,6 +107,19 @@ def write_markdown(
     """
     target: Target = setup["target"]
     pct = "the target" if target.acc is None else f"{target.acc:.0%}"
+    lines = _setup_lines(setup, target, pct)
+    lines += _results_lines(rows, pct)
+    if tunings:
+        lines += _tuning_lines(tunings)
+    lines += _skipped_lines(rows)
+    lines += _failed_lines(rows)
+    lines += _missing_lines(rows, path)
+    lines += _plot_lines(rows, plots)
+    atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
+
+
+def _setup_lines(setup: dict[str, Any], target: Target, pct: str) -> list[str]:
+    """The title and what all runs shared (see :func:`write_markdown`), the signal if any."""
     lines = [
         f"# deepjimu bench `{setup['name']}`",
         "",
@@ -121,7 +134,12 @@ def write_markdown(
     ]
     if setup.get("interrupted"):
         lines.append(f"- **interrupted**: {setup['interrupted']}")
-    lines += ["", "## Results", ""]
+    return lines
+
+
+def _results_lines(rows: list[dict[str, Any]], pct: str) -> list[str]:
+    """The results section: one table row per finished configuration, then what the columns mean."""
+    lines = ["", "## Results", ""]
     ok = [r for r in rows if r["status"] == "ok"]
     with_options = any(r.get("options") or r.get("tuned") for r in rows)
     header = [
@@ -157,40 +175,72 @@ def write_markdown(
         "per training sample processed.",
         "- *idle / bubble*: pipeline runs only: measured idle fraction / (n-1)/(m+n-1).",
     ]
-    if tunings:
-        lines += _tuning_lines(tunings)
+    return lines
+
+
+def _skipped_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The skipped section (impossible combinations, with why), or nothing."""
     skipped = [r for r in rows if r["status"] == "skipped"]
-    if skipped:
-        lines += ["", "## Skipped (impossible combinations, not failures)", ""]
-        lines += [
+    if not skipped:
+        return []
+    return [
+        "",
+        "## Skipped (impossible combinations, not failures)",
+        "",
+        *(
             f"- {r['strategy']} x{r['workers']} {r['model']} {r.get('options') or ''}".rstrip()
             + f": {r['error']}"
             for r in skipped
-        ]
+        ),
+    ]
+
+
+def _failed_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The failed section (failed and timed-out runs, their errors and logs), or nothing."""
     failed = [r for r in rows if r["status"] in ("failed", "timeout")]
-    if failed:
-        lines += ["", "## Failed", ""]
-        lines += _table(
+    if not failed:
+        return []
+    return [
+        "",
+        "## Failed",
+        "",
+        *_table(
             ["strategy", "workers", "model", "status", "error", "log"],
             [
                 [r["strategy"], str(r["workers"]), r["model"], r["status"], r["error"], r["log"]]
                 for r in failed
             ],
-        )
+        ),
+    ]
+
+
+def _missing_lines(rows: list[dict[str, Any]], path: Path) -> list[str]:
+    """The not-finished section (interrupted and pending runs, and how to run them), or nothing."""
     missing = [r for r in rows if r["status"] in ("interrupted", "pending")]
-    if missing:
-        lines += ["", "## Not finished", ""]
-        lines += [
+    if not missing:
+        return []
+    return [
+        "",
+        "## Not finished",
+        "",
+        *(
             f"- {r['strategy']} x{r['workers']} {r['model']} {r.get('options') or ''}".rstrip()
             + (f": interrupted ({r['error']})" if r["status"] == "interrupted" else ": not run")
             for r in missing
-        ]
-        lines += ["", f"Run them with `jimu bench --resume {path.parent}`."]
-    if plots:
-        lines += ["", "## Plots", ""]
-        for p in plots:
-            lines += [f"### {_PLOT_TEXT.get(p.stem, p.stem)}", "", f"![{p.stem}]({p.name})", ""]
-        asked = any(r["strategy"] == "pipeline" and r["status"] != "skipped" for r in rows)
-        if asked and not any(p.stem == "pipeline_bubble" for p in plots):
-            lines += ["No pipeline run finished, so there is no idle-fraction plot."]
-    atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
+        ),
+        "",
+        f"Run them with `jimu bench --resume {path.parent}`.",
+    ]
+
+
+def _plot_lines(rows: list[dict[str, Any]], plots: list[Path]) -> list[str]:
+    """The plots section, each PNG embedded under its title, or nothing."""
+    if not plots:
+        return []
+    lines = ["", "## Plots", ""]
+    for p in plots:
+        lines += [f"### {_PLOT_TEXT.get(p.stem, p.stem)}", "", f"![{p.stem}]({p.name})", ""]
+    asked = any(r["strategy"] == "pipeline" and r["status"] != "skipped" for r in rows)
+    if asked and not any(p.stem == "pipeline_bubble" for p in plots):
+        lines += ["No pipeline run finished, so there is no idle-fraction plot."]
+    return lines

@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from deepjimu.config import RunConfig
 from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
+
+if TYPE_CHECKING:
+    from deepjimu.strategies.admm.blocks import LayerBlock
+    from deepjimu.strategies.admm.driver import Exchange
 
 __all__ = [
     "MeasuredCompute",
@@ -261,7 +265,7 @@ def admm_times(
     """
     from deepjimu.comm import Comm, CommStats
     from deepjimu.strategies.admm.blocks import LayerBlock
-    from deepjimu.strategies.admm.driver import Exchange, choose_readout, init_blocks_forward
+    from deepjimu.strategies.admm.driver import Exchange
     from deepjimu.strategies.admm.layers import ConvOp, layer_ops
     from deepjimu.strategies.admm.model import layer_blocks
     from deepjimu.strategies.admm.strategy import admm_params, admm_settings, weight_layers
@@ -281,35 +285,10 @@ def admm_times(
     block = LayerBlock(0, L, L, W, b, params, ops)
     inputs = x if isinstance(ops[0], ConvOp) else x.flatten(1)
     ex = Exchange(Comm(CommStats()), cfg.quantize, x.device)
-    t0 = time.perf_counter()
-    init_blocks_forward(block, inputs, n, ex, 0, 1)
-    with torch.no_grad():
-        for _ in range(int(settings["sweeps"])):
-            block.sweep_backward(y)
-    if x.device.type == "cuda":
-        torch.cuda.synchronize(x.device)
-    start_s = time.perf_counter() - t0
-    layers: list[list[float]] = []  # per iteration, each layer's seconds
-    momentum: list[float] = []
-    readout: list[float] = []
-
-    def timed(run: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
-        run()
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
-        return time.perf_counter() - t0
-
-    with torch.no_grad():
-        for _ in range(iterations):
-            seconds = [0.0] * L
-            for l, update in block.layer_updates(y):
-                seconds[l] += timed(update)
-            layers.append(seconds)
-            momentum.append(timed(block.extrapolate) if params.momentum else 0.0)
-            readout.append(
-                timed(lambda: choose_readout(block, inputs, y, n, ex, 0, 1, cfg.admm_readout))
-            )
+    start_s = _admm_start_s(block, inputs, y, n, ex, int(settings["sweeps"]))
+    layers, momentum, readout = _admm_phase_s(
+        block, inputs, y, n, ex, cfg.admm_readout, params.momentum, iterations
+    )
     # the first iterations still allocate and warm the solvers: a run's steady state is later
     warm = 2 if iterations > 2 else 0
     wb_flops = [op.flops(n, with_p=False) for op in ops]
@@ -327,6 +306,64 @@ def admm_times(
         costs=[op.flops(n, with_p=l > 0) for l, op in enumerate(ops)],
         widths=[math.prod(op.out_shape) for op in ops],
     )
+
+
+def _admm_start_s(
+    block: LayerBlock, inputs: Tensor, y: Tensor, n: int, ex: Exchange, sweeps: int
+) -> float:
+    """Seconds of pdADMM's start on one worker: the forward chain, then ``sweeps`` backward sweeps."""
+    from deepjimu.strategies.admm.driver import init_blocks_forward
+
+    t0 = time.perf_counter()
+    init_blocks_forward(block, inputs, n, ex, 0, 1)
+    with torch.no_grad():
+        for _ in range(sweeps):
+            block.sweep_backward(y)
+    if inputs.device.type == "cuda":
+        torch.cuda.synchronize(inputs.device)
+    return time.perf_counter() - t0
+
+
+def _admm_phase_s(
+    block: LayerBlock,
+    inputs: Tensor,
+    y: Tensor,
+    n: int,
+    ex: Exchange,
+    readout_mode: str,
+    momentum_factor: float,
+    iterations: int,
+) -> tuple[list[list[float]], list[float], list[float]]:
+    """Per iteration, the seconds of each layer's updates, of the extrapolation (0 without
+    momentum) and of the readout (``--admm-readout``)."""
+    from deepjimu.strategies.admm.driver import choose_readout
+
+    layers: list[list[float]] = []  # per iteration, each layer's seconds
+    momentum: list[float] = []
+    readout: list[float] = []
+    with torch.no_grad():
+        for _ in range(iterations):
+            seconds = [0.0] * block.L
+            for l, update in block.layer_updates(y):
+                seconds[l] += _timed_s(update, inputs.device)
+            layers.append(seconds)
+            momentum.append(_timed_s(block.extrapolate, inputs.device) if momentum_factor else 0.0)
+            readout.append(
+                _timed_s(
+                    lambda: choose_readout(block, inputs, y, n, ex, 0, 1, readout_mode),
+                    inputs.device,
+                )
+            )
+    return layers, momentum, readout
+
+
+def _timed_s(run: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``run()`` (the device synchronised after it)."""
+    t0 = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
 
 
 def _share(total: float, weights: list[float], i: int) -> float:

@@ -39,16 +39,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from deepjimu.config import RunConfig
 from deepjimu.data.base import shard_sizes
 from deepjimu.plan.cluster import Cluster
 from deepjimu.plan.ddp import buckets_of, message_s, messages
-from deepjimu.plan.profile import Compute, Layer
+from deepjimu.plan.profile import Compute, KfacTimes, Layer
 from deepjimu.plan.schedule import actions, simulate, stage_ranks
 from deepjimu.plan.sync import SyncEntry, TensorInfo, plan_sync
 from deepjimu.speeds import chosen_balance
 from deepjimu.strategies.partition import listed_balance, parse_balance, partition
+
+if TYPE_CHECKING:
+    from deepjimu.kfac.assignment import WorkAssignment
 
 __all__ = ["Prediction", "ddp_comm", "predict", "staged_step", "sync_entries", "threads_per_rank"]
 
@@ -471,39 +475,14 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
     else:
         sizes = partition(a.costs, p, speeds if by_speed else None)
     slow = _slowdown(cluster, p)
-    ranks = [
-        sum(a.layer_s[s : s + k]) * slow / v
-        for (s, k), v in zip(_starts(sizes), speeds, strict=True)
-    ]
-    # the readout and the start run rank after rank: each rank its layers, at its speed
-    total = sum(a.layer_s) or 1.0
-    chain_factor = sum(
-        sum(a.layer_s[s : s + k]) / total / v
-        for (s, k), v in zip(_starts(sizes), speeds, strict=True)
-    )
-    rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
-    cuts = _cuts(sizes)
-    word = cfg.quantize / 8 if cfg.quantize else _FLOAT
-    exchange = max(
-        (
-            cluster.p2p_s(int(train_size * a.widths[c] * word), rank_of[c], rank_of[c + 1])
-            for c in cuts
-        ),
-        default=0.0,
-    )
+    ranks, chain_factor = _admm_rank_s(a.layer_s, sizes, speeds, slow)
+    exchange, chain, sent = _admm_traffic(cfg, train_size, a.widths, sizes, cluster)
     # three synchronisations: the p and q exchanges, the readout's choice
     iteration = max(ranks) + 2 * exchange + 3 * cluster.sync_penalty_s(p)
-    # the readout's forward chain (the plain and the refitted activations) runs rank after rank
-    chain = sum(
-        2 * cluster.p2p_s(train_size * a.widths[c] * _FLOAT, rank_of[c], rank_of[c + 1])
-        for c in cuts
-    )
     readout = (a.readout_s * chain_factor + chain) / cfg.eval_every
     step = iteration + readout
     # the start (a forward chain and the backward sweeps, rank after rank) once per run
     start = a.start_s * chain_factor + chain
-    sent = sum(2 * train_size * a.widths[c] * word for c in cuts)
-    sent += sum(2 * train_size * a.widths[c] * _FLOAT for c in cuts) / cfg.eval_every
     mem = max(
         sum(train_size * (3 * a.widths[l]) * _FLOAT for l in range(s, s + k))
         for s, k in _starts(sizes)
@@ -524,6 +503,48 @@ def _admm(cfg: RunConfig, train_size: int, compute: Compute, cluster: Cluster) -
     )
 
 
+def _admm_rank_s(
+    layer_s: list[float], sizes: list[int], speeds: list[float], slow: float
+) -> tuple[list[float], float]:
+    """Each rank's seconds of an iteration's layers (at its speed, ``slow`` times slower for
+    sharing cores), and the factor that turns the one-process time of a chain over all
+    layers into that chain's time across the ranks."""
+    ranks = [
+        sum(layer_s[s : s + k]) * slow / v for (s, k), v in zip(_starts(sizes), speeds, strict=True)
+    ]
+    # the readout and the start run rank after rank: each rank its layers, at its speed
+    total = sum(layer_s) or 1.0
+    chain_factor = sum(
+        sum(layer_s[s : s + k]) / total / v
+        for (s, k), v in zip(_starts(sizes), speeds, strict=True)
+    )
+    return ranks, chain_factor
+
+
+def _admm_traffic(
+    cfg: RunConfig, train_size: int, widths: list[int], sizes: list[int], cluster: Cluster
+) -> tuple[float, float, float]:
+    """Across the cuts between ranks: the seconds of one p (or q) exchange, of the readout's
+    forward chain, and the bytes sent per iteration (its share of the readout included)."""
+    rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
+    cuts = _cuts(sizes)
+    word = cfg.quantize / 8 if cfg.quantize else _FLOAT
+    exchange = max(
+        (
+            cluster.p2p_s(int(train_size * widths[c] * word), rank_of[c], rank_of[c + 1])
+            for c in cuts
+        ),
+        default=0.0,
+    )
+    # the readout's forward chain (the plain and the refitted activations) runs rank after rank
+    chain = sum(
+        2 * cluster.p2p_s(train_size * widths[c] * _FLOAT, rank_of[c], rank_of[c + 1]) for c in cuts
+    )
+    sent = sum(2 * train_size * widths[c] * word for c in cuts)
+    sent += sum(2 * train_size * widths[c] * _FLOAT for c in cuts) / cfg.eval_every
+    return exchange, chain, sent
+
+
 def _kfac(
     cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
 ) -> Prediction:
@@ -533,9 +554,6 @@ def _kfac(
     own :class:`~deepjimu.kfac.assignment.WorkAssignment` (the slowest rank's share counts)
     and broadcast within each gradient-worker group; with fewer gradient workers than ranks
     the preconditioned gradients are broadcast too."""
-    from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost
-    from deepjimu.kfac.precondition import METHODS
-
     assert cfg.workers is not None
     p = _workers(cfg)
     t = threads_per_rank(cluster, p)
@@ -544,57 +562,93 @@ def _kfac(
     speeds, by_speed = _speeds(cfg, cluster)
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in _batches(train_size, cfg.batch_size):
-        # each rank's rows (in proportion to its speed where the run balances by it); the
-        # slowest rank's step sets the pace
-        shares = _shares(rows, speeds, by_speed)
-        k = compute.kfac(max(shares), t)
-        step_s = max(compute.kfac(r, t).step_s / v for r, v in zip(shares, speeds, strict=True))
-        costs = [decomposition_cost(a, g) for a, g in zip(k.n_a, k.n_g, strict=True)]
-        workers = max(1, round(cfg.kfac_grad_workers * p))
-        assignment = WorkAssignment.greedy(costs, p, workers, speeds if by_speed else None)
-        decompose = max(
-            load / v for load, v in zip(assignment.loads(k.decompose_s), speeds, strict=True)
-        )
-        triangles = sum(
-            a * (a + 1) // 2 + g * (g + 1) // 2 for a, g in zip(k.n_a, k.n_g, strict=True)
-        )
-        factors = cluster.all_reduce_s(triangles * _FLOAT, p) if p > 1 else 0.0
-        kind = METHODS[cfg.kfac_method]
-        sizes = [kind.numel(a, g) * _FLOAT for a, g in zip(k.n_a, k.n_g, strict=True)]
-        # each inverse worker broadcasts its layers' decompositions in its column, one
-        # broadcast after the other; the columns at once: the slowest column counts
-        owned = [
-            sum(b for b, r in zip(sizes, assignment.inv_workers, strict=True) if r == src)
-            for src in range(p)
-        ]
-        bcast = max(
-            (
-                sum(_broadcast_s(cluster, owned[r], workers) for r in col if owned[r])
-                for col in assignment.worker_groups()
-            ),
-            default=0.0,
-        )
-        # with fewer gradient workers than ranks, each row's gradient workers broadcast their
-        # preconditioned gradients to the row: every gradient once, one broadcast per column
-        row = p // workers
-        grads = (
-            assignment.columns * _broadcast_s(cluster, grad_bytes // assignment.columns, row)
-            if row > 1
-            else 0.0
-        )
-        c = step_s * slow
-        step = (
-            c
-            + cluster.sync_penalty_s(p)
-            + grad_s
-            + grads
-            + factors / cfg.kfac_factor_every
-            + (decompose * slow + bcast) / cfg.kfac_inv_every
+        step, c = _kfac_step(
+            cfg, rows, compute, cluster, p, t, slow, speeds, by_speed, grad_s, grad_bytes
         )
         epoch += count * step
         steps += count
         compute_s += count * c
     return _replicated(cfg, layers, train_size, epoch, steps, compute_s, grad_s, grad_bytes)
+
+
+def _kfac_step(
+    cfg: RunConfig,
+    rows: int,
+    compute: Compute,
+    cluster: Cluster,
+    p: int,
+    t: int,
+    slow: float,
+    speeds: list[float],
+    by_speed: bool,
+    grad_s: float,
+    grad_bytes: int,
+) -> tuple[float, float]:
+    """One K-FAC step of a batch of ``rows`` (see :func:`_kfac`): its seconds, and the
+    seconds of its compute alone (``p`` ranks of ``t`` threads, ``slow`` the cores' sharing)."""
+    from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost
+
+    # each rank's rows (in proportion to its speed where the run balances by it); the
+    # slowest rank's step sets the pace
+    shares = _shares(rows, speeds, by_speed)
+    k = compute.kfac(max(shares), t)
+    step_s = max(compute.kfac(r, t).step_s / v for r, v in zip(shares, speeds, strict=True))
+    costs = [decomposition_cost(a, g) for a, g in zip(k.n_a, k.n_g, strict=True)]
+    workers = max(1, round(cfg.kfac_grad_workers * p))
+    assignment = WorkAssignment.greedy(costs, p, workers, speeds if by_speed else None)
+    decompose = max(
+        load / v for load, v in zip(assignment.loads(k.decompose_s), speeds, strict=True)
+    )
+    triangles = sum(a * (a + 1) // 2 + g * (g + 1) // 2 for a, g in zip(k.n_a, k.n_g, strict=True))
+    factors = cluster.all_reduce_s(triangles * _FLOAT, p) if p > 1 else 0.0
+    bcast = _decompositions_bcast_s(cfg, k, assignment, cluster, p, workers)
+    # with fewer gradient workers than ranks, each row's gradient workers broadcast their
+    # preconditioned gradients to the row: every gradient once, one broadcast per column
+    row = p // workers
+    grads = (
+        assignment.columns * _broadcast_s(cluster, grad_bytes // assignment.columns, row)
+        if row > 1
+        else 0.0
+    )
+    c = step_s * slow
+    step = (
+        c
+        + cluster.sync_penalty_s(p)
+        + grad_s
+        + grads
+        + factors / cfg.kfac_factor_every
+        + (decompose * slow + bcast) / cfg.kfac_inv_every
+    )
+    return step, c
+
+
+def _decompositions_bcast_s(
+    cfg: RunConfig,
+    k: KfacTimes,
+    assignment: WorkAssignment,
+    cluster: Cluster,
+    p: int,
+    workers: int,
+) -> float:
+    """Seconds to broadcast the layers' decompositions from their inverse workers within
+    each gradient-worker group (``workers`` gradient workers of ``p`` ranks)."""
+    from deepjimu.kfac.precondition import METHODS
+
+    kind = METHODS[cfg.kfac_method]
+    sizes = [kind.numel(a, g) * _FLOAT for a, g in zip(k.n_a, k.n_g, strict=True)]
+    # each inverse worker broadcasts its layers' decompositions in its column, one
+    # broadcast after the other; the columns at once: the slowest column counts
+    owned = [
+        sum(b for b, r in zip(sizes, assignment.inv_workers, strict=True) if r == src)
+        for src in range(p)
+    ]
+    return max(
+        (
+            sum(_broadcast_s(cluster, owned[r], workers) for r in col if owned[r])
+            for col in assignment.worker_groups()
+        ),
+        default=0.0,
+    )
 
 
 def _broadcast_s(cluster: Cluster, nbytes: int, ranks: int) -> float:

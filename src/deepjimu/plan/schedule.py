@@ -232,29 +232,7 @@ def simulate(
         (15.0, 0.2)
     """
     S, world = len(stage_rank), len(orders)
-    if len(forward_s) != S or len(backward_s) != S:
-        raise ValueError(
-            f"forward_s and backward_s need one time per stage "
-            f"(stages: {S}, forward_s: {len(forward_s)}, backward_s: {len(backward_s)})"
-        )
-    if any(not 0 <= r < world for r in stage_rank):
-        raise ValueError(
-            f"stage_rank must name ranks of orders (ranks: {world}, stage_rank: {list(stage_rank)})"
-        )
-    if any(t < 0 for t in (*forward_s, *backward_s)):
-        raise ValueError(
-            f"times must be >= 0 (forward_s: {list(forward_s)}, backward_s: {list(backward_s)})"
-        )
-    seen: set[Action] = set()
-    for rank, order in enumerate(orders):
-        for a in order:
-            if a.stage >= S or stage_rank[a.stage] != rank:
-                raise ValueError(
-                    f"action {a} is on rank {rank}, which does not hold stage {a.stage} (stage_rank: {list(stage_rank)})"
-                )
-            if a in seen:
-                raise ValueError(f"action {a} appears more than once in orders")
-            seen.add(a)
+    _check_replay(orders, forward_s, backward_s, stage_rank)
 
     end: dict[Action, float] = {}
     arrive: dict[Action, float] = {}  # when an action's output reaches the rank that needs it
@@ -296,6 +274,39 @@ def simulate(
         busy_s=tuple(busy),
         spans=tuple(tuple(s) for s in spans),
     )
+
+
+def _check_replay(
+    orders: Sequence[Sequence[Action]],
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    stage_rank: Sequence[int],
+) -> None:
+    """Refuse inputs that :func:`simulate` cannot replay (see its Raises), before it starts."""
+    S, world = len(stage_rank), len(orders)
+    if len(forward_s) != S or len(backward_s) != S:
+        raise ValueError(
+            f"forward_s and backward_s need one time per stage "
+            f"(stages: {S}, forward_s: {len(forward_s)}, backward_s: {len(backward_s)})"
+        )
+    if any(not 0 <= r < world for r in stage_rank):
+        raise ValueError(
+            f"stage_rank must name ranks of orders (ranks: {world}, stage_rank: {list(stage_rank)})"
+        )
+    if any(t < 0 for t in (*forward_s, *backward_s)):
+        raise ValueError(
+            f"times must be >= 0 (forward_s: {list(forward_s)}, backward_s: {list(backward_s)})"
+        )
+    seen: set[Action] = set()
+    for rank, order in enumerate(orders):
+        for a in order:
+            if a.stage >= S or stage_rank[a.stage] != rank:
+                raise ValueError(
+                    f"action {a} is on rank {rank}, which does not hold stage {a.stage} (stage_rank: {list(stage_rank)})"
+                )
+            if a in seen:
+                raise ValueError(f"action {a} appears more than once in orders")
+            seen.add(a)
 
 
 def _ready_at(

@@ -226,27 +226,8 @@ class AdmmStrategy(Strategy):
         maps = weight_layers(blocks)
         ops = layer_ops(blocks, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
-        batch = cfg.admm_batch or len(data.train_y)
-        # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
-        # m = C_in s^2, and 4 N H W C_in C_out s^2 per CG iteration of its p-step; ConvOp.flops)
-        costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
-        if listed_balance(cfg.balance):  # layers per worker, as given (checked before the start)
-            sizes, how = parse_balance(cfg.balance, L, run.world), "list"
-        elif run.balance == "speed":  # each rank's share of the cost over its measured speed
-            sizes, how = partition(costs, run.world, run.speeds), "estimated cost over speed"
-        else:
-            sizes, how = partition(costs, run.world), "estimated cost"
-        self.plan = StagePlan(tuple(sizes), run.world, how=how)
+        sizes = self._plan_stages(ops, L, cfg.admm_batch or len(data.train_y), run)
         lo, hi = self.plan.bounds(run.rank)
-        if run.is_main and not cfg.quiet:
-            memory = [op.nbytes(batch) for op in ops]
-            share = [sum(costs[slice(*self.plan.bounds(r))]) / sum(costs) for r in range(run.world)]
-            mib = [sum(memory[slice(*self.plan.bounds(r))]) / 2**20 for r in range(run.world)]
-            mode = f"mini-batch {cfg.admm_batch}" if cfg.admm_batch else "full batch"
-            print(
-                f"{self.plan.summary('admm')}, {mode}; per worker: cost share "
-                f"{[round(c, 2) for c in share]}, variables {[round(m, 1) for m in mib]} MiB"
-            )
         self.model, self.blocks, self.run, self.maps = model, blocks, run, maps
         self.shapes = block_shapes(blocks, data.train_x[:1])
         # conv p-steps solved by CG: their iterations and cap hits go into the events
@@ -263,54 +244,20 @@ class AdmmStrategy(Strategy):
         # dense layers take flat rows, conv layers [N, C, H, W] maps
         x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
         y = data.train_y if hi == L else None
-        start, steps, samples = 0, 0, 0
         self.history: list[float] = []
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
         init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
-        # the readout needs every sample's targets z: full batch holds them, kept batches
-        # store them (streamed: kept_readout); restarted batches have them only for a visit
-        self._readout_mode = "iterate" if cfg.admm_batch and not keep else cfg.admm_readout
-        # a resumed run's model is the checkpoint's readout of the checkpointed iterate
-        resumed = run.resumed.rank_state if run.resumed is not None else None
-        self._readout_choice = resumed.get("readout", "iterate") if resumed else "iterate"
-        self._iterate_fit: tuple[float, float] | None = None  # what the health check judges
-        self._readout_stale = resumed is None  # the iterate moved since the last readout
-        self._written = resumed is not None  # the model holds the current readout
+        self._readout_state(keep, run)
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
-        self.settings = {"init": init, "readout": self._readout_mode, **chosen}
-        # a kept batch goes on where it stopped: one iteration per visit, as full batch per epoch
-        self._inner = cfg.admm_inner or (1 if keep else auto_inner(ops))
-        if cfg.admm_batch:
-            self.settings |= {"aux": "keep" if keep else "restart", "inner": self._inner}
-        if run.is_main and not cfg.quiet:
-            print(
-                "admm settings: "
-                + ", ".join(
-                    f"{k} {v:g}" if not isinstance(v, str) else f"{k} {v}"
-                    for k, v in self.settings.items()
-                )
-            )
+        self._choose_settings(init, keep, chosen, ops, run)
         self._scale = init in ("scaled", "unit") and run.resumed is None
         self._unit = init == "unit"
-        if run.resumed is not None:
-            self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
-            self.history = list(run.resumed.rank_state.get("history", []))
-            start, steps = run.resumed.epoch, run.resumed.step
-            samples = run.resumed.extra.get("samples", 0)
+        start, steps, samples = self._resume_point(run)
         fresh = run.resumed is None and not cfg.admm_batch  # full batch starts once, here
-        self._kept = (
-            KeptBatches(len(x), cfg.admm_batch, cfg.seed, self.block, None, f"-r{run.rank}")
-            if keep
-            else None
-        )
-        try:
-            steps = self._epochs(x, y, data, start, steps, samples, fresh)
-        finally:
-            if self._kept is not None:
-                self._kept.close()
+        steps = self._run_epochs(x, y, data, keep, start, steps, samples, fresh)
         run.close()
         self._checkpoint(steps, cfg.epochs)
         return FitResult(
@@ -324,6 +271,97 @@ class AdmmStrategy(Strategy):
             }
             | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
         )
+
+    def _plan_stages(self, ops: list[LayerOp], L: int, batch: int, run: Run) -> list[int]:
+        """Each rank's layers (``self.plan``), balanced by their estimated cost on ``batch``
+        samples (over the ranks' speeds where the run balances by them) or as listed."""
+        cfg = self.cfg
+        # one iteration's flops per layer (a conv layer's (W, b) step N H W m (2 C_out + m),
+        # m = C_in s^2, and 4 N H W C_in C_out s^2 per CG iteration of its p-step; ConvOp.flops)
+        costs = [op.flops(batch, with_p=l > 0) for l, op in enumerate(ops)]
+        if listed_balance(cfg.balance):  # layers per worker, as given (checked before the start)
+            sizes, how = parse_balance(cfg.balance, L, run.world), "list"
+        elif run.balance == "speed":  # each rank's share of the cost over its measured speed
+            sizes, how = partition(costs, run.world, run.speeds), "estimated cost over speed"
+        else:
+            sizes, how = partition(costs, run.world), "estimated cost"
+        self.plan = StagePlan(tuple(sizes), run.world, how=how)
+        if run.is_main and not cfg.quiet:
+            self._print_plan(ops, costs, batch, run)
+        return sizes
+
+    def _print_plan(self, ops: list[LayerOp], costs: list[float], batch: int, run: Run) -> None:
+        """The plan's line: the mode, and each worker's share of the cost and its variables."""
+        cfg = self.cfg
+        memory = [op.nbytes(batch) for op in ops]
+        share = [sum(costs[slice(*self.plan.bounds(r))]) / sum(costs) for r in range(run.world)]
+        mib = [sum(memory[slice(*self.plan.bounds(r))]) / 2**20 for r in range(run.world)]
+        mode = f"mini-batch {cfg.admm_batch}" if cfg.admm_batch else "full batch"
+        print(
+            f"{self.plan.summary('admm')}, {mode}; per worker: cost share "
+            f"{[round(c, 2) for c in share]}, variables {[round(m, 1) for m in mib]} MiB"
+        )
+
+    def _readout_state(self, keep: bool, run: Run) -> None:
+        """Which readout the run makes, and where the readout stands at the start (a resumed
+        run's model is the checkpoint's readout)."""
+        cfg = self.cfg
+        # the readout needs every sample's targets z: full batch holds them, kept batches
+        # store them (streamed: kept_readout); restarted batches have them only for a visit
+        self._readout_mode = "iterate" if cfg.admm_batch and not keep else cfg.admm_readout
+        # a resumed run's model is the checkpoint's readout of the checkpointed iterate
+        resumed = run.resumed.rank_state if run.resumed is not None else None
+        self._readout_choice = resumed.get("readout", "iterate") if resumed else "iterate"
+        self._iterate_fit: tuple[float, float] | None = None  # what the health check judges
+        self._readout_stale = resumed is None  # the iterate moved since the last readout
+        self._written = resumed is not None  # the model holds the current readout
+
+    def _choose_settings(
+        self, init: str, keep: bool, chosen: dict[str, float], ops: list[LayerOp], run: Run
+    ) -> None:
+        """The run's settings (``self.settings``, in its summary) and inner iterations per
+        mini-batch; printed by the main rank."""
+        cfg = self.cfg
+        self.settings = {"init": init, "readout": self._readout_mode, **chosen}
+        # a kept batch goes on where it stopped: one iteration per visit, as full batch per epoch
+        self._inner = cfg.admm_inner or (1 if keep else auto_inner(ops))
+        if cfg.admm_batch:
+            self.settings |= {"aux": "keep" if keep else "restart", "inner": self._inner}
+        if run.is_main and not cfg.quiet:
+            print(
+                "admm settings: "
+                + ", ".join(
+                    f"{k} {v:g}" if not isinstance(v, str) else f"{k} {v}"
+                    for k, v in self.settings.items()
+                )
+            )
+
+    def _resume_point(self, run: Run) -> tuple[int, int, int]:
+        """The epoch, step and unlogged samples to go on from: a resumed run's, its block
+        and history loaded from the checkpoint; zeros for a new run."""
+        if run.resumed is None:
+            return 0, 0, 0
+        self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
+        self.history = list(run.resumed.rank_state.get("history", []))
+        return run.resumed.epoch, run.resumed.step, run.resumed.extra.get("samples", 0)
+
+    def _run_epochs(
+        self, x: Tensor, y: Tensor | None, data: DataSplits, keep: bool, start: int, steps: int,
+        samples: int, fresh: bool,
+    ) -> int:  # fmt: skip
+        """:meth:`_epochs` with the kept mini-batches' store open (where they keep their
+        auxiliary variables), closed however the epochs end; returns the steps so far."""
+        cfg, run = self.cfg, self.run
+        self._kept = (
+            KeptBatches(len(x), cfg.admm_batch, cfg.seed, self.block, None, f"-r{run.rank}")
+            if keep
+            else None
+        )
+        try:
+            return self._epochs(x, y, data, start, steps, samples, fresh)
+        finally:
+            if self._kept is not None:
+                self._kept.close()
 
     def _keeps(
         self, ops: list[LayerOp], lo: int, hi: int, momentum: float, n: int, run: Run
