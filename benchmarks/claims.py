@@ -1,4 +1,4 @@
-"""The claims harness: re-measure every headline figure of README.md and BENCHMARKS.md.
+"""The claims harness: re-measure every headline figure of README.md, docs/ and BENCHMARKS.md.
 
 Each figure the text states is a record in ``benchmarks/claims.toml``: the claim in words,
 where the text states it, the command that measures it, the metric read off that command's

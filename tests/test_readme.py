@@ -1,5 +1,5 @@
-"""README.md as a user reads it: every command block runs, and the error lines it shows are
-the ones the program prints.
+"""README.md and docs/ as a user reads them: every command block runs, and the error lines
+they show are the ones the program prints.
 
 The blocks come from pytest-codeblocks' Markdown reader (``extract_from_file``). Each block
 is one test, its commands run in order in a folder of its own, the way a user runs them
@@ -16,7 +16,7 @@ is no root or no cpu cgroup controller.
   admm; a plan 1 and 2 workers and, unless named, local and admm, one check of 1 epoch);
   nothing else changes.
 - ``python`` blocks: run as a script after :data:`PRELUDE`, which defines the ``model``,
-  ``x``, ``y``, ``x_test``, ``y_test`` that the README's snippets take as given.
+  ``x``, ``y``, ``x_test``, ``y_test`` that the pages' snippets take as given.
 - ``text`` blocks with ``$`` lines are transcripts: each command runs exactly as shown and
   its ``error:`` lines must equal the transcript's, with exit code 2 when it shows errors
   (130 for "then Ctrl-C", where the checkpoint's step depends on the moment of the key).
@@ -51,8 +51,11 @@ from deepjimu.data.hyperspectral import SCENES
 from deepjimu.emulate import find_cpu_controller
 from processes import env, run_warm
 
+# every command of the pages runs as a process of its own
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TIMEOUT = 600
 
 PRELUDE = """\
@@ -71,10 +74,12 @@ model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128
 
 @dataclass(frozen=True)
 class Step:
-    """One command of a README block: where it is, how it runs, what it must print."""
+    """One command of a block of README.md or docs/: where it is, how it runs, what it must
+    print."""
 
-    line: int  # the block's first line in README.md
-    block: int  # the block's index
+    page: str  # README.md, docs/admm.md, ...
+    line: int  # the block's first line in its page
+    block: int  # the block's index, over every page
     kind: str  # "shell", "python" or "transcript"
     text: str  # the command as written (a python block: its code)
     errors: tuple[str, ...] = ()  # a transcript's error lines
@@ -82,7 +87,7 @@ class Step:
     @property
     def id(self) -> str:
         first = self.text.splitlines()[0] if self.kind == "python" else self.text
-        return f"L{self.line}:{first[:60]}"
+        return f"{self.page}:L{self.line}:{first[:60]}"
 
 
 def _shell_commands(code: str) -> list[str]:
@@ -108,13 +113,15 @@ def _transcript(code: str) -> list[tuple[str, tuple[str, ...]]]:
 
 def _steps() -> list[Step]:
     steps = []
-    for i, block in enumerate(extract_from_file(README)):
+    blocks = [(path, b) for path in PAGES for b in extract_from_file(path)]
+    for i, (path, block) in enumerate(blocks):
+        at = (path.relative_to(ROOT).as_posix(), block.lineno, i)
         if block.syntax == "bash":
-            steps += [Step(block.lineno, i, "shell", c) for c in _shell_commands(block.code)]
+            steps += [Step(*at, "shell", c) for c in _shell_commands(block.code)]
         elif block.syntax == "python":
-            steps.append(Step(block.lineno, i, "python", block.code))
+            steps.append(Step(*at, "python", block.code))
         elif block.syntax == "text" and "\n$ " in "\n" + block.code:
-            steps += [Step(block.lineno, i, "transcript", c, e) for c, e in _transcript(block.code)]
+            steps += [Step(*at, "transcript", c, e) for c, e in _transcript(block.code)]
     return steps
 
 
@@ -249,11 +256,18 @@ def _digits_apart(lines: list[str]) -> list[str]:
     return [re.sub(r"\d+", "#", line) for line in lines]
 
 
+def _measures_apart(lines: list[str]) -> list[str]:
+    """Lines with their decimal figures (an accuracy, a loss) as ``#.#``: an ill-conditioned
+    run's figures move in the last digits with the BLAS threads' summation order (CI saw
+    0.098 where the page says 0.088), its words and every whole number must not."""
+    return [re.sub(r"\d+\.\d+", "#.#", line) for line in lines]
+
+
 def _chain_id(chain: tuple[Step, ...]) -> str:
     first = chain[0]
     if first.kind != "shell":
-        return f"L{first.line}:{first.kind}"
-    return f"L{first.line}:{first.text[:50]}"
+        return f"{first.page}:L{first.line}:{first.kind}"
+    return f"{first.page}:L{first.line}:{first.text[:50]}"
 
 
 @pytest.mark.parametrize("chain", CHAINS, ids=[_chain_id(c) for c in CHAINS])
@@ -310,5 +324,5 @@ def _check(step: Step, cwd: Path) -> str | None:
         assert _digits_apart(printed) == _digits_apart(expected), r.stderr[-3000:]
         return None
     assert r.returncode == (2 if expected else 0), r.stderr[-3000:]
-    assert printed == expected, r.stderr[-3000:]
+    assert _measures_apart(printed) == _measures_apart(expected), r.stderr[-3000:]
     return None
