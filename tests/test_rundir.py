@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from deepjimu.cli import main
-from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.config import CONFIG_VERSION, ConfigErrors, RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.report import read_events
-from deepjimu.rundir import check_resume, latest_checkpoint, lock_run_dir
+from deepjimu.rundir import check_resume, latest_checkpoint, lock_run_dir, saved_config
 
 
 def _env() -> dict[str, str]:
@@ -91,6 +91,35 @@ def test_a_resume_keeps_what_the_checkpoint_says(tmp_path: Path) -> None:
     (ckpt / "meta.json").write_text("{")
     with pytest.raises(JimuError, match=r"checkpoint .*step-00000060 is damaged"):
         latest_checkpoint(run)
+
+
+@pytest.mark.parametrize(
+    ("saved", "expected"),
+    [
+        ({"admm_bits": 8}, "holds option(s) this deepjimu does not know (admm_bits)"),
+        ({"config_version": 99}, "was written by a newer deepjimu (config_version 99; this one "
+                                 f"reads {CONFIG_VERSION} and older)"),
+    ],
+)  # fmt: skip
+def test_a_saved_config_of_another_version_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], saved: dict, expected: str
+) -> None:
+    run = _checkpointed(tmp_path, **saved)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(run), "--epochs", "61"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --resume {run}: {run / 'config.json'} {expected}; resume it with the " \
+        "deepjimu that wrote it, or start a new run\n"  # fmt: skip
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_run_saves_its_config_with_the_layout_version(tmp_path: Path) -> None:
+    cfg = RunConfig(strategy="local", model="mlp:8x1", epochs=1, quiet=True, threads=1,
+                    runs_dir=str(tmp_path), name="v")  # fmt: skip
+    train(cfg)
+    saved = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert saved["config_version"] == CONFIG_VERSION
+    assert set(saved_config(tmp_path / "v")) == set(cfg.to_dict())  # the options alone
 
 
 @pytest.fixture(scope="module")

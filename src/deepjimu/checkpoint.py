@@ -161,7 +161,7 @@ class Checkpointer:
                 "time_s": self.counters.elapsed(),
                 "fit_s": self.counters.fit_s(),
                 "counters": counters,
-                "config": self.cfg.to_dict(),
+                "config": self.cfg.to_saved(),
             }
             (tmp / "meta.json").write_text(json.dumps(meta))
             shutil.rmtree(final, ignore_errors=True)

@@ -34,6 +34,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 __all__ = [
+    "CONFIG_VERSION",
     "DEFAULT_LR",
     "GRADIENT_STRATEGIES",
     "ConfigErrors",
@@ -47,6 +48,10 @@ __all__ = [
     "option_fields",
     "option_label",
 ]
+
+# the layout of a run's saved options (config.json, a checkpoint's meta.json): raise it when
+# an option is renamed or removed, so that a run saved by another version ends in one line
+CONFIG_VERSION = 1
 
 # per --optimizer, when --lr is not given
 DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
@@ -431,6 +436,11 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain values, suitable for JSON and TOML (a choice's member is a str)."""
         return dataclasses.asdict(self)
+
+    def to_saved(self) -> dict[str, Any]:
+        """What a run folder keeps (config.json, a checkpoint): the options and the layout's
+        version, :data:`CONFIG_VERSION`."""
+        return {"config_version": CONFIG_VERSION, **self.to_dict()}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:

@@ -7,6 +7,7 @@ torchrun the thread plan must be in the environment first).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.atomic import atomic_write_text, no_space, space_error
-from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.config import CONFIG_VERSION, ConfigErrors, RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launchers import slurm_job
 
@@ -92,15 +93,36 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
         try:
             value = json.loads(path.read_text())
             if isinstance(value, dict):
-                return value
+                return _known_options(value, run_dir, path)
         except (OSError, ValueError):
             pass
     found = latest_checkpoint(run_dir)
     if found is not None and isinstance(found[1].get("config"), dict):
-        return found[1]["config"]
+        return _known_options(found[1]["config"], run_dir, found[0] / "meta.json")
     if path.exists():
         raise JimuError(f"--resume: {path} is damaged and no checkpoint holds the run's options")
     raise JimuError(f"--resume {run_dir}: not a run folder (no {path})")
+
+
+def _known_options(saved: dict[str, Any], run_dir: Path, path: Path) -> dict[str, Any]:
+    """The saved options without their layout's version, refused in one line when another
+    version of deepjimu wrote them (a newer layout, or an option this one does not have)."""
+    options = dict(saved)
+    version = options.pop("config_version", 1)  # runs saved before the version was kept: 1
+    why = ""
+    if not isinstance(version, int) or version > CONFIG_VERSION:
+        why = (
+            f"was written by a newer deepjimu (config_version {version}; this one reads "
+            f"{CONFIG_VERSION} and older)"
+        )
+    elif unknown := sorted(set(options) - {f.name for f in dataclasses.fields(RunConfig)}):
+        why = f"holds option(s) this deepjimu does not know ({', '.join(unknown)})"
+    if why:
+        raise JimuError(
+            f"--resume {run_dir}: {path} {why}; resume it with the deepjimu that wrote it, "
+            "or start a new run"
+        )
+    return options
 
 
 def check_resume(cfg: RunConfig) -> None:

@@ -398,7 +398,7 @@ def _train(
     if resume is not None:
         _resume(cfg, run, model, resume, how)
     if rank == 0:  # only now: a resume that fails above leaves the folder as it was
-        atomic_write_text(out_dir / "config.json", json.dumps(cfg.to_dict(), indent=2))
+        atomic_write_text(out_dir / "config.json", json.dumps(cfg.to_saved(), indent=2))
     run.begin_fit()
     try:
         result = strategy.fit(model, data, run)
