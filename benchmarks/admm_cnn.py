@@ -34,9 +34,9 @@ import deepjimu  # noqa: F401  (before torch: OpenMP's wait policy as deepjimu's
 import torch
 from torch import nn
 
+from deepjimu.admm_math import conv as C
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
-from deepjimu.strategies.admm import conv as C
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.layers import ConvOp, layer_ops

@@ -57,3 +57,24 @@ def test_no_function_is_longer_than_a_screen() -> None:
         f"functions longer than {MAX_LINES} lines (first statement after the docstring to "
         "the last line); split them into helpers:\n" + "\n".join(long)
     )
+
+
+def test_the_math_packages_import_nothing_else_of_deepjimu() -> None:
+    """pdADMM's updates are pure functions of tensors: the strategy and the API drive them,
+    so importing them must not load the run, checkpoint or event machinery."""
+    package = SRC / "deepjimu" / "admm_math"
+    outside = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            outside += [
+                f"{path.name} imports {n}"
+                for n in names
+                if n.startswith("deepjimu") and not n.startswith("deepjimu.admm_math")
+            ]
+    assert len(list(package.glob("*.py"))) >= 5
+    assert not outside, outside

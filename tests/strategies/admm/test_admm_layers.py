@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from deepjimu.admm_math import updates as U
+from deepjimu.admm_math.conv import PSolver
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
-from deepjimu.strategies.admm import updates as U
-from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp, layer_ops
 from deepjimu.strategies.partition import partition
 

@@ -7,7 +7,7 @@ import itertools
 
 import torch
 
-from deepjimu.strategies.admm import updates as U
+from deepjimu.admm_math import updates as U
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, auto_init, auto_inner
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp

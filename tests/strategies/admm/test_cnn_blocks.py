@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from deepjimu.admm_math.conv import PSolver
 from deepjimu.comm import Comm, CommStats
 from deepjimu.models import build_model
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
-from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
     distributed_iteration,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepjimu.admm_math.quantize import project
 from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.driver import Exchange
-from deepjimu.strategies.admm.quantize import project
 from distributed import distributed_test
 
 # every test here starts processes (workers, a CLI run) or trains whole runs

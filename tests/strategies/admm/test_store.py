@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from deepjimu.admm_math import updates as U
 from deepjimu.errors import JimuError
-from deepjimu.strategies.admm import updates as U
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock, sample_nbytes
 from deepjimu.strategies.admm.driver import serial_iteration
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepjimu.strategies.admm import updates as U
-from deepjimu.strategies.admm.conv import PSolver
+from deepjimu.admm_math import updates as U
+from deepjimu.admm_math.conv import PSolver
+from deepjimu.admm_math.quantize import project
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp
-from deepjimu.strategies.admm.quantize import project
 
 __all__ = [
     "CNN_DEFAULTS",

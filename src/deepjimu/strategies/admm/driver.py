@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from deepjimu.admm_math.quantize import dequantize, quantize
 from deepjimu.comm import Comm, Pending
 from deepjimu.strategies.admm.blocks import LayerBlock
-from deepjimu.strategies.admm.quantize import dequantize, quantize
 
 __all__ = [
     "Exchange",

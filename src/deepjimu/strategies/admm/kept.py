@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepjimu.strategies.admm import updates as U
+from deepjimu.admm_math import updates as U
 from deepjimu.strategies.admm.blocks import LayerBlock, sample_nbytes
 from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.layers import LayerOp

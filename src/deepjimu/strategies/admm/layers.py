@@ -22,9 +22,9 @@ from typing import cast
 
 from torch import Tensor, nn
 
+from deepjimu.admm_math import conv as C
+from deepjimu.admm_math import updates as U
 from deepjimu.errors import JimuError
-from deepjimu.strategies.admm import conv as C
-from deepjimu.strategies.admm import updates as U
 
 __all__ = ["CG_ITERS", "ConvOp", "DenseOp", "LayerOp", "layer_ops"]
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from deepjimu.admm_math.conv import PSolver
 from deepjimu.choices import Precision
 from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
@@ -24,7 +25,6 @@ from deepjimu.strategies.admm.blocks import (
     auto_inner,
     has_conv,
 )
-from deepjimu.strategies.admm.conv import PSolver
 from deepjimu.strategies.admm.driver import (
     Exchange,
     backward_sweep,

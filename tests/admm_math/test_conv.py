@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from test_updates import _argmin, _grad
 
-from deepjimu.strategies.admm.conv import (
+from deepjimu.admm_math.conv import (
     PSolver,
     avg_pool,
     avg_pool_adjoint,
@@ -22,7 +22,7 @@ from deepjimu.strategies.admm.conv import (
     update_p_flat,
     update_Wb_conv,
 )
-from deepjimu.strategies.admm.updates import centred_gram
+from deepjimu.admm_math.updates import centred_gram
 
 DT = torch.float64
 N = 3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepjimu.strategies.admm.updates import update_p
+from deepjimu.admm_math.updates import update_p
 
 DT = torch.float64
 

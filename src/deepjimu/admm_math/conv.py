@@ -41,8 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from deepjimu.strategies.admm import updates as U
-from deepjimu.strategies.admm.cg import batched_cg
+from deepjimu.admm_math import updates as U
+from deepjimu.admm_math.cg import batched_cg
 
 # the argument checks of updates.py, so both modules word their errors alike
 _check_shape, _check_positive = U._check_shape, U._check_positive

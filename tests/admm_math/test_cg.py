@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepjimu.strategies.admm.cg import batched_cg
+from deepjimu.admm_math.cg import batched_cg
 
 DT = torch.float64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepjimu.strategies.admm.quantize import dequantize, project, quantize
+from deepjimu.admm_math.quantize import dequantize, project, quantize
 
 
 def _samples() -> list[torch.Tensor]:

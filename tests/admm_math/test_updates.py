@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deepjimu.strategies.admm.updates import (
+from deepjimu.admm_math.updates import (
     GRAM_CHUNK,
     LayerVars,
     augmented_lagrangian,
