@@ -45,13 +45,14 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 
-# three test processes (pytest-xdist) on two cores: most tests wait on processes they start
-# (workers, a Slurm job, a signal), so two kept the cores busy only two thirds of the time.
-# The longest files go first (tests/conftest.py), and a process takes the next test as
-# soon as it is done (worksteal). Then the quick claims, alone: one of them is a speed
-# ratio (local against plain PyTorch), which another test's workers beside it would move
+# four test processes (pytest-xdist) on two cores: most tests wait on processes they start
+# (workers, a Slurm job, a signal), so three kept the cores busy only two thirds of the time
+# (vmstat: four, 98%; the suite took 504 s instead of 617 s). The slow tests go first, the
+# longest files' first (tests/conftest.py), and a process takes the next test as soon as it
+# is done (worksteal). Then the quick claims, alone: one of them is a speed ratio (local
+# against plain PyTorch), which another test's workers beside it would move
 test: lint
-	$(BIN)/python -m pytest -q -n 3 --dist worksteal
+	$(BIN)/python -m pytest -q -n 4 --dist worksteal
 	$(BIN)/python benchmarks/claims.py --quick
 
 # the units alone (no test that starts processes or trains whole runs: tests/conftest.py

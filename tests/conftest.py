@@ -68,14 +68,18 @@ _LONG_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::")[0].removeprefix("tests/")
-        return _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
-
-    items.sort(key=rank)  # stable: each file's tests keep their order
     for item in items:
         if _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+    # the slow tests first, the longest files' first among them; the quick units last, where
+    # they fill the cores while the last slow tests end
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        path = item.nodeid.split("::")[0].removeprefix("tests/")
+        long = _LONG_FIRST.index(path) if path in _LONG_FIRST else len(_LONG_FIRST)
+        return item.get_closest_marker("slow") is None, long
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
 
 
 # ---- fast and slow tests --------------------------------------------------------------------
