@@ -112,10 +112,13 @@ def _transcript(code: str) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def _steps() -> list[Step]:
-    steps = []
+    steps, seen = [], set()
     blocks = [(path, b) for path in PAGES for b in extract_from_file(path)]
     for i, (path, block) in enumerate(blocks):
         at = (path.relative_to(ROOT).as_posix(), block.lineno, i)
+        if block.code in seen:  # a block shown on two pages (the README's and its page) runs once
+            continue
+        seen.add(block.code)
         if block.syntax == "bash":
             steps += [Step(*at, "shell", c) for c in _shell_commands(block.code)]
         elif block.syntax == "python":
