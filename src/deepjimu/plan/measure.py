@@ -55,17 +55,19 @@ def use_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _timed_s(run: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``run()`` (the device synchronised after it)."""
+    t0 = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _median_s(run: Callable[[], object], repeats: int, device: torch.device) -> float:
     """Median seconds of ``run()`` over ``repeats`` calls after one warm-up call."""
-    times = []
-    for r in range(repeats + 1):
-        t0 = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if r:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    _timed_s(run, device)
+    return statistics.median(_timed_s(run, device) for _ in range(repeats))
 
 
 def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
@@ -314,14 +316,13 @@ def _admm_start_s(
     """Seconds of pdADMM's start on one worker: the forward chain, then ``sweeps`` backward sweeps."""
     from deepjimu.strategies.admm.driver import init_blocks_forward
 
-    t0 = time.perf_counter()
-    init_blocks_forward(block, inputs, n, ex, 0, 1)
-    with torch.no_grad():
-        for _ in range(sweeps):
-            block.sweep_backward(y)
-    if inputs.device.type == "cuda":
-        torch.cuda.synchronize(inputs.device)
-    return time.perf_counter() - t0
+    def start() -> None:
+        init_blocks_forward(block, inputs, n, ex, 0, 1)
+        with torch.no_grad():
+            for _ in range(sweeps):
+                block.sweep_backward(y)
+
+    return _timed_s(start, inputs.device)
 
 
 def _admm_phase_s(
@@ -355,15 +356,6 @@ def _admm_phase_s(
                 )
             )
     return layers, momentum, readout
-
-
-def _timed_s(run: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call of ``run()`` (the device synchronised after it)."""
-    t0 = time.perf_counter()
-    run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
 
 
 def _share(total: float, weights: list[float], i: int) -> float:
