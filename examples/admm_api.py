@@ -10,7 +10,7 @@ It prints one JSON line (the iterations, the objective and residual of the last 
 train and test accuracy), which equals what ``jimu train --strategy admm --workers W``
 reports on digits: its defaults are jimu train's, read from where jimu train reads them
 (``RunConfig``'s fields, the strategy's iterations, and ``PdADMM``'s own defaults, which are
-the admm strategy's for MLPs), and each flag below is the jimu train flag of the same name
+the admm strategy's for the model's kind: ``--model cnn:4-8`` trains a CNN), and each flag below is the jimu train flag of the same name
 (``--iterations``: ``--epochs``, ``--momentum``: ``--admm-momentum``). The model holds the
 readout of the iterate, ``--admm-readout auto``, as jimu train evaluates it.
 """
@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--rho", type=float, default=train.rho)
     parser.add_argument("--nu", type=float, default=train.nu)
     parser.add_argument("--seed", type=int, default=train.seed)
-    parser.add_argument("--momentum", type=float, help="default: PdADMM's, jimu train's for MLPs")
+    parser.add_argument("--momentum", type=float, help="default: jimu train's for the model's kind")
     args = parser.parse_args()
     if args.workers > 1 and "RANK" not in os.environ:  # start the ranks: torchrun, this script
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

@@ -48,6 +48,6 @@ def test_admm_counts_a_factory_models_layers_and_refuses_what_it_cannot_train() 
             RunConfig(strategy="admm", model=FACTORY), nn.Sequential(nn.Linear(4, 3), nn.Tanh())
         )
     assert e.value.problems == [
-        f"model {FACTORY}: admm needs [Flatten,] Linear, ReLU, ..., Linear; "
-        "module 1 is Tanh() (expected ReLU)"
+        f"model {FACTORY}: admm needs [Conv2d, ReLU[, AvgPool2d], ...] [Flatten,] Linear, "
+        "ReLU, ..., Linear; module 1 is Tanh() (expected ReLU)"
     ]

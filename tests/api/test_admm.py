@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from deepjimu.api.admm import PdADMM, admm_linears
+from deepjimu.api.admm import PdADMM, admm_maps
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import backward_sweep, serial_iteration
 from distributed import run_world
@@ -61,8 +62,28 @@ def _data(n: int = 40, d: int = 6, k: int = 3) -> tuple[torch.Tensor, torch.Tens
         (nn.Sequential(nn.Linear(4, 3, bias=False)), "a bias in every Linear; module 0"),
         (
             nn.Sequential(nn.Conv2d(1, 2, 3)),
-            "module 0 is Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1)): CNNs train with "
-            "jimu train --strategy admm --model cnn:C1-C2-...",
+            "needs a Linear last (the classifier, [Conv2d, ReLU[, AvgPool2d], ...] [Flatten,] "
+            "Linear, ReLU, ..., Linear); module 0 is Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1))",
+        ),
+        (
+            nn.Sequential(
+                nn.Linear(4, 8), nn.ReLU(), nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Linear(2, 3)
+            ),
+            "module 2 is Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1)) after a Linear",
+        ),
+        (
+            nn.Sequential(
+                nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2, 3)
+            ),
+            "cannot train max pooling (module 2: MaxPool2d(kernel_size=2, stride=2, padding=0, "
+            "dilation=1, ceil_mode=False)): it is not linear; use average pooling",
+        ),
+        (
+            nn.Sequential(
+                nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Dropout(), nn.Flatten(), nn.Linear(2, 3)
+            ),
+            "module 2 is Dropout(p=0.5, inplace=False) (expected AvgPool2d or Linear or Conv2d "
+            "or Flatten)",
         ),
         (nn.Sequential(_Residual(), nn.ReLU(), nn.Linear(4, 3)), "module 0 is a _Residual"),
         (nn.Sequential(_SHARED, nn.ReLU(), _SHARED), "module 2 repeats one"),
@@ -70,7 +91,7 @@ def _data(n: int = 40, d: int = 6, k: int = 3) -> tuple[torch.Tensor, torch.Tens
     ],
 )
 def test_refuses_what_admm_does_not_train(model: nn.Sequential, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         PdADMM(model)
 
 
@@ -78,13 +99,13 @@ def test_accepts_flatten_first_and_nested_blocks() -> None:
     model = nn.Sequential(
         nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 3))
     )
-    assert [m.out_features for m in admm_linears(model)] == [8, 3]
+    assert [m.out_features for m in admm_maps(model)] == [8, 3]
 
 
 def test_accepts_one_relu_module_used_twice() -> None:
     relu = nn.ReLU()
     model = nn.Sequential(nn.Linear(4, 8), relu, nn.Linear(8, 8), relu, nn.Linear(8, 3))
-    assert [m.out_features for m in admm_linears(model)] == [8, 8, 3]
+    assert [m.out_features for m in admm_maps(model)] == [8, 8, 3]
 
 
 def test_takes_numpy_arrays_and_float64_as_their_float32_tensors() -> None:
@@ -127,7 +148,11 @@ def test_refuses_labels_that_are_not_class_indices_of_the_model(
         ({"nu": float("nan")}, "nu must be a positive number"),
         ({"bits": 4}, r"bits must be 0, 8 or 16 \(bits: 4\)"),
         ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
-        ({"init": "zeros"}, "init must be auto, forward or scaled"),
+        ({"init": "zeros"}, "init must be auto, forward, scaled or unit"),
+        ({"rho_growth": 0.5}, r"rho_growth must be >= 1 \(rho_growth: 0.5\)"),
+        ({"inner": 0}, r"inner must be >= 1 \(inner: 0\)"),
+        ({"memory": 1.0}, r"memory must be in \[0, 1\) \(memory: 1.0\)"),
+        ({"cg_iters": 0}, r"cg_iters must be >= 1"),
         ({"ridge": -1.0}, r"ridge must be a number >= 0 \(ridge: -1.0\)"),
         ({"sweeps": -1}, r"sweeps must be >= 0 \(sweeps: -1\)"),
         ({"readout": "best"}, r"readout must be auto, iterate, last or all \(readout: 'best'\)"),
@@ -142,7 +167,7 @@ def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
     """Independent path: a LayerBlock driven by serial_iteration, as the strategy does."""
     x, y = _data()
     model = _mlp()
-    linears = admm_linears(model)
+    linears = admm_maps(model)
     ref = LayerBlock(
         0,
         3,
@@ -186,7 +211,7 @@ def test_the_model_holds_the_readout_of_the_iterate(mode: str) -> None:
     choice = block.readout_choice(*block.readout_forward(x, x), y, mode)
     assert choice == result.readout
     for l, (W, b) in block.readout_weights(choice).items():
-        assert torch.equal(admm.linears[l].weight, W) and torch.equal(admm.linears[l].bias, b)
+        assert torch.equal(admm.maps[l].weight, W) and torch.equal(admm.maps[l].bias, b)
     if mode == "auto":  # never a worse fit of the training set than the iterate's
         assert F.cross_entropy(admm.model(x), y) <= F.cross_entropy(plain.model(x), y)
 

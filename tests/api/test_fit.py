@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from user_models import flat_mlp, no_flatten, small_cnn, tanh_mlp
+from user_models import flat_mlp, no_flatten, pooled_cnn, tanh_mlp
 
 from deepjimu import fit
 from deepjimu.cli import main
@@ -144,15 +144,14 @@ def test_fit_admm_trains_the_users_flat_mlp_alike_on_one_and_two_workers(tmp_pat
     [
         (
             tanh_mlp,
-            "model factory:user_models.tanh_mlp: admm needs [Flatten,] Linear, ReLU, ..., "
-            "Linear; module 2 is Tanh() (expected ReLU)",
+            "model factory:user_models.tanh_mlp: admm needs [Conv2d, ReLU[, AvgPool2d], ...] "
+            "[Flatten,] Linear, ReLU, ..., Linear; module 2 is Tanh() (expected ReLU)",
         ),
         (
-            small_cnn,
-            "model factory:user_models.small_cnn: admm trains MLPs ([Flatten,] Linear, ReLU, "
-            "..., Linear); module 0 is Conv2d(1, 4, kernel_size=(3, 3), stride=(1, 1), "
-            "padding=(1, 1)): CNNs train with jimu train --strategy admm --model cnn:C1-C2-... "
-            "(e.g. cnn:16-32)",
+            pooled_cnn,
+            "model factory:user_models.pooled_cnn: admm cannot train max pooling (module 2: "
+            "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)): it is "
+            "not linear; use average pooling (nn.AvgPool2d, as cnn:C1-C2-... models do)",
         ),
     ],
 )

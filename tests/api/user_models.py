@@ -20,5 +20,11 @@ def small_cnn() -> nn.Sequential:
     )
 
 
+def pooled_cnn() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, 10)
+    )
+
+
 def no_flatten() -> nn.Sequential:
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))

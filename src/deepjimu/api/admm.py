@@ -1,9 +1,12 @@
-"""PdADMM: gradient-free pdADMM training of the user's own ``nn.Sequential`` MLP, in the user's loop.
+"""PdADMM: gradient-free pdADMM training of the user's own ``nn.Sequential``, in the user's loop.
 
-The object owns the same math objects as the ``admm`` strategy (:class:`LayerBlock`,
-:class:`AdmmParams`, :class:`Exchange`, the drivers' iterations and the cost partition), so a
-script that calls :meth:`PdADMM.step` N times computes what ``jimu train --strategy admm
---epochs N`` computes; it only leaves the loop, the data and the run folder to its user.
+The object drives the same engine as the ``admm`` strategy (:class:`~deepjimu.strategies.
+admm.solver.Solver`: start, sweeps, iterations, momentum, readout, rho schedule) on the
+same layers (:func:`~deepjimu.strategies.admm.model.admm_layers`, the one check of what
+pdADMM trains), so a script that calls :meth:`PdADMM.step` N times computes what ``jimu
+train --strategy admm --epochs N`` computes, MLPs and CNNs alike, and one that calls
+:meth:`PdADMM.batch_step` over mini-batches computes ``--admm-batch B --admm-aux restart``;
+it only leaves the loop, the data and the run folder to its user.
 """
 
 from __future__ import annotations
@@ -17,90 +20,104 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.data.tensors import as_labels, as_samples
 from deepjimu.errors import JimuError
-from deepjimu.strategies.admm.blocks import MLP_DEFAULTS, AdmmParams, LayerBlock, auto_init
-from deepjimu.strategies.admm.driver import (
-    Exchange,
-    backward_sweep,
-    choose_readout,
-    distributed_iteration,
-    init_blocks_forward,
-    serial_iteration,
+from deepjimu.strategies.admm.blocks import (
+    AdmmParams,
+    LayerBlock,
+    auto_defaults,
+    auto_init,
+    auto_inner,
+    has_conv,
 )
+from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.health import readout_failed, solve_failed
-from deepjimu.strategies.admm.layers import DenseOp
-from deepjimu.strategies.admm.model import admm_linears
+from deepjimu.strategies.admm.layers import LayerOp
+from deepjimu.strategies.admm.model import admm_layers, admm_maps
+from deepjimu.strategies.admm.solver import Solver
 from deepjimu.strategies.partition import parse_balance, partition
 
-__all__ = ["AdmmStep", "PdADMM", "admm_linears"]
+__all__ = ["AdmmStep", "PdADMM", "admm_maps"]
 
 _TRAIN = RunConfig()  # jimu train's defaults, which PdADMM's are
 
 
 @dataclass(frozen=True)
 class AdmmStep:
-    """What one :meth:`PdADMM.step` reports, summed over every block of the group.
+    """What one :meth:`PdADMM.step` (or :meth:`PdADMM.batch_step`) reports, summed over
+    every block of the group.
 
     ``objective`` is the augmented Lagrangian (the loss term of the last layer plus every
     layer's equation and coupling terms); ``residual`` is the primal residual
     sqrt(sum_l ||p_{l+1} - q_l||^2), which must fall to 0 as the layers agree; ``readout``
-    is the readout whose weights the model now holds (``iterate``, ``last`` or ``all``).
+    is the readout whose weights the model now holds (``iterate``, ``last`` or ``all``);
+    ``rho`` the penalty the step ran with (``rho_growth`` may grow it for the next, as
+    ``jimu train``'s events report it). After a mini-batch both figures are of that batch's
+    variables.
     """
 
     iteration: int
     objective: float
     residual: float
     readout: str = "iterate"
+    rho: float = 0.0
 
 
 class PdADMM:
-    """pdADMM (Wang et al., ICDM 2020) on the user's ``nn.Sequential`` MLP, one call per iteration.
+    """pdADMM (Wang et al., ICDM 2020) on the user's ``nn.Sequential``, one call per iteration.
 
     Full batch, as the paper: :meth:`init` starts every variable from a forward pass of
     ``model``'s weights on the samples ``x``, then each :meth:`step` runs one iteration
     (p -> (W, b) -> z -> q -> u for every layer) and writes the new weights back into
     ``model``: those of the ``readout`` of the new iterate, as ``jimu train`` evaluates and
-    saves them. Serial when ``group`` is None. Inside a torchrun (or any launcher) script,
-    pass ``group`` (e.g. ``dist.group.WORLD``): each rank of the group owns a contiguous
-    block of layers (``balance``: layers per rank; default: balanced by the estimated cost
-    of each layer, as ``jimu train --strategy admm``), sends p to the left and q to the
-    right each iteration, and writes back only its own layers; rank 0 alone needs ``x``,
-    the last rank alone needs ``y``, the others may pass None.
+    saves them. Or by mini-batches: each :meth:`batch_step` restarts the batch's variables
+    from the current weights and runs ``inner`` iterations on it (``jimu train --admm-batch
+    B --admm-aux restart``). MLPs and CNNs (conv layers, ReLU, non-overlapping average
+    pooling; :func:`admm_maps`). Serial when ``group`` is None. Inside a torchrun (or any
+    launcher) script, pass ``group`` (e.g. ``dist.group.WORLD``): each rank of the group owns
+    a contiguous block of layers (``balance``: layers per rank; default: balanced by the
+    estimated cost of each layer, as ``jimu train --strategy admm``), sends p to the left and
+    q to the right each iteration, and writes back only its own layers; rank 0 alone needs
+    ``x``, the last rank alone needs ``y``, the others may pass None.
 
-    The defaults of ``rho``, ``nu``, ``bits``, ``tau`` and of the MLP options below are
-    ``jimu train --strategy admm``'s.
+    Every default is ``jimu train --strategy admm``'s: ``None`` takes the value it takes for
+    the model's kind (``blocks.auto_defaults``: MLPs and CNNs differ), known at :meth:`init`.
 
     Args:
-        model: ``[Flatten,] Linear, ReLU, ..., Linear`` (see :func:`admm_linears`), on the
-            device the iterations run on. CNNs train with ``jimu train --strategy admm
-            --model cnn:C1-C2-...``.
+        model: ``[Conv2d, ReLU[, AvgPool2d], ...] [Flatten,] Linear, ReLU, ..., Linear``
+            (:func:`admm_maps`), on the device the iterations run on.
         rho: penalty of the coupling p_{l+1} = q_l.
         nu: weight of the layer equations.
         bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
         tau: proximal weight of each (W, b) step (larger: slower W).
-        ridge: relative ridge of each (W, b) step (``updates.ridge_weight``; default
-            ``blocks.MLP_DEFAULTS``, as ``jimu train``).
-        sweeps: backward Gauss-Seidel sweeps after each :meth:`init`, run by the first
-            :meth:`step` after it (it brings the labels; default as ``jimu train``).
-        momentum: extrapolate every variable by this fraction of its last change (0: off;
-            default as ``jimu train`` for MLPs).
+        ridge: relative ridge of each (W, b) step (``updates.ridge_weight``).
+        sweeps: backward Gauss-Seidel sweeps after each start, run by the first iteration
+            after it (it brings the labels).
+        momentum: extrapolate every variable by this fraction of its last change (0: off).
         init: ``forward`` (the model's weights), ``scaled`` (first rescale each layer to
-            the first layer's pre-activation RMS on ``x``) or ``auto`` (scaled from
-            ``blocks.SCALED_FROM_DEPTH`` layers, as ``jimu train``).
-        readout: the weights each step writes into ``model`` (``--admm-readout``):
+            the first layer's pre-activation RMS on ``x``), ``unit`` (every hidden layer to
+            unit-RMS activations, the function unchanged) or ``auto`` (unit for CNNs, scaled
+            from ``blocks.SCALED_FROM_DEPTH`` layers, else forward).
+        readout: the weights each :meth:`step` writes into ``model`` (``--admm-readout``):
             ``iterate`` (the iterate's own), ``last`` (the classifier refitted by exact least
             squares on the features the iterate's layers produce), ``all`` (every layer
-            refitted, first to last, on the input the refitted layers below produce) or
-            ``auto`` (of the three, the lowest training loss; default, as ``jimu train``).
+            refitted, first to last) or ``auto`` (of the three, the lowest training loss).
             It never changes the iterate; it costs one more forward chain per step.
+            Mini-batches write the iterate's (their variables last one visit).
+        rho_growth: after each full-batch step, multiply rho by this when the primal
+            residual has not fallen by 1% over the last 10 steps (``--rho-growth``; 1: off).
+        inner: iterations per mini-batch (``--admm-inner``; None: 2 per layer, 4 for deep MLPs).
+        memory: in mini-batch mode, the decay of the batches' (W, b) statistics (MLPs only;
+            ``--admm-memory``).
+        cg_iters: CG's iteration cap of every conv p-step (``--admm-cg-iters``).
         group: None (serial) or the process group whose ranks share the layers.
         balance: layers per rank of ``group``, e.g. ``[2, 1]``.
 
     Raises:
-        ValueError: a model that is not such an MLP (naming the module), a bad value.
+        ValueError: a model pdADMM does not train (naming the module), a bad value.
 
     Example:
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
@@ -118,38 +135,29 @@ class PdADMM:
         bits: int = _TRAIN.quantize,
         *,
         tau: float = _TRAIN.admm_tau,
-        ridge: float = float(MLP_DEFAULTS["ridge"]),
-        sweeps: int = int(MLP_DEFAULTS["sweeps"]),
-        momentum: float = float(MLP_DEFAULTS["momentum"]),
-        init: Literal["auto", "forward", "scaled"] = "auto",
+        ridge: float | None = None,
+        sweeps: int | None = None,
+        momentum: float | None = None,
+        init: Literal["auto", "forward", "scaled", "unit"] = "auto",
         readout: Literal["auto", "iterate", "last", "all"] = "auto",
+        rho_growth: float = _TRAIN.rho_growth,
+        inner: int | None = None,
+        memory: float | None = None,
+        cg_iters: int = _TRAIN.admm_cg_iters,
         group: dist.ProcessGroup | None = None,
         balance: list[int] | None = None,
     ) -> None:
-        self.linears = admm_linears(model)
-        for name, v in (("rho", rho), ("nu", nu)):
-            if not (v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name} must be a positive number ({name}: {v})")
-        if bits not in (0, 8, 16):
-            raise ValueError(f"bits must be 0, 8 or 16 (bits: {bits})")
-        if not (tau >= 0 and math.isfinite(tau)):
-            raise ValueError(f"tau must be a number >= 0 (tau: {tau})")
-        if not (ridge >= 0 and math.isfinite(ridge)):
-            raise ValueError(f"ridge must be a number >= 0 (ridge: {ridge})")
-        if sweeps < 0:
-            raise ValueError(f"sweeps must be >= 0 (sweeps: {sweeps})")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1) (momentum: {momentum})")
-        if init not in ("auto", "forward", "scaled"):
-            raise ValueError(f"init must be auto, forward or scaled (init: {init!r})")
-        if readout not in ("auto", "iterate", "last", "all"):
-            raise ValueError(f"readout must be auto, iterate, last or all (readout: {readout!r})")
-        self.readout = readout
-        self.model, self.group, self.init_mode = model, group, init
+        self.maps = admm_maps(model)
+        _check_values(rho=rho, nu=nu, bits=bits, tau=tau, ridge=ridge, sweeps=sweeps,
+                      momentum=momentum, init=init, readout=readout, rho_growth=rho_growth,
+                      inner=inner, memory=memory, cg_iters=cg_iters)  # fmt: skip
+        self.model, self.group, self.init_mode, self.readout = model, group, init, readout
+        self.given = {"ridge": ridge, "sweeps": sweeps, "momentum": momentum, "memory": memory}
+        self.rho, self.nu, self.bits, self.tau = rho, nu, bits, tau
+        self.rho_growth, self.inner, self.cg_iters = rho_growth, inner, cg_iters
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world = dist.get_world_size(group) if group is not None else 1
-        self.L = len(self.linears)
-        self.widths = [self.linears[0].in_features] + [m.out_features for m in self.linears]
+        self.L = len(self.maps)
         self.sizes: list[int] | None = None
         if balance is not None:
             try:
@@ -158,65 +166,48 @@ class PdADMM:
                 raise ValueError(str(e).replace("blocks", "layers")) from None
         elif self.world > self.L:
             raise ValueError(f"cannot cut {self.L} layers into {self.world} ranks")
-        self.device = self.linears[0].weight.device
-        self.params = AdmmParams(rho=rho, nu=nu, bits=bits, tau=tau, ridge=ridge, momentum=momentum)
-        self.sweeps, self._sweeps_due = sweeps, 0
+        self.device = self.maps[0].weight.device
+        self.conv = isinstance(self.maps[0], nn.Conv2d)
         # the messages of the iterations are counted, as a strategy's: stats.bytes_sent, ...
         self.stats = CommStats()
         self.exchange = Exchange(Comm(self.stats, group), bits, self.device)
-        self.block: LayerBlock | None = None
-        self.iteration = 0
+        self.book = Bookkeeping(self.world, group)
+        self.solver: Solver | None = None
+        self.params: AdmmParams | None = None  # kept over restarts: rho may have grown
+        self._mode = ""  # "full" after init, "batch" after batch_step
         self._x: Tensor | None = None
         self._n = 0
+
+    @property
+    def block(self) -> LayerBlock | None:
+        """This rank's layers and variables (None before the first :meth:`init`)."""
+        return self.solver.block if self.solver is not None else None
+
+    @property
+    def iteration(self) -> int:
+        """Iterations run so far (every mini-batch's inner ones counted)."""
+        return self.solver.iterations if self.solver is not None else 0
 
     # ---- the user's calls ----------------------------------------------------------------------
     def init(self, x: Tensor | np.ndarray | None) -> None:
         """Collective: start every variable from a forward pass of the model's weights on ``x``.
 
-        Rank 0 of the group passes the samples (a batch of N rows, flattened from dim 1: a
-        tensor or a numpy array of any real dtype, computed in the model's), the others
-        None; rank 0 sends N to the others, and each rank takes its block of layers (the
-        partition of ``balance``, else of the estimated cost for N samples).
-        Calling it again restarts from the model's current weights, on new samples.
+        Rank 0 of the group passes the samples (a batch of N rows, [N, C, H, W] for a CNN,
+        flattened from dim 1 for an MLP: a tensor or a numpy array of any real dtype,
+        computed in the model's), the others None; rank 0 sends their shape to the others,
+        and each rank takes its block of layers (the partition of ``balance``, else of the
+        estimated cost for N samples). Calling it again restarts from the model's current
+        weights, on new samples.
 
         Raises:
-            ValueError: ``x`` missing on rank 0, or its features do not fit the first Linear.
+            ValueError: ``x`` missing on rank 0, or of a shape the model does not take.
         """
-        rows: Tensor | None = None
-        if self.rank == 0:
-            if x is None:
-                raise ValueError("rank 0 owns the first layer: init(x) needs the samples x")
-            rows = self._samples(x)
-            if rows.shape[1] != self.widths[0]:
-                raise ValueError(
-                    f"x has {rows.shape[1]} features per sample, the first Linear takes {self.widths[0]}"
-                )
-        n = torch.tensor([len(rows) if rows is not None else 0])
-        if self.group is not None:
-            dist.broadcast(n, group=self.group, group_src=0)
-        n_samples = int(n.item())
-        # the strategy's balance: each layer's flops per iteration (layers.DenseOp.flops)
-        ops = [
-            DenseOp((n_in,), n_out)
-            for n_in, n_out in zip(self.widths[:-1], self.widths[1:], strict=True)
-        ]
-        costs = [op.flops(n_samples, with_p=l > 0) for l, op in enumerate(ops)]
-        sizes = self.sizes or partition(costs, self.world)
-        lo = sum(sizes[: self.rank])
-        hi = lo + sizes[self.rank]
-        # a scaled start rescales the weights once, at the first init, as the strategy does
-        mode = auto_init(ops) if self.init_mode == "auto" else self.init_mode
-        scale = mode == "scaled" and self.block is None
-        self.block = self._new_block(lo, hi)
-        init_blocks_forward(
-            self.block, rows, n_samples, self.exchange, self.rank, self.world, scale
-        )
-        self._sweeps_due = self.sweeps
-        self._x, self._n = rows, n_samples
-        self._write_back()
+        rows, shape = self._shared_samples(x)
+        self._restart(rows, shape)
+        self._mode = "full"
 
     def step(self, x: Tensor | np.ndarray | None, y: Tensor | np.ndarray | None) -> AdmmStep:
-        """Collective: one pdADMM iteration, then the new weights written into the model.
+        """Collective: one full-batch pdADMM iteration, then the new weights written into the model.
 
         Args:
             x: the samples given to :meth:`init` (rank 0; others may pass None). A first
@@ -233,56 +224,52 @@ class PdADMM:
                 pdADMM: call :meth:`init` for new samples).
             JimuError: a factorisation failed (nu / rho too large).
         """
-        if self.block is None:
+        if self._mode != "full":
+            if self._mode == "batch":
+                raise ValueError("step(x, y) after batch_step: call init(x) first for full batch")
             self.init(x)
-        elif (
-            x is not None
-            and x is not self._x
-            and self._x is not None
-            and not torch.equal(self._samples(x), self._x)
-        ):
+        elif self._other_samples(x):
             raise ValueError(
                 "step(x, y) takes the samples given to init(x) (full-batch pdADMM); "
                 "call init(x) first for new samples"
             )
-        block = self.block
-        assert block is not None
-        if block.hi == self.L:
-            if y is None:
-                raise ValueError(f"rank {self.rank} owns the last layer: step(x, y) needs y")
-            y = as_labels(y).to(self.device)
-            if len(y) and int(y.max()) >= self.widths[-1]:
-                raise ValueError(
-                    f"labels go up to {int(y.max())}, the model has {self.widths[-1]} outputs: "
-                    f"class indices must be below the last Linear's out_features"
-                )
-        else:
-            y = None
-        try:
-            for _ in range(self._sweeps_due):  # the strategy sweeps right after its start
-                backward_sweep(block, y, self.exchange, self.rank, self.world)
-            self._sweeps_due = 0
-            if self.world == 1:
-                assert y is not None
-                serial_iteration(block, y)
-            else:
-                distributed_iteration(block, y, self.exchange, self.rank, self.world)
-        except torch.linalg.LinAlgError as e:  # the p and W solves factorise
-            raise JimuError(
-                solve_failed(e, self.iteration + 1, self.params.rho, self.params.nu)
-            ) from None
-        if self.params.momentum:
-            block.extrapolate()
-        self.iteration += 1
-        choice = self._readout(block, y)
+        solver = self.solver
+        assert solver is not None
+        y = self._labels(y)
+        self._solving(lambda: solver.iterate(y))
+        choice = self._readout(solver, y)
         self._write_back(choice)
-        objective, residual = block.objective_and_residual(y)
-        if self.group is not None:
-            # bookkeeping, as the strategy's gathered shares: not counted in stats
-            shares = torch.tensor([objective, residual], dtype=torch.float64)
-            dist.all_reduce(shares, group=self.group)
-            objective, residual = shares.tolist()
-        return AdmmStep(self.iteration, objective, math.sqrt(residual), choice)
+        objective, residual = solver.objective_and_residual(y)
+        rho = solver.block.params.rho
+        solver.schedule(residual)  # for the next step
+        return AdmmStep(solver.iterations, objective, residual, choice, rho)
+
+    def batch_step(self, x: Tensor | np.ndarray | None, y: Tensor | np.ndarray | None) -> AdmmStep:
+        """Collective: one visit of the mini-batch (``x``, ``y``), as ``jimu train --admm-batch
+        B --admm-aux restart`` visits each: its variables start from a forward pass of the
+        current weights, ``inner`` iterations update them, and the iterate's weights go into
+        the model. Each (W, b) step keeps what earlier batches taught through its proximal
+        term (and, with ``memory``, their statistics).
+
+        Returns:
+            the iterations so far, and the objective and residual of this batch's variables.
+
+        Raises:
+            ValueError: ``x`` (rank 0) or ``y`` (the last rank) missing or of the wrong shape.
+            JimuError: a factorisation failed (nu / rho too large).
+        """
+        rows, shape = self._shared_samples(x)
+        if self._mode != "batch":
+            self._restart(rows, shape, batch=True)  # the partition, for this batch's size
+            self._mode = "batch"
+        solver = self.solver
+        assert solver is not None
+        y = self._labels(y)
+        inner = self.inner or auto_inner(self.ops)
+        self._solving(lambda: solver.restarted_batch(rows, y, shape[0], inner))
+        self._write_back()
+        objective, residual = solver.objective_and_residual(y)
+        return AdmmStep(solver.iterations, objective, residual, "iterate", solver.block.params.rho)
 
     def gather(self) -> nn.Sequential:
         """Collective: every layer's weights from its owner into the model of every rank.
@@ -302,23 +289,28 @@ class PdADMM:
             l: r for r, (lo, hi) in enumerate(t.tolist() for t in bounds) for l in range(lo, hi)
         }
         with torch.no_grad():
-            for l, m in enumerate(self.linears):
+            for l, m in enumerate(self.maps):
                 for t in (m.weight, m.bias):
+                    assert t is not None
                     dist.broadcast(t.data, group=self.group, group_src=owner[l])
         return self.model
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's variables (its block's W, b, p, z, q, u, rho) and the iteration count.
+        """This rank's variables (its block's W, b, p, z, q, u, rho), the rho schedule's
+        history and the iteration count.
 
         Plain containers of tensors and numbers, so ``torch.load(weights_only=True)`` reads
         it back; in a group each rank saves its own.
         """
-        if self.block is None:
+        if self.solver is None:
             raise ValueError("state_dict() before init(x): nothing to save yet")
-        return {
-            "iteration": self.iteration,
-            "layers": [self.block.lo, self.block.hi],
-            "block": self.block.state_dict(),
+        block = self.solver.block
+        state = self.solver.state_dict()
+        return state | {
+            "iteration": self.solver.iterations,
+            "layers": [block.lo, block.hi],
+            "shape": list(self._shape),
+            "mode": self._mode,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -332,45 +324,169 @@ class PdADMM:
         lo, hi = state["layers"]
         if not 0 <= lo < hi <= self.L:
             raise ValueError(f"state of layers {lo}..{hi - 1} does not fit a {self.L}-layer model")
-        self.block = self._new_block(lo, hi)
-        self.block.load_state_dict(state["block"], self.device)
-        self.iteration = int(state["iteration"])
-        self._x = self.block.p[0] if lo == 0 else None
-        self._n = len(self.block.z[lo])
+        self._setup(tuple(state["shape"]))
+        solver = self._new_solver(lo, hi)
+        solver.load_state_dict(state, self.device)
+        self.params = solver.block.params
+        self._mode = state["mode"]
+        self._x = solver.block.p[0] if lo == 0 and self._mode == "full" else None
+        self._n = int(state["shape"][0])
         self._write_back()
 
     # ---- internals -----------------------------------------------------------------------------
-    def _samples(self, x: Tensor | np.ndarray) -> Tensor:
-        """``x`` as the layers compute it: the model's dtype and device, flat rows."""
-        dtype = self.linears[0].weight.dtype
-        return as_samples(x, "x", dtype).to(self.device).flatten(1)
+    def _rows(self, x: Tensor | np.ndarray) -> Tensor:
+        """``x`` as the layers compute it: the model's dtype and device; flat rows for an MLP."""
+        dtype = self.maps[0].weight.dtype
+        rows = as_samples(x, "x", dtype).to(self.device)
+        return rows if self.conv else rows.flatten(1)
 
-    def _new_block(self, lo: int, hi: int) -> LayerBlock:
-        """Layers lo..hi-1, starting from the model's current weights."""
-        W = [self.linears[l].weight.detach().clone() for l in range(lo, hi)]
-        b = [self.linears[l].bias.detach().clone() for l in range(lo, hi)]
-        return LayerBlock(lo, hi, self.L, W, b, self.params)
+    def _other_samples(self, x: Tensor | np.ndarray | None) -> bool:
+        """Whether ``x`` (None: the ones already held) differs from the samples of :meth:`init`."""
+        if x is None or x is self._x or self._x is None:
+            return False
+        return not torch.equal(self._rows(x), self._x)
 
-    def _readout(self, block: LayerBlock, y: Tensor | None) -> str:
-        """Collective: the readout of the new iterate (the strategy's, ``driver.choose_readout``)."""
+    def _shared_samples(
+        self, x: Tensor | np.ndarray | None
+    ) -> tuple[Tensor | None, tuple[int, ...]]:
+        """Collective: rank 0's samples as the layers take them, and their shape on every rank."""
+        rows: Tensor | None = None
+        if self.rank == 0:
+            if x is None:
+                raise ValueError("rank 0 owns the first layer: it needs the samples x")
+            rows = self._rows(x)
+        shape = self.book.broadcast_object(tuple(rows.shape) if rows is not None else None)
+        return rows, tuple(shape)
+
+    def _setup(self, shape: tuple[int, ...]) -> None:
+        """The layers' operators for samples of ``shape`` (N first), and the iteration's
+        settings (the model kind's defaults where not given)."""
         try:
-            choice = choose_readout(
-                block, self._x, y, self._n, self.exchange, self.rank, self.world, self.readout
+            self.ops: list[LayerOp] = admm_layers(
+                self.model, shape[1:], cg_max_iter=self.cg_iters, who="PdADMM"
+            ).ops
+        except JimuError as e:
+            raise ValueError(f"{e} (samples of shape {list(shape[1:])})") from None
+        if self.given["memory"] and has_conv(self.ops):
+            raise ValueError("memory works on MLPs only, not on conv layers yet")
+        self.settings = auto_defaults(self.ops) | {
+            k: v for k, v in self.given.items() if v is not None
+        }
+        self._shape = shape
+
+    def _restart(self, rows: Tensor | None, shape: tuple[int, ...], batch: bool = False) -> None:
+        """Collective: a new block of layers from the model's current weights, partitioned by
+        the cost of ``shape[0]`` samples, started on ``rows`` (unless ``batch``: a batch
+        starts itself)."""
+        self._setup(shape)
+        n = shape[0]
+        costs = [op.flops(n, with_p=l > 0) for l, op in enumerate(self.ops)]
+        sizes = self.sizes or partition(costs, self.world)
+        lo = sum(sizes[: self.rank])
+        solver = self._new_solver(lo, lo + sizes[self.rank], batch)
+        if not batch:
+            self._solving(lambda: solver.start(rows, n))
+            self._write_back()
+        self._x, self._n = rows, n
+
+    def _new_solver(self, lo: int, hi: int, batch: bool = False) -> Solver:
+        """Layers lo..hi-1 from the model's current weights, and the solver that drives them;
+        a scaled or unit start rescales the weights at the first start only."""
+        if self.params is None:
+            self.params = AdmmParams(
+                rho=self.rho, nu=self.nu, bits=self.bits, tau=self.tau,
+                ridge=float(self.settings["ridge"]), momentum=float(self.settings["momentum"]),
+            )  # fmt: skip
+        self.params.memory = float(self.settings["memory"]) if batch else 0.0
+        W = [self.maps[l].weight.detach().clone() for l in range(lo, hi)]
+        b = [_bias(self.maps[l]).detach().clone() for l in range(lo, hi)]
+        block = LayerBlock(lo, hi, self.L, W, b, self.params, self.ops[lo:hi])
+        mode = auto_init(self.ops) if self.init_mode == "auto" else self.init_mode
+        first = self.solver is None
+        solver = Solver(
+            block, self.exchange, self.rank, self.world, self.book,
+            sweeps=int(self.settings["sweeps"]), init=mode if first else "forward",
+            rho_growth=1.0 if batch else self.rho_growth,
+        )  # fmt: skip
+        if not first:  # the count and the schedule go on
+            assert self.solver is not None
+            solver.iterations, solver.history = self.solver.iterations, self.solver.history
+        self.solver = solver
+        return solver
+
+    def _labels(self, y: Tensor | np.ndarray | None) -> Tensor | None:
+        """``y`` as class indices on the device for the rank that owns the last layer; None elsewhere."""
+        assert self.solver is not None
+        if not self.solver.last:
+            return None
+        if y is None:
+            raise ValueError(f"rank {self.rank} owns the last layer: it needs y, the labels")
+        labels = as_labels(y).to(self.device)
+        outputs = self.maps[-1].weight.shape[0]
+        if len(labels) and int(labels.max()) >= outputs:
+            raise ValueError(
+                f"labels go up to {int(labels.max())}, the model has {outputs} outputs: "
+                f"class indices must be below the last Linear's out_features"
             )
+        return labels
+
+    def _solving(self, run: Any) -> None:
+        """``run()``, a factorisation's failure as one line."""
+        assert self.solver is not None
+        try:
+            run()
+        except torch.linalg.LinAlgError as e:  # the p and W solves factorise
+            params = self.solver.block.params
+            raise JimuError(solve_failed(e, self.iteration + 1, params.rho, params.nu)) from None
+
+    def _readout(self, solver: Solver, y: Tensor | None) -> str:
+        """Collective: the readout of the new iterate (the strategy's, ``Solver.readout``)."""
+        try:
+            choice, _ = solver.readout(self._x, y, self._n, self.readout)
         except torch.linalg.LinAlgError as e:
             raise JimuError(readout_failed(e, "readout='iterate'")) from None
-        if self.group is not None and self.readout != "iterate":
-            box = [choice]
-            dist.broadcast_object_list(box, group=self.group, group_src=self.world - 1)
-            choice = box[0]
-        assert choice is not None
         return choice
 
     def _write_back(self, choice: str = "iterate") -> None:
-        assert self.block is not None
-        weights = self.block.readout_weights(choice)
+        assert self.solver is not None
+        block = self.solver.block
+        weights = block.readout_weights(choice)
         with torch.no_grad():
-            for l in self.block.layers:
+            for l in block.layers:
                 W, b = weights[l]
-                self.linears[l].weight.copy_(W)
-                self.linears[l].bias.copy_(b)
+                self.maps[l].weight.copy_(W)
+                _bias(self.maps[l]).copy_(b)
+
+
+def _bias(m: nn.Linear | nn.Conv2d) -> Tensor:
+    """``m.bias``, which :func:`admm_maps` checked is there."""
+    assert m.bias is not None
+    return m.bias
+
+
+def _check_values(**v: Any) -> None:
+    """Each option's range, in one line naming it (``jimu train``'s checks of its flag)."""
+    for name in ("rho", "nu"):
+        if not (v[name] > 0 and math.isfinite(v[name])):
+            raise ValueError(f"{name} must be a positive number ({name}: {v[name]})")
+    checks = [
+        (v["bits"] in (0, 8, 16), f"bits must be 0, 8 or 16 (bits: {v['bits']})"),
+        (v["tau"] >= 0 and math.isfinite(v["tau"]), f"tau must be a number >= 0 (tau: {v['tau']})"),
+        (v["ridge"] is None or (v["ridge"] >= 0 and math.isfinite(v["ridge"])),
+         f"ridge must be a number >= 0 (ridge: {v['ridge']})"),
+        (v["sweeps"] is None or v["sweeps"] >= 0, f"sweeps must be >= 0 (sweeps: {v['sweeps']})"),
+        (v["momentum"] is None or 0 <= v["momentum"] < 1,
+         f"momentum must be in [0, 1) (momentum: {v['momentum']})"),
+        (v["init"] in ("auto", "forward", "scaled", "unit"),
+         f"init must be auto, forward, scaled or unit (init: {v['init']!r})"),
+        (v["readout"] in ("auto", "iterate", "last", "all"),
+         f"readout must be auto, iterate, last or all (readout: {v['readout']!r})"),
+        (v["rho_growth"] >= 1, f"rho_growth must be >= 1 (rho_growth: {v['rho_growth']})"),
+        (v["inner"] is None or v["inner"] >= 1, f"inner must be >= 1 (inner: {v['inner']})"),
+        (v["memory"] is None or 0 <= v["memory"] < 1,
+         f"memory must be in [0, 1) (memory: {v['memory']})"),
+        (v["cg_iters"] >= 1, f"cg_iters must be >= 1 (cg_iters: {v['cg_iters']})"),
+    ]  # fmt: skip
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)

@@ -71,8 +71,8 @@ def fit(
 
     Args:
         strategy: ``local``, ``ddp``, ``model-parallel``, ``pipeline`` or ``admm`` (which
-            trains a factory's ``[Flatten,] Linear, ReLU, ..., Linear``, as
-            :class:`~deepjimu.PdADMM`, one layer per block; the model's own modules, so
+            trains a factory's MLP or CNN by :class:`~deepjimu.PdADMM`'s rule,
+            ``admm_maps``, one layer per block; the model's own modules, so
             ``Fitted.model`` loads its weights).
         model_factory: a picklable callable returning an ``nn.Sequential`` (a module-level
             function or a ``functools.partial`` of one; not a lambda or a local function),

@@ -268,14 +268,12 @@ def admm_times(
     from deepjimu.comm import Comm, CommStats
     from deepjimu.strategies.admm.blocks import LayerBlock
     from deepjimu.strategies.admm.driver import Exchange
-    from deepjimu.strategies.admm.layers import ConvOp, layer_ops
-    from deepjimu.strategies.admm.model import layer_blocks
-    from deepjimu.strategies.admm.strategy import admm_params, admm_settings, weight_layers
+    from deepjimu.strategies.admm.layers import ConvOp
+    from deepjimu.strategies.admm.model import admm_layers
+    from deepjimu.strategies.admm.strategy import admm_params, admm_settings
 
     model = copy.deepcopy(model).to(x.device)
-    blocks = layer_blocks(model)
-    maps = weight_layers(blocks)
-    ops = layer_ops(blocks, tuple(x.shape[1:]), cg_max_iter=cfg.admm_cg_iters)
+    _, maps, ops = admm_layers(model, tuple(x.shape[1:]), cg_max_iter=cfg.admm_cg_iters)
     L, n = len(maps), len(x)
     settings = admm_settings(cfg, ops, keep=False)
     params = admm_params(cfg, settings)

@@ -84,10 +84,9 @@ def _admm_flops(model: Any, feature_shape: tuple[int, ...], cfg: RunConfig) -> A
     """Per layer pdADMM FLOPs of an iteration and of the readout's refit, and output widths."""
     import math
 
-    from deepjimu.strategies.admm.layers import layer_ops
-    from deepjimu.strategies.admm.model import layer_blocks
+    from deepjimu.strategies.admm.model import admm_layers
 
-    ops = layer_ops(layer_blocks(model), feature_shape, cg_max_iter=cfg.admm_cg_iters)
+    ops = admm_layers(model, feature_shape, cg_max_iter=cfg.admm_cg_iters).ops
 
     def flops(n: int) -> tuple[list[float], list[float], list[int]]:
         costs = [op.flops(n, with_p=l > 0) for l, op in enumerate(ops)]

@@ -154,8 +154,8 @@ def test_diverging_run_stops_and_keeps_last_good_checkpoint(tmp_path: Path, monk
 @pytest.mark.parametrize(
     ("kw", "line"),
     [
-        ({"model": "lenet"}, "admm cannot train max pooling (block 0: Conv2d-ReLU-MaxPool2d): it is not linear; use a cnn:C1-C2-... model (average pooling)"),
-        ({"model": "resnet"}, "admm cannot train block 0: Conv2d-BatchNorm2d-ReLU: it needs [Flatten,] Linear[, ReLU] or Conv2d, ReLU[, AvgPool2d] blocks (an mlp:... or cnn:... model)"),
+        ({"model": "lenet"}, "admm cannot train max pooling (module 0.2: MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=False)): it is not linear; use average pooling (nn.AvgPool2d, as cnn:C1-C2-... models do) (model lenet: admm trains mlp:... and cnn:... models)"),
+        ({"model": "resnet"}, "admm needs [Conv2d, ReLU[, AvgPool2d], ...] [Flatten,] Linear, ReLU, ..., Linear in nn.Sequential containers; module 1 is a BasicBlock (model resnet: admm trains mlp:... and cnn:... models)"),
         ({"model": "cnn:4-8", "admm_cg_iters": 0}, "admm-cg-iters must be >= 1 (admm-cg-iters: 0)"),
         ({"admm_ridge": -0.1}, "admm-ridge must be a number >= 0 (admm-ridge: -0.1)"),
         ({"admm_sweeps": -1}, "admm-sweeps must be >= 0 (admm-sweeps: -1)"),

@@ -1,22 +1,29 @@
 """The user's ``nn.Sequential`` taken apart into pdADMM's layers: what admm trains, and its blocks.
 
-One rule for the user's own model, whoever trains it: :class:`deepjimu.PdADMM` and
-``deepjimu.fit("admm", factory, ...)`` both accept it by :func:`admm_linears`, and the
-``admm`` strategy trains any model, its own ``mlp:``/``cnn:`` or a factory's flat one, as
-the blocks of :func:`layer_blocks`: one linear map each, sharing the model's modules, so the
-weights it trains are the model's and the state it saves has the model's own keys.
+One check for every model pdADMM is given, whoever trains it: :func:`admm_maps` (the
+modules' order, for :class:`deepjimu.PdADMM`, ``deepjimu.fit("admm", factory, ...)`` and
+the ``admm`` strategy alike) and :func:`admm_layers`, which adds the shapes once one
+sample's is known (``layers.layer_ops``: kernels, padding, pooling, widths). The layers are
+the blocks of :func:`layer_blocks`: one linear map each, sharing the model's modules, so
+the weights pdADMM trains are the model's and the state it saves has the model's own keys.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from torch import nn
 
-__all__ = ["MLP_PATTERN", "admm_linears", "layer_blocks"]
+from deepjimu.errors import JimuError
+from deepjimu.strategies.admm.layers import LayerOp, layer_ops
 
-MLP_PATTERN = "[Flatten,] Linear, ReLU, ..., Linear"
-"""The models :func:`admm_linears` accepts, as its messages spell them."""
+__all__ = ["ADMM_PATTERN", "AdmmLayers", "admm_layers", "admm_maps", "layer_blocks"]
+
+ADMM_PATTERN = "[Conv2d, ReLU[, AvgPool2d], ...] [Flatten,] Linear, ReLU, ..., Linear"
+"""The models :func:`admm_maps` accepts, as its messages spell them."""
 
 _MAPS = (nn.Linear, nn.Conv2d)
+_MAP = ("Linear", "Conv2d")
 
 
 def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -29,70 +36,131 @@ def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def admm_linears(model: nn.Module, who: str = "PdADMM") -> list[nn.Linear]:
-    """The Linear layers of ``model`` after checking that it is the MLP pdADMM assumes.
+def _check_containers(model: nn.Module, who: str) -> None:
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"{who} needs an nn.Sequential (model: {type(model).__name__})")
+    for name, m in model.named_modules():
+        if list(m.children()) and not isinstance(m, nn.Sequential):
+            raise ValueError(
+                f"{who} needs {ADMM_PATTERN} in nn.Sequential containers; "
+                f"module {name} is a {type(m).__name__}"
+            )
 
-    pdADMM's layer equations are ``z_l = W_l p_l + b_l`` and ``q_l = relu(z_l)``, so the
-    leaf modules (nested ``nn.Sequential`` blocks are read in order) must be an optional
-    ``Flatten`` first, then ``Linear`` (with bias) and ``ReLU`` alternating, ending with a
-    ``Linear``: a Tanh, a Sigmoid or a Dropout would be trained as if it were a ReLU, or
-    not at all; a container other than ``nn.Sequential`` may compute anything from its
-    children (a residual sum, say).
+
+def _check_flatten(name: str, m: nn.Flatten, who: str) -> None:
+    if m.start_dim != 1 or m.end_dim != -1:
+        raise ValueError(f"{who} flattens from dim 1; module {name} is {m}")
+
+
+def admm_maps(model: nn.Module, who: str = "PdADMM") -> list[nn.Linear | nn.Conv2d]:
+    """The linear map of every layer of ``model``, after checking that pdADMM trains it.
+
+    pdADMM's layer equations are ``z_l = A_l(p_l) + b_l`` and ``q_l = relu(z_l)``, so the
+    leaf modules (nested ``nn.Sequential`` blocks are read in order) must be conv layers
+    (``Conv2d``, ``ReLU``, optionally ``AvgPool2d``, which folds into the next layer), then
+    an optional ``Flatten``, then ``Linear`` and ``ReLU`` alternating, ending with a
+    ``Linear`` (a ``Flatten`` may also come first). A Tanh, a Sigmoid or a Dropout would be
+    trained as if it were a ReLU, or not at all; a container other than ``nn.Sequential``
+    may compute anything from its children (a residual sum, say). Kernel sizes, padding,
+    strides and widths are checked with the input's shape (:func:`admm_layers`).
 
     Args:
         model: the user's ``nn.Sequential``.
         who: what the messages say needs the pattern (``PdADMM``, or ``admm`` for fit).
 
     Returns:
-        the ``nn.Linear`` of every layer, in order.
+        the ``nn.Linear`` or ``nn.Conv2d`` of every layer, in order.
 
     Raises:
         ValueError: naming the first module that breaks the pattern, e.g.
-            ``PdADMM needs [Flatten,] Linear, ReLU, ..., Linear; module 1.1 is Tanh()``;
-            a Conv2d is pointed to the strategy that trains CNNs.
+            ``PdADMM needs ... Linear, ReLU, ..., Linear; module 1.1 is Tanh() (expected ReLU)``.
 
     Example:
-        >>> len(admm_linears(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))))
+        >>> len(admm_maps(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))))
         2
     """
-    if not isinstance(model, nn.Sequential):
-        raise ValueError(f"{who} needs an nn.Sequential (model: {type(model).__name__})")
-    for name, m in model.named_modules():
-        if list(m.children()) and not isinstance(m, nn.Sequential):
-            raise ValueError(
-                f"{who} needs {MLP_PATTERN} in nn.Sequential containers; "
-                f"module {name} is a {type(m).__name__}"
-            )
+    _check_containers(model, who)
     leaves = _leaves(model)
     if leaves and isinstance(leaves[0][1], nn.Flatten):
-        if leaves[0][1].start_dim != 1 or leaves[0][1].end_dim != -1:
-            raise ValueError(f"{who} flattens from dim 1; module {leaves[0][0]} is {leaves[0][1]}")
+        _check_flatten(leaves[0][0], leaves[0][1], who)
         leaves = leaves[1:]
     if not leaves:
-        raise ValueError(f"{who} needs {MLP_PATTERN}; the model has no layers")
-    linears: list[nn.Linear] = []
-    for i, (name, m) in enumerate(leaves):
-        if isinstance(m, nn.Conv2d):
+        raise ValueError(f"{who} needs {ADMM_PATTERN}; the model has no layers")
+    maps: list[nn.Linear | nn.Conv2d] = []
+    expect: tuple[str, ...] = _MAP
+    for name, m in leaves:
+        if isinstance(m, nn.MaxPool2d):
             raise ValueError(
-                f"{who} trains MLPs ({MLP_PATTERN}); module {name} is {m}: CNNs train with "
-                f"jimu train --strategy admm --model cnn:C1-C2-... (e.g. cnn:16-32)"
+                f"{who} cannot train max pooling (module {name}: {m}): it is not linear; "
+                "use average pooling (nn.AvgPool2d, as cnn:C1-C2-... models do)"
             )
-        want: type[nn.Module] = nn.Linear if i % 2 == 0 else nn.ReLU
-        if type(m) is not want:
+        if type(m).__name__ not in expect:
+            wanted = " or ".join(expect) if expect != _MAP else "Linear or Conv2d"
             raise ValueError(
-                f"{who} needs {MLP_PATTERN}; module {name} is {m} (expected {want.__name__})"
+                f"{who} needs {ADMM_PATTERN}; module {name} is {m} (expected {wanted})"
             )
-        if isinstance(m, nn.Linear):
-            if m.bias is None:
-                raise ValueError(f"{who} needs a bias in every Linear; module {name} is {m}")
-            if any(m is seen for seen in linears):  # one W written back twice per iteration
-                raise ValueError(
-                    f"{who} needs a Linear of its own per layer; module {name} repeats one"
-                )
-            linears.append(m)
+        if isinstance(m, nn.Flatten):
+            _check_flatten(name, m, who)
+            expect = ("Linear",)
+        elif isinstance(m, nn.ReLU) and isinstance(maps[-1], nn.Conv2d):
+            expect = ("AvgPool2d", *_MAP, "Flatten")
+        elif isinstance(m, nn.AvgPool2d):
+            expect = (*_MAP, "Flatten")
+        elif isinstance(m, nn.ReLU):
+            expect = _MAP
+        else:
+            maps.append(_checked_map(name, m, maps, who))
+            expect = ("ReLU",)
     if isinstance(leaves[-1][1], nn.ReLU):
-        raise ValueError(f"{who} needs {MLP_PATTERN}; the last module {leaves[-1][0]} is a ReLU")
-    return linears
+        raise ValueError(f"{who} needs {ADMM_PATTERN}; the last module {leaves[-1][0]} is a ReLU")
+    if not isinstance(maps[-1], nn.Linear):
+        raise ValueError(
+            f"{who} needs a Linear last (the classifier, {ADMM_PATTERN}); "
+            f"module {leaves[-1][0]} is {leaves[-1][1]}"
+        )
+    return maps
+
+
+def _checked_map(
+    name: str, m: nn.Module, maps: list[nn.Linear | nn.Conv2d], who: str
+) -> nn.Linear | nn.Conv2d:
+    """``m``, a Linear or Conv2d, after checking its bias, that it is not a Conv2d after a
+    Linear, and that no earlier layer uses it."""
+    assert isinstance(m, _MAPS)
+    what = type(m).__name__
+    if isinstance(m, nn.Conv2d) and any(isinstance(x, nn.Linear) for x in maps):
+        raise ValueError(f"{who} needs {ADMM_PATTERN}; module {name} is {m} after a Linear")
+    if m.bias is None:
+        raise ValueError(f"{who} needs a bias in every {what}; module {name} is {m}")
+    if any(m is seen for seen in maps):  # one W written back twice per iteration
+        raise ValueError(f"{who} needs a {what} of its own per layer; module {name} repeats one")
+    return m
+
+
+class AdmmLayers(NamedTuple):
+    """``model`` as pdADMM trains it: its blocks (:func:`layer_blocks`), each block's linear
+    map, and each layer's operator (``layers.layer_ops``)."""
+
+    blocks: nn.Sequential
+    maps: list[nn.Linear | nn.Conv2d]
+    ops: list[LayerOp]
+
+
+def admm_layers(
+    model: nn.Module, feature_shape: tuple[int, ...], *, cg_max_iter: int = 50, who: str = "admm"
+) -> AdmmLayers:
+    """:func:`admm_maps`' check, then the operators on inputs of one sample's ``feature_shape``.
+
+    Raises:
+        JimuError: the model breaks the pattern (:func:`admm_maps`'s line) or a layer's
+            shape (an even kernel, a stride, widths that do not chain; ``layer_ops``'s line).
+    """
+    try:
+        maps = admm_maps(model, who)
+    except ValueError as e:
+        raise JimuError(str(e)) from None
+    blocks = layer_blocks(model)
+    return AdmmLayers(blocks, maps, layer_ops(blocks, feature_shape, cg_max_iter=cg_max_iter))
 
 
 def layer_blocks(model: nn.Module) -> nn.Sequential:

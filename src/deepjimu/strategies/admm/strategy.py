@@ -25,14 +25,7 @@ from deepjimu.strategies.admm.blocks import (
     auto_inner,
     has_conv,
 )
-from deepjimu.strategies.admm.driver import (
-    Exchange,
-    backward_sweep,
-    choose_readout,
-    distributed_iteration,
-    init_blocks_forward,
-    serial_iteration,
-)
+from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.health import (
     HINT,
     Learning,
@@ -41,8 +34,9 @@ from deepjimu.strategies.admm.health import (
     solve_failed,
 )
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
-from deepjimu.strategies.admm.layers import ConvOp, LayerOp, layer_ops
-from deepjimu.strategies.admm.model import admm_linears, layer_blocks
+from deepjimu.strategies.admm.layers import ConvOp, LayerOp
+from deepjimu.strategies.admm.model import admm_layers, admm_maps
+from deepjimu.strategies.admm.solver import Solver
 from deepjimu.strategies.admm.store import room
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
 from deepjimu.strategies.partition import (
@@ -57,7 +51,7 @@ from deepjimu.strategies.partition import (
 )
 from deepjimu.units import format_bytes
 
-__all__ = ["AdmmStrategy", "admm_params", "admm_settings", "weight_layers"]
+__all__ = ["AdmmStrategy", "admm_params", "admm_settings"]
 
 
 def admm_settings(cfg: RunConfig, ops: Sequence[LayerOp], keep: bool) -> dict[str, float]:
@@ -86,23 +80,8 @@ def admm_params(cfg: RunConfig, chosen: dict[str, float]) -> AdmmParams:
     )
 
 
-def weight_layers(model: nn.Sequential) -> list[nn.Linear | nn.Conv2d]:
-    """The one ``nn.Linear`` or ``nn.Conv2d`` of each block (of :func:`layer_blocks`)."""
-    out = []
-    for i, block in enumerate(model):
-        maps = [m for m in block.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
-        if len(maps) != 1:
-            raise JimuError(
-                f"admm needs one Linear or Conv2d per block (block {i} has {len(maps)})"
-            )
-        if maps[0].bias is None:
-            raise JimuError(f"admm needs a bias in every layer (block {i} has none)")
-        out.append(maps[0])
-    return out
-
-
 def _bias(m: nn.Linear | nn.Conv2d) -> Tensor:
-    """``m.bias``, which :func:`weight_layers` checked is there."""
+    """``m.bias``, which :func:`admm_maps` checked is there."""
     assert m.bias is not None
     return m.bias
 
@@ -111,9 +90,9 @@ def _refusal(spec: str) -> str:
     """The one line that says why admm cannot train a model that is neither mlp nor cnn."""
     if parse_spec(spec).kind != "gcn":  # name the first block it cannot train
         try:
-            layer_ops(build_model(spec, (1, 32, 32), 10), (1, 32, 32))
+            admm_layers(build_model(spec, (1, 32, 32), 10), (1, 32, 32))
         except JimuError as e:
-            return str(e)
+            return f"{e} (model {spec}: admm trains mlp:... and cnn:... models)"
     return f"admm trains mlp:... and cnn:... models; model {spec!r} is not one"
 
 
@@ -161,9 +140,9 @@ class AdmmStrategy(Strategy):
     @classmethod
     def model_blocks(cls, model: nn.Sequential) -> int:
         """A factory's model is trained by the rule :class:`deepjimu.PdADMM` follows
-        (:func:`admm_linears`): one block per Linear."""
+        (:func:`admm_maps`): one block per Linear or Conv2d."""
         try:
-            return len(admm_linears(model, who="admm"))
+            return len(admm_maps(model, who="admm"))
         except ValueError as e:
             raise JimuError(str(e)) from None
 
@@ -222,9 +201,7 @@ class AdmmStrategy(Strategy):
         # the blocks' W, b live on the device; the model holds them for evaluation and gathering
         model = model.to(run.device)
         # one linear map per block, the model's own modules: a factory's flat Sequential too
-        blocks = layer_blocks(model)
-        maps = weight_layers(blocks)
-        ops = layer_ops(blocks, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
+        blocks, maps, ops = admm_layers(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
         sizes = self._plan_stages(ops, L, cfg.admm_batch or len(data.train_y), run)
         lo, hi = self.plan.bounds(run.rank)
@@ -235,26 +212,26 @@ class AdmmStrategy(Strategy):
         momentum = admm_settings(cfg, ops, keep=False)["momentum"]
         keep = self._keeps(ops, lo, hi, momentum, len(data.train_y), run)
         chosen = admm_settings(cfg, ops, keep)
-        self.sweeps = int(chosen["sweeps"])
-        params = admm_params(cfg, chosen)
         W = [maps[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
         b = [_bias(maps[l]).detach().to(run.device).clone() for l in range(lo, hi)]
-        self.block = LayerBlock(lo, hi, L, W, b, params, ops[lo:hi])
+        self.block = LayerBlock(lo, hi, L, W, b, admm_params(cfg, chosen), ops[lo:hi])
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
-        # dense layers take flat rows, conv layers [N, C, H, W] maps
-        x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
-        y = data.train_y if hi == L else None
-        self.history: list[float] = []
-        self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
         init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
+        self.solver = Solver(
+            self.block, self.exchange, run.rank, run.world, run.bookkeeping,
+            sweeps=int(chosen["sweeps"]), init=init,
+            rho_growth=1.0 if cfg.admm_batch else cfg.rho_growth,  # full batch only
+        )  # fmt: skip
+        # dense layers take flat rows, conv layers [N, C, H, W] maps
+        x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
+        y = data.train_y if hi == L else None
+        self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         self._readout_state(keep, run)
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
         self._choose_settings(init, keep, chosen, ops, run)
-        self._scale = init in ("scaled", "unit") and run.resumed is None
-        self._unit = init == "unit"
         start, steps, samples = self._resume_point(run)
         fresh = run.resumed is None and not cfg.admm_batch  # full batch starts once, here
         steps = self._run_epochs(x, y, data, keep, start, steps, samples, fresh)
@@ -341,8 +318,7 @@ class AdmmStrategy(Strategy):
         and history loaded from the checkpoint; zeros for a new run."""
         if run.resumed is None:
             return 0, 0, 0
-        self.block.load_state_dict(run.resumed.rank_state["block"], run.device)
-        self.history = list(run.resumed.rank_state.get("history", []))
+        self.solver.load_state_dict(run.resumed.rank_state, run.device)
         return run.resumed.epoch, run.resumed.step, run.resumed.extra.get("samples", 0)
 
     def _run_epochs(
@@ -417,6 +393,7 @@ class AdmmStrategy(Strategy):
         run.progress(cfg.epochs, self.name)
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):
+            self._readout_stale, self._written = True, False  # the iterate moves
             with run.training(), run.autocast():
                 try:
                     if self._kept is not None:
@@ -424,10 +401,10 @@ class AdmmStrategy(Strategy):
                     elif cfg.admm_batch:
                         steps += self._minibatch_epoch(x, data.train_y, epoch)
                     else:
-                        if fresh:  # in the try: a start-up sweep factorises too
-                            self._start(x if lo == 0 else None, y, len(x))
+                        if fresh:  # in the try: the sweeps after it factorise too
+                            self.solver.start(x if lo == 0 else None, len(x))
                             fresh = False
-                        self._iterate(y)
+                        self.solver.iterate(y)
                         steps += 1
                 except torch.linalg.LinAlgError as e:  # the p and W solves factorise
                     raise JimuError(
@@ -442,27 +419,7 @@ class AdmmStrategy(Strategy):
                 self._checkpoint(steps, done, samples)
         return steps
 
-    # ---- iterations -----------------------------------------------------------------------------
-    def _start(self, x: Tensor | None, y: Tensor | None, n_samples: int) -> None:
-        """A forward start of every variable, then ``--admm-sweeps`` backward sweeps."""
-        run = self.run
-        init_blocks_forward(
-            self.block, x, n_samples, self.exchange, run.rank, run.world, self._scale, self._unit
-        )
-        self._scale = False
-        for _ in range(self.sweeps):
-            backward_sweep(self.block, y, self.exchange, run.rank, run.world)
-
-    def _iterate(self, y: Tensor | None) -> None:
-        self._readout_stale, self._written = True, False
-        if self.run.world == 1:
-            assert y is not None
-            serial_iteration(self.block, y)
-        else:
-            distributed_iteration(self.block, y, self.exchange, self.run.rank, self.run.world)
-        if self.block.params.momentum:
-            self.block.extrapolate()
-
+    # ---- iterations (the solver's), batch by batch --------------------------------------------------
     def _minibatch_epoch(self, x: Tensor, y: Tensor, epoch: int) -> int:
         """One pass over mini-batches; the auxiliary variables live only for their batch.
 
@@ -483,11 +440,7 @@ class AdmmStrategy(Strategy):
         for idx in batches:
             xb = x[idx].to(run.device) if block.lo == 0 else None
             yb = y[idx].to(run.device) if block.hi == block.L else None
-            self._start(xb, yb, len(idx))
-            for _ in range(self._inner):
-                self._iterate(yb)
-            if block.params.memory:
-                block.commit_batch()
+            self.solver.restarted_batch(xb, yb, len(idx), self._inner)
         return len(batches)
 
     def _kept_epoch(self, x: Tensor, y: Tensor, epoch: int) -> int:
@@ -512,9 +465,9 @@ class AdmmStrategy(Strategy):
             loaded = kept.begin(k, xb, run.device)
             kept.will_need(after)  # read from disk while this batch computes
             if not loaded:
-                self._start(xb, yb, len(idx))
+                self.solver.start(xb, len(idx))
             for _ in range(self._inner):
-                self._iterate(yb)
+                self.solver.iterate(yb)
             kept.end(k)
         return len(kept.batches)
 
@@ -532,24 +485,20 @@ class AdmmStrategy(Strategy):
         if mode == "iterate":
             self._readout_choice = "iterate"
             return
+        kept = self._kept
+
+        def streamed(m: str) -> str | None:  # kept batches: their variables stream from files
+            assert kept is not None
+            return kept_readout(kept, self._x, y, self.exchange, run.rank, run.world, m, run.device)
+
+        # the other ranks' wait for the choice is the readout's time on their clocks too
         with run.training(), run.autocast():
             try:
-                if self._kept is not None:
-                    choice = kept_readout(
-                        self._kept, self._x, y, self.exchange, run.rank, run.world, mode, run.device
-                    )
-                else:
-                    choice = choose_readout(
-                        self.block, self._x, y, self._n, self.exchange, run.rank, run.world, mode
-                    )
+                self._readout_choice, self._iterate_fit = self.solver.readout(
+                    self._x, y, self._n, mode, streamed if kept is not None else None
+                )
             except torch.linalg.LinAlgError as e:
                 raise JimuError(readout_failed(e, "--admm-readout iterate")) from None
-            # the choice is known once the chain has reached the last rank: the other ranks'
-            # wait for it is the readout's time on their clocks too (rank 0's is the run's)
-            fit = self.block.iterate_fit if self.block.hi == self.block.L else None
-            self._readout_choice, self._iterate_fit = run.broadcast_object(
-                (choice, fit), src=run.world - 1
-            )
 
     def _write_back(self) -> None:
         """The readout's weights into the model, for evaluation and checkpoints (once per
@@ -574,10 +523,7 @@ class AdmmStrategy(Strategy):
             metrics: dict[str, Any] = staged_metrics(self.blocks, self.plan, run, self.shapes, data)
             objective, residual = 0.0, 0.0
             if not cfg.admm_batch:
-                y = self.block_labels(data)
-                shares = run.gather_objects(self.block.objective_and_residual(y))
-                objective = sum(s[0] for s in shares)
-                residual = math.sqrt(sum(s[1] for s in shares))
+                objective, residual = self.solver.objective_and_residual(self.block_labels(data))
                 metrics |= {"admm_objective": objective, "admm_residual": residual}
             if self._cg:
                 per_solve, hits = self._cg_counts()
@@ -607,8 +553,7 @@ class AdmmStrategy(Strategy):
         if stuck:
             rho, nu = self.block.params.rho, cfg.nu
             raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
-        if cfg.rho_growth > 1 and not cfg.admm_batch:
-            self._schedule(residual)
+        self.solver.schedule(residual)  # rho grows where the residual stalls (full batch)
 
     def _cg_counts(self) -> tuple[float, int]:
         """Collective: CG iterations per conv p-step and the p-steps that hit the cap, all ranks, so far."""
@@ -621,22 +566,11 @@ class AdmmStrategy(Strategy):
     def block_labels(self, data: DataSplits) -> Tensor | None:
         return data.train_y if self.block.hi == self.block.L else None
 
-    def _schedule(self, residual: float) -> None:
-        """Grow rho when the primal residual has not fallen by 1% over the last 10 logs."""
-        self.history.append(residual)
-        if len(self.history) > 10 and residual > 0.99 * min(self.history[-11:-1]):
-            self.block.params.rho *= self.cfg.rho_growth
-            self.history.clear()
-
     def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
         # into rank 0's blocks, which are its model's modules: saved under the model's own keys
         full = self.model if gather_model(self.blocks, self.plan, self.run) is not None else None
-        state = {
-            "block": self.block.state_dict(),
-            "history": self.history,
-            "readout": self._readout_choice,
-        }
+        state = self.solver.state_dict() | {"readout": self._readout_choice}
         self.run.save_checkpoint(step, done, full, state, {"samples": samples})
 
 
