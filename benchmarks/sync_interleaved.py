@@ -4,11 +4,13 @@ Separate ``jimu train`` runs on a shared machine differ by 10-20% in step time; 
 stepped alternately in the same two processes, on the same batches, see the same load.
 Each plan is a comma list of ``tensor=method`` (tensors not named are all-reduced), applied
 by :class:`deepjimu.compress.sync.SyncExecutor` on 2 gloo ranks on 127.0.0.1 with plain
-SGD (the embedding's gradient stays sparse); prints each plan's median step.
+SGD (the embedding's gradient stays sparse); ``ddp`` is torch's DistributedDataParallel
+itself, and a plan written ``gathered:...`` all-gathers sparse rows by hand (as on NCCL)
+instead of handing them to gloo's own sparse all-reduce. Prints each plan's median step.
 
 Usage:
     nice -n 5 python benchmarks/sync_interleaved.py --model embed:100000:64 \\
-        --plans "0.weight=sparse" "0.weight=sparse,1.weight=sfb"
+        --plans "0.weight=sparse" "0.weight=sparse,1.weight=sfb" ddp "gathered:0.weight=sparse"
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.comm import Comm, CommStats
 from deepjimu.compress.sync import SyncExecutor
@@ -38,13 +42,20 @@ def _rank(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     vocab = parse_spec(args.model).widths[0] if args.model.startswith("embed") else 196
     opts = DataOptions(synthetic_n=4000, synthetic_features=vocab)
     data = load_dataset(args.dataset, opts).shard(rank, world)
-    setups = []
+    setups: list[tuple[torch.nn.Module, Any, torch.optim.Optimizer]] = []
     for text in args.plans:
-        methods = dict(item.split("=") for item in text.split(",") if item)
         model = build_model(args.model, data.feature_shape, data.num_classes)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if text == "ddp":  # torch's own: DDP's reducer syncs in the backward pass
+            setups.append((DistributedDataParallel(model), _Done(), opt))
+            continue
+        native = not text.startswith("gathered:")
+        methods = dict(
+            item.split("=") for item in text.removeprefix("gathered:").split(",") if item
+        )
         rows = {n: args.rows for n, m in methods.items() if m == "sfb"}
-        sync = SyncExecutor(model, methods, Comm(CommStats()), rows)
-        setups.append((model, sync, torch.optim.SGD(model.parameters(), lr=0.1)))
+        sync = SyncExecutor(model, methods, Comm(CommStats()), rows, native=native)
+        setups.append((model, sync, opt))
     times: list[list[float]] = [[] for _ in setups]
     n = len(data.train_y) - args.rows
     for i in range(args.steps):
@@ -64,6 +75,13 @@ def _rank(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
         for text, row in zip(args.plans, slowest.tolist(), strict=True):
             print(f"{statistics.median(row) * 1e3:8.3f} ms  {text or '(all-reduce everywhere)'}")
     dist.destroy_process_group()
+
+
+class _Done:
+    """DDP's step needs no finishing: its reducer has synchronised by the end of backward."""
+
+    def finish(self) -> None:
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:

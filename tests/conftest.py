@@ -12,6 +12,7 @@ import pytest
 
 from deepjimu.config import RunConfig
 from processes import fault_options
+from sessions import once
 
 # A fixed OpenMP wait policy for the whole suite: `--omp-wait auto` would otherwise choose by
 # the machine's load at each run's start, and a one-worker run leaves this process (and the
@@ -34,19 +35,23 @@ def small_cfg(tmp_path: Path) -> RunConfig:
 
 
 @pytest.fixture(scope="session")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Path]:
+def uninterrupted(
+    tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> Callable[[str, int], Path]:
     """The folder of an uninterrupted run of the fault tests' config (made once per session),
     for a strategy and worker count: what a killed, resumed or restarted run must equal."""
     from deepjimu.launch import train
 
-    root = tmp_path_factory.mktemp("uninterrupted")
+    def make(strategy: str, workers: int, root: Path) -> str:
+        cfg = RunConfig(strategy=strategy, workers=workers, runs_dir=str(root), name="run")
+        assert train(RunConfig(**{**cfg.to_dict(), **fault_options(strategy)})) is not None
+        return str(root / "run")
 
     def folder(strategy: str, workers: int) -> Path:
-        out = root / f"{strategy}-{workers}"
-        if not out.exists():
-            cfg = RunConfig(strategy=strategy, workers=workers, runs_dir=str(root), name=out.name)
-            assert train(RunConfig(**{**cfg.to_dict(), **fault_options(strategy)})) is not None
-        return out
+        key = f"uninterrupted-{strategy}-{workers}"
+        return Path(
+            once(tmp_path_factory, worker_id, key, lambda root: make(strategy, workers, root))
+        )
 
     return folder
 

@@ -52,7 +52,8 @@ def test_each_method_gives_ddps_gradient_and_counts_the_planned_bytes(
     F.cross_entropy(ddp(x), y).backward()
     want = {n: _dense(p.grad) for n, p in ddp.module.named_parameters()}
     rows = 3 + world - 1  # the busiest rank's batch
-    for method in METHODS:
+    # sparse rows both ways: gloo's own sparse all-reduce (native) and all-gathered by hand
+    for method, native in [*((m, False) for m in METHODS), ("sparse", True)]:
         model = _model()
         kinds = {"0.weight": "embedding", "1.weight": "linear", "3.weight": "linear"}
         methods = {
@@ -62,7 +63,8 @@ def test_each_method_gives_ddps_gradient_and_counts_the_planned_bytes(
             for n, p in model.named_parameters()
         }
         comm = Comm(CommStats())
-        sync = SyncExecutor(model, methods, comm, {n: rows for n in kinds if n != "0.weight"})
+        factor_rows = {n: rows for n in kinds if n != "0.weight"}
+        sync = SyncExecutor(model, methods, comm, factor_rows, native=native)
         for _ in range(2):  # a second step: nothing of the first is left behind
             model.zero_grad(set_to_none=True)
             sent = comm.stats.bytes_sent
@@ -70,16 +72,18 @@ def test_each_method_gives_ddps_gradient_and_counts_the_planned_bytes(
             sync.finish()
             for n, p in model.named_parameters():
                 torch.testing.assert_close(_dense(p.grad), want[n], msg=f"{method}: {n}")
-        # bytes: what the planner's messages say, with the busiest rank's touched rows
-        touched = torch.tensor([float(len(torch.unique(x.long())))])
+        # bytes: what the planner's messages say, with the busiest rank's touched rows (the
+        # rows all-gathered by hand are padded to them; gloo's own gathers each rank's own)
+        own = float(len(torch.unique(x.long())))
+        touched = torch.tensor([own])
         dist.all_reduce(touched, op=dist.ReduceOp.MAX)
         expected = 0
         for n, p in model.named_parameters():
             kind = kinds.get(n, "dense")
-            k = {"embedding": float(touched), "linear": float(rows)}.get(kind, 0.0)
-            info = TensorInfo(n, tuple(p.shape), kind, rows=k)
+            k = {"embedding": own if native else float(touched), "linear": float(rows)}
+            info = TensorInfo(n, tuple(p.shape), kind, k.get(kind, 0.0), native=native)
             expected += sum(b for _, b in method_messages(info, methods[n], world))
-        assert comm.stats.bytes_sent - sent == expected, method
+        assert comm.stats.bytes_sent - sent == expected, (method, native)
         assert sync.compressing
 
 

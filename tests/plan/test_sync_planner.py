@@ -14,6 +14,7 @@ from deepjimu.plan.sync import (
     METHODS,
     TensorInfo,
     format_plan,
+    fused,
     method_messages,
     plan_sync,
     plan_to_dict,
@@ -57,10 +58,17 @@ def test_the_choice_is_the_fastest_predicted_method_with_latency_and_a_probe_fit
         TensorInfo("dense.emb", (50_000, 64), "embedding", rows=50_000),
     ]
     entries = plan_sync(tensors, "auto", cluster, 2)
+    small = sum(4 * t.numel for t in tensors if fused(t))  # fc.bias, out.weight
+    assert small == 4 * (4096 + 10 * 4096)
     for t, e in zip(tensors, entries, strict=True):
         best = min(e.options.values(), key=lambda o: o.seconds)
         assert e.seconds == best.seconds and e.method == best.method
-        assert e.options[e.method] == price(t, e.method, cluster, 2)
+        assert e.options[e.method] == price(t, e.method, cluster, 2, None, small)
+    # the small tensors' all-reduces are shares of one fused message: its time, once
+    shares = [
+        e.options["allreduce"].seconds for t, e in zip(tensors, entries, strict=True) if fused(t)
+    ]
+    assert sum(shares) == pytest.approx(cluster.all_reduce_s(small, 2))
     assert [e.method for e in entries][:2] == ["sparse", "sfb"]
     assert entries[4].method != "sparse"  # every row touched: the dense methods are cheaper
     # a reduce-scatter fitted apart prices the sharded server, not all-reduce's hop
@@ -115,6 +123,13 @@ def test_message_bytes_follow_each_methods_formula() -> None:
     assert method_messages(w, "sfb", p) == [("all_gather", 4 * 4 * (5 + 7))]
     e = TensorInfo("e", (100, 8), "embedding", rows=6)
     assert method_messages(e, "sparse", p) == [("all_gather", 8), ("all_gather", 4 * 6 * 9)]
+    # gloo's own sparse all-reduce: the counts, then int64 indices and the values apart
+    native = TensorInfo("e", (100, 8), "embedding", rows=6, native=True)
+    assert method_messages(native, "sparse", p) == [
+        ("all_gather", 8),
+        ("all_gather", 8 * 6),
+        ("all_gather", 4 * 6 * 8),
+    ]
     with pytest.raises(ValueError, match="does not apply"):
         method_messages(TensorInfo("b", (10,)), "sfb", p)
 

@@ -13,6 +13,8 @@ The planner is pure (:mod:`deepjimu.plan.sync`); here are the two collective par
   accumulated its gradient (so the messages overlap the rest of the backward pass), and
   :meth:`SyncExecutor.finish` completes them in the order they started (every rank starts
   the same collectives in the same order, as gloo needs) and writes the averaged gradient.
+  Small dense tensors to all-reduce (``plan.sync.fused``) wait for the end of the backward
+  pass and go in one all-reduce, as torch's DDP buckets them.
   Each payload is counted where it is handed to its collective, by the rules of
   :mod:`deepjimu.compress.base`: all-reduce sent = received = its bytes; all-gather sent
   its payload, received ``world`` payloads; reduce-scatter sent its input, received its
@@ -35,11 +37,19 @@ from torch import Tensor, nn
 from deepjimu.comm import Comm, nbytes
 from deepjimu.compress.probe import _measure_links, _time_messages, fit_alpha_beta
 from deepjimu.plan.cluster import probed_cluster
-from deepjimu.plan.sync import SyncEntry, TensorInfo, applicable, method_messages, plan_sync
+from deepjimu.plan.sync import (
+    SyncEntry,
+    TensorInfo,
+    applicable,
+    fused,
+    method_messages,
+    plan_sync,
+)
 
 __all__ = ["SyncExecutor", "SyncPlan", "make_plan", "sparse_embeddings", "tensor_infos"]
 
 _LINKS = ["all_reduce", "reduce_scatter", "all_gather"]
+_COUNT_BYTES = 8  # gloo's sparse all-reduce first all-gathers each rank's row count
 # torch 2.13 renamed these two (the old names deprecated there); older versions have only those
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -101,6 +111,7 @@ def tensor_infos(
     for h in handles:
         h.remove()
     world = dist.get_world_size()
+    native = dist.get_backend() == "gloo"  # gloo all-reduces sparse tensors itself
     names = sorted(touched)
     maxima = _max_over_ranks([v for n in names for v in touched[n]], device)
     k = len(batches)
@@ -108,7 +119,10 @@ def tensor_infos(
     infos = []
     for name, p in model.named_parameters():
         if name in embeddings:
-            infos.append(TensorInfo(name, tuple(p.shape), "embedding", rows=sparse_rows[name]))
+            touched_rows = sparse_rows[name]
+            infos.append(
+                TensorInfo(name, tuple(p.shape), "embedding", rows=touched_rows, native=native)
+            )
         elif name in linears and name in per_sample:
             k_rows = rows * per_sample[name]
             infos.append(TensorInfo(name, tuple(p.shape), "linear", rows=k_rows))
@@ -187,6 +201,8 @@ class SyncExecutor:
             plan's ``rows``): every rank pads its factors to that many rows, so that they
             can be all-gathered (zero rows add nothing).
         group: the process group (None: the default group).
+        native: hand sparse rows to the backend's own sparse all-reduce (default: where the
+            backend has one, gloo); else all-gather them by hand (NCCL has none).
 
     Use: ``loss.backward()``, then :meth:`finish` before the optimizer step.
     """
@@ -198,24 +214,33 @@ class SyncExecutor:
         comm: Comm,
         factor_rows: dict[str, int] | None = None,
         group: dist.ProcessGroup | None = None,
+        native: bool | None = None,
     ) -> None:
         self.comm, self.group = comm, group
         self.world = dist.get_world_size(group)
+        # gloo all-reduces sparse tensors itself (all-gathers of counts, indices, values)
+        self.native = dist.get_backend(group) == "gloo" if native is None else native
         self.factor_rows = factor_rows or {}
         self.iter = 0
         self.last_call = 0.0
         self._pending: list[tuple[str, nn.Parameter, Any, dict[str, Any]]] = []
+        self._fused: list[nn.Parameter] = []  # small all-reduced gradients, in one message
         self._factors: dict[str, list[Tensor]] = {}
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t, 0, group=group)
         linears = _linears(model)
+        embeddings = sparse_embeddings(model)
         for name, p in model.named_parameters():
             method = methods.get(name, "allreduce")
             if method == "sfb":
                 m = linears[name]
                 m.register_forward_hook(self._capture(name, m))
-            p.register_post_accumulate_grad_hook(self._ready(name, method))
+            kind = "embedding" if name in embeddings else "dense"
+            if method == "allreduce" and fused(TensorInfo(name, tuple(p.shape), kind)):
+                p.register_post_accumulate_grad_hook(self._fused.append)  # type: ignore[arg-type]
+            else:
+                p.register_post_accumulate_grad_hook(self._ready(name, method))
 
     @property
     def compressing(self) -> bool:
@@ -274,6 +299,11 @@ class SyncExecutor:
 
     def _start_sparse(self, name: str, g: Tensor) -> tuple[Any, dict[str, Any]]:
         g = g.coalesce()
+        if self.native:  # gloo's own sparse all-reduce, as DDP's: one call, no Python rows
+            self.comm.count(
+                sent=_COUNT_BYTES + nbytes(g), recv=self.world * (_COUNT_BYTES + nbytes(g))
+            )
+            return dist.all_reduce(g, group=self.group, async_op=True), {"native": True}
         count = torch.tensor([g._nnz()], dtype=torch.int64, device=g.device)
         counts = torch.empty(self.world, dtype=torch.int64, device=g.device)
         self.comm.count(sent=nbytes(count), recv=self.world * nbytes(count))
@@ -286,6 +316,7 @@ class SyncExecutor:
         Collective: call on every rank after ``loss.backward()``.
         """
         rank = dist.get_rank(self.group)
+        self._all_reduce_fused()  # after every hook's collective: the same order on every rank
         second: list[tuple[str, nn.Parameter, Any, dict[str, Any]]] = []
         for (
             method,
@@ -309,6 +340,8 @@ class SyncExecutor:
                 # the own factors' product is the gradient autograd already made
                 grad = torch.addmm(p.grad, others[:, n_in:].T, others[:, :n_in])
                 p.grad = grad.div_(self.world)
+            elif state.get("native"):
+                p.grad = work.result()[0].div_(self.world)
             else:
                 g, counts = state["grad"], state["counts"]
                 k = int(counts.max())
@@ -341,3 +374,17 @@ class SyncExecutor:
         self._pending = []
         self._factors = {}
         self.iter += 1
+
+    def _all_reduce_fused(self) -> None:
+        """The small gradients that waited for the end of the backward pass, all-reduced as
+        one flat message and averaged (the order autograd readied them: every rank's)."""
+        params = list(self._fused)
+        self._fused.clear()  # in place: the hooks hold this list's append
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+        self.comm.count(sent=nbytes(flat), recv=nbytes(flat))
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.world)
+        for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
+            p.grad = g.view(p.shape)

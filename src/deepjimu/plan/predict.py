@@ -206,11 +206,15 @@ def sync_entries(
 
     Without data to measure, a sparse embedding is taken to touch every distinct id of its
     first sample in every row of the batch (at most all its rows: an upper bound, since
-    real batches repeat ids), and the rebuild of a Linear's sufficient factors to cost
+    real batches repeat ids), its rows handed to gloo's own sparse all-reduce on a CPU
+    cluster (``TensorInfo.native``), and the rebuild of a Linear's sufficient factors to cost
     half its block's backward pass on the other ranks' rows (the weight-gradient matmul of
     the two that a Linear's backward makes).
     """
     rows = math.ceil(cfg.batch_size / p)
+    native = (
+        cluster.cores_per_node is not None
+    )  # CPU nodes run gloo, GPUs NCCL (no sparse all-reduce)
     tensors = []
     for layer in layers:
         kinds = layer.kinds or ("dense",) * len(layer.param_shapes)
@@ -220,7 +224,8 @@ def sync_entries(
         ):
             name = f"{layer.name}.{j}"
             if kind == "embedding":
-                tensors.append(TensorInfo(name, shape, kind, rows=min(shape[0], r * rows)))
+                touched = min(shape[0], r * rows)
+                tensors.append(TensorInfo(name, shape, kind, rows=touched, native=native))
             elif kind == "linear":
                 rebuild = 0.0
                 if p > 1:

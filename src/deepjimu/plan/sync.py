@@ -4,6 +4,9 @@ Pure: no torch, no process group. For every parameter tensor (n float32 entries,
 the methods and the messages one rank hands to collectives per step are:
 
 - ``allreduce``: a ring all-reduce of 4n bytes (a sparse gradient is made dense first);
+  tensors under :data:`FUSE_BYTES` travel together, as torch's DDP buckets them, in one
+  all-reduce at the end of the backward pass, each priced at its share (by bytes) of that
+  message's time;
 - ``ps``, a sharded parameter server: the gradient, padded to a multiple of p, is
   reduce-scattered so that rank r owns (sums) shard r, which is averaged and all-gathered
   back: 4n' bytes reduce-scattered and 4n'/p all-gathered (n' = n rounded up to p);
@@ -13,7 +16,10 @@ the methods and the messages one rank hands to collectives per step are:
   gradient (a matmul of 2 M N (p-1) K FLOPs, measured: ``rebuild_s``);
 - ``sparse``, for an embedding weight of V x D with a sparse gradient touching k rows per
   rank and step: all-gather the row counts (8 bytes), then k_max rows of one int32 index
-  and D float32 values each: 4 k (D + 1) bytes.
+  and D float32 values each: 4 k (D + 1) bytes. Where the backend all-reduces sparse
+  tensors itself (gloo; ``TensorInfo.native``), the rows go to it, as torch's DDP hands
+  them: it all-gathers the counts, then the int64 indices (8 k bytes) and the values
+  (4 k D) in one call, and sums; NCCL has no sparse all-reduce.
 
 A message's time is the cluster's ring collective (:class:`~deepjimu.plan.cluster.Cluster`,
 on this machine the probe's fits; an all-gather timed at its own size replaces the fit,
@@ -46,6 +52,7 @@ from deepjimu.plan.ddp import message_s
 from deepjimu.units import format_bytes
 
 __all__ = [
+    "FUSE_BYTES",
     "METHODS",
     "PLANS",
     "Option",
@@ -66,7 +73,10 @@ PLANS = ("auto", *METHODS)
 
 KINDS = ("dense", "linear", "embedding")
 _F32 = 4
+FUSE_BYTES = 1 << 20
+"""All-reduced tensors smaller than this (DDP's first bucket) go in one fused all-reduce."""
 _COUNT = 8  # one int64 row count per rank (sparse)
+_INDEX = 8  # one int64 row index (sparse, the backend's own all-reduce)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,7 @@ class TensorInfo:
     linear, the input rows per rank and step (the batch, times the positions of a
     sequence); embedding, the rows a step's gradient touches on the busiest rank.
     ``rebuild_s``: linear, the measured time of adding the other ranks' factors.
+    ``native``: embedding, the backend all-reduces sparse tensors itself (gloo).
     """
 
     name: str
@@ -85,6 +96,7 @@ class TensorInfo:
     kind: str = "dense"
     rows: float = 0.0
     rebuild_s: float = 0.0
+    native: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -155,7 +167,14 @@ def method_messages(t: TensorInfo, method: str, p: int) -> list[tuple[str, int]]
     out_dim, in_dim = t.shape
     if method == "sfb":
         return [("all_gather", _F32 * math.ceil(t.rows) * (out_dim + in_dim))]
-    return [("all_gather", _COUNT), ("all_gather", _F32 * math.ceil(t.rows) * (in_dim + 1))]
+    k = math.ceil(t.rows)
+    if t.native:  # the backend's own sparse all-reduce: counts, indices, values
+        return [
+            ("all_gather", _COUNT),
+            ("all_gather", _INDEX * k),
+            ("all_gather", _F32 * k * in_dim),
+        ]
+    return [("all_gather", _COUNT), ("all_gather", _F32 * k * (in_dim + 1))]
 
 
 def _collective_s(
@@ -168,20 +187,31 @@ def _collective_s(
     return message_s(cluster, name, nbytes, p, measured)
 
 
+def fused(t: TensorInfo) -> bool:
+    """Whether an all-reduce of ``t`` goes in the fused message (dense, under :data:`FUSE_BYTES`)."""
+    return t.kind != "embedding" and _F32 * t.numel < FUSE_BYTES
+
+
 def price(
     t: TensorInfo,
     method: str,
     cluster: Cluster,
     p: int,
     measured: Mapping[str, float] | None = None,
+    fused_bytes: int = 0,
 ) -> Option:
     """``method``'s predicted seconds on ``t``: its messages over the cluster, plus the
-    rebuild of the sufficient factors for ``sfb``.
+    rebuild of the sufficient factors for ``sfb``; a :func:`fused` tensor's all-reduce is
+    its share of one all-reduce of ``fused_bytes`` (every fused tensor of the model).
 
     Raises:
         ValueError: ``method`` does not apply to ``t``.
     """
     msgs = method_messages(t, method, p)
+    if method == "allreduce" and fused(t) and fused_bytes:
+        share = msgs[0][1] / fused_bytes
+        seconds = share * _collective_s(cluster, "all_reduce", fused_bytes, p, measured)
+        return Option(method, seconds, msgs[0][1], tuple(msgs))
     seconds = sum(_collective_s(cluster, c, b, p, measured) for c, b in msgs)
     if method == "sfb":
         seconds += t.rebuild_s
@@ -222,8 +252,9 @@ def plan_sync(
     if plan not in PLANS:
         raise JimuError(f"sync-plan must be one of {', '.join(PLANS)} (sync-plan: {plan!r})")
     out = []
+    fused_bytes = sum(_F32 * t.numel for t in tensors if fused(t))
     for t in tensors:
-        options = {m: price(t, m, cluster, p, measured) for m in applicable(t)}
+        options = {m: price(t, m, cluster, p, measured, fused_bytes) for m in applicable(t)}
         if plan == "auto":
             best = min(options.values(), key=lambda o: (o.seconds, METHODS.index(o.method)))
         else:

@@ -17,6 +17,7 @@ from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.strategies.admm.blocks import LayerBlock
 from processes import run_warm
+from sessions import once
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -29,23 +30,27 @@ def _model(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def default_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+def default_runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, dict]:
     """admm with its default settings on digits (mlp:256x3) with 1, 2, 3 workers, and 8-bit,
     for 10 iterations (98.9% at 10 and at 30 on digits, BENCHMARKS 5; the 30 of `jimu
-    train` are the claims harness's: benchmarks/claims.toml)."""
-    root = tmp_path_factory.mktemp("admm")
-    out = {}
-    for name, kw in {
-        "w1": {"workers": 1},
-        "w2": {},
-        "w3": {"workers": 3},
-        "q8": {"quantize": 8},
-        "bf16": {"precision": "bf16"},
-    }.items():
-        summary = train(RunConfig(quiet=True, runs_dir=str(root), name=name, epochs=10, **kw))
-        assert summary is not None
-        out[name] = {"summary": summary, "dir": root / name}
-    return out
+    train` are the claims harness's: benchmarks/claims.toml); made once per session."""
+
+    def make(root: Path) -> dict[str, dict]:
+        out = {}
+        for name, kw in {
+            "w1": {"workers": 1},
+            "w2": {},
+            "w3": {"workers": 3},
+            "q8": {"quantize": 8},
+            "bf16": {"precision": "bf16"},
+        }.items():
+            summary = train(RunConfig(quiet=True, runs_dir=str(root), name=name, epochs=10, **kw))
+            assert summary is not None
+            out[name] = {"summary": summary, "dir": str(root / name)}
+        return out
+
+    runs = once(tmp_path_factory, worker_id, "admm-default-runs", make)
+    return {k: {**v, "dir": Path(v["dir"])} for k, v in runs.items()}
 
 
 def test_default_is_admm_with_two_workers(default_runs: dict[str, dict]) -> None:
