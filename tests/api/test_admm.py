@@ -216,6 +216,19 @@ def test_the_model_holds_the_readout_of_the_iterate(mode: str) -> None:
         assert F.cross_entropy(admm.model(x), y) <= F.cross_entropy(plain.model(x), y)
 
 
+def test_a_cnn_refuses_flat_samples_and_a_kernel_it_cannot_solve() -> None:
+    cnn = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3))
+    x, y = torch.rand(10, 1, 4, 4), torch.randint(0, 3, (10,))
+    with pytest.raises(
+        ValueError, match=re.escape("takes samples [N, C, H, W] (x: shape [10, 16])")
+    ):
+        PdADMM(cnn).step(x.flatten(1), y)
+    assert PdADMM(cnn).step(x, y).iteration == 1
+    even = nn.Sequential(nn.Conv2d(1, 2, 2), nn.ReLU(), nn.Flatten(), nn.Linear(18, 3))
+    with pytest.raises(ValueError, match=r"odd square kernels.*samples of shape \[1, 4, 4\]"):
+        PdADMM(even).step(x, y)
+
+
 def test_step_refuses_other_samples_and_missing_labels() -> None:
     x, y = _data()
     admm = PdADMM(_mlp())

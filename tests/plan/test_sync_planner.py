@@ -63,12 +63,16 @@ def test_the_choice_is_the_fastest_predicted_method_with_latency_and_a_probe_fit
     for t, e in zip(tensors, entries, strict=True):
         best = min(e.options.values(), key=lambda o: o.seconds)
         assert e.seconds == best.seconds and e.method == best.method
-        assert e.options[e.method] == price(t, e.method, cluster, 2, None, small)
-    # the small tensors' all-reduces are shares of one fused message: its time, once
+        assert e.options[e.method] == price(t, e.method, cluster, 2, None, (small, 2))
+    # the small tensors' all-reduces are shares of one fused message: its time, once;
+    # its latency split evenly, the rest by bytes (fc.bias 1/11 of them, out.weight 10/11)
     shares = [
         e.options["allreduce"].seconds for t, e in zip(tensors, entries, strict=True) if fused(t)
     ]
-    assert sum(shares) == pytest.approx(cluster.all_reduce_s(small, 2))
+    whole, latency = cluster.all_reduce_s(small, 2), cluster.all_reduce_s(0, 2)
+    assert latency > 0 and sum(shares) == pytest.approx(whole)
+    rest = whole - latency
+    assert shares == pytest.approx([latency / 2 + rest / 11, latency / 2 + rest * 10 / 11])
     assert [e.method for e in entries][:2] == ["sparse", "sfb"]
     assert entries[4].method != "sparse"  # every row touched: the dense methods are cheaper
     # a reduce-scatter fitted apart prices the sharded server, not all-reduce's hop

@@ -338,6 +338,11 @@ class PdADMM:
         """``x`` as the layers compute it: the model's dtype and device; flat rows for an MLP."""
         dtype = self.maps[0].weight.dtype
         rows = as_samples(x, "x", dtype).to(self.device)
+        if self.conv and rows.dim() != 4:
+            raise ValueError(
+                f"a model that starts with a Conv2d takes samples [N, C, H, W] "
+                f"(x: shape {list(rows.shape)})"
+            )
         return rows if self.conv else rows.flatten(1)
 
     def _other_samples(self, x: Tensor | np.ndarray | None) -> bool:

@@ -5,8 +5,9 @@ the methods and the messages one rank hands to collectives per step are:
 
 - ``allreduce``: a ring all-reduce of 4n bytes (a sparse gradient is made dense first);
   tensors under :data:`FUSE_BYTES` travel together, as torch's DDP buckets them, in one
-  all-reduce at the end of the backward pass, each priced at its share (by bytes) of that
-  message's time;
+  all-reduce at the end of the backward pass: each is priced at an equal share of that
+  message's latency and its own bytes' share of the rest (what adding it costs is little
+  more than its bytes, once the message goes anyway), so the shares sum to the message;
 - ``ps``, a sharded parameter server: the gradient, padded to a multiple of p, is
   reduce-scattered so that rank r owns (sums) shard r, which is averaged and all-gathered
   back: 4n' bytes reduce-scattered and 4n'/p all-gathered (n' = n rounded up to p);
@@ -198,19 +199,22 @@ def price(
     cluster: Cluster,
     p: int,
     measured: Mapping[str, float] | None = None,
-    fused_bytes: int = 0,
+    fused_with: tuple[int, int] = (0, 0),
 ) -> Option:
     """``method``'s predicted seconds on ``t``: its messages over the cluster, plus the
     rebuild of the sufficient factors for ``sfb``; a :func:`fused` tensor's all-reduce is
-    its share of one all-reduce of ``fused_bytes`` (every fused tensor of the model).
+    its share of the one all-reduce of every fused tensor of the model, ``fused_with`` =
+    (their bytes, their count): an equal share of its latency, a share by bytes of the rest.
 
     Raises:
         ValueError: ``method`` does not apply to ``t``.
     """
     msgs = method_messages(t, method, p)
-    if method == "allreduce" and fused(t) and fused_bytes:
-        share = msgs[0][1] / fused_bytes
-        seconds = share * _collective_s(cluster, "all_reduce", fused_bytes, p, measured)
+    total, count = fused_with
+    if method == "allreduce" and fused(t) and total:
+        whole = _collective_s(cluster, "all_reduce", total, p, measured)
+        latency = min(whole, _collective_s(cluster, "all_reduce", 0, p, None))
+        seconds = latency / count + (whole - latency) * (msgs[0][1] / total)
         return Option(method, seconds, msgs[0][1], tuple(msgs))
     seconds = sum(_collective_s(cluster, c, b, p, measured) for c, b in msgs)
     if method == "sfb":
@@ -252,9 +256,10 @@ def plan_sync(
     if plan not in PLANS:
         raise JimuError(f"sync-plan must be one of {', '.join(PLANS)} (sync-plan: {plan!r})")
     out = []
-    fused_bytes = sum(_F32 * t.numel for t in tensors if fused(t))
+    small = [_F32 * t.numel for t in tensors if fused(t)]
+    fused_with = (sum(small), len(small))
     for t in tensors:
-        options = {m: price(t, m, cluster, p, measured, fused_bytes) for m in applicable(t)}
+        options = {m: price(t, m, cluster, p, measured, fused_with) for m in applicable(t)}
         if plan == "auto":
             best = min(options.values(), key=lambda o: (o.seconds, METHODS.index(o.method)))
         else:
