@@ -36,7 +36,7 @@ from deepjimu.strategies.admm.blocks import (
 from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.health import readout_failed, solve_failed
 from deepjimu.strategies.admm.layers import LayerOp
-from deepjimu.strategies.admm.model import admm_layers, admm_maps
+from deepjimu.strategies.admm.model import admm_layers, admm_maps, new_block, write_weights
 from deepjimu.strategies.admm.solver import Solver
 from deepjimu.strategies.partition import parse_balance, partition
 
@@ -403,9 +403,7 @@ class PdADMM:
                 ridge=float(self.settings["ridge"]), momentum=float(self.settings["momentum"]),
             )  # fmt: skip
         self.params.memory = float(self.settings["memory"]) if batch else 0.0
-        W = [self.maps[l].weight.detach().clone() for l in range(lo, hi)]
-        b = [_bias(self.maps[l]).detach().clone() for l in range(lo, hi)]
-        block = LayerBlock(lo, hi, self.L, W, b, self.params, self.ops[lo:hi])
+        block = new_block(self.maps, self.ops, lo, hi, self.params)
         mode = auto_init(self.ops) if self.init_mode == "auto" else self.init_mode
         first = self.solver is None
         solver = Solver(
@@ -454,19 +452,7 @@ class PdADMM:
 
     def _write_back(self, choice: str = "iterate") -> None:
         assert self.solver is not None
-        block = self.solver.block
-        weights = block.readout_weights(choice)
-        with torch.no_grad():
-            for l in block.layers:
-                W, b = weights[l]
-                self.maps[l].weight.copy_(W)
-                _bias(self.maps[l]).copy_(b)
-
-
-def _bias(m: nn.Linear | nn.Conv2d) -> Tensor:
-    """``m.bias``, which :func:`admm_maps` checked is there."""
-    assert m.bias is not None
-    return m.bias
+        write_weights(self.maps, self.solver.block.readout_weights(choice))
 
 
 def _check_values(**v: Any) -> None:

@@ -266,10 +266,9 @@ def admm_times(
     one pass over the block, is shared over the layers by their (W, b) FLOP estimates.
     """
     from deepjimu.comm import Comm, CommStats
-    from deepjimu.strategies.admm.blocks import LayerBlock
     from deepjimu.strategies.admm.driver import Exchange
     from deepjimu.strategies.admm.layers import ConvOp
-    from deepjimu.strategies.admm.model import admm_layers
+    from deepjimu.strategies.admm.model import admm_layers, new_block
     from deepjimu.strategies.admm.strategy import admm_params, admm_settings
 
     model = copy.deepcopy(model).to(x.device)
@@ -277,12 +276,7 @@ def admm_times(
     L, n = len(maps), len(x)
     settings = admm_settings(cfg, ops, keep=False)
     params = admm_params(cfg, settings)
-    W = [m.weight.detach().clone() for m in maps]
-    b = [
-        m.bias.detach().clone() if m.bias is not None else torch.zeros(m.weight.shape[0])
-        for m in maps
-    ]
-    block = LayerBlock(0, L, L, W, b, params, ops)
+    block = new_block(maps, ops, 0, L, params)
     inputs = x if isinstance(ops[0], ConvOp) else x.flatten(1)
     ex = Exchange(Comm(CommStats()), cfg.quantize, x.device)
     start_s = _admm_start_s(block, inputs, y, n, ex, int(settings["sweeps"]))

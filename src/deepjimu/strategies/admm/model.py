@@ -10,14 +10,25 @@ the weights pdADMM trains are the model's and the state it saves has the model's
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from deepjimu.errors import JimuError
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.layers import LayerOp, layer_ops
 
-__all__ = ["ADMM_PATTERN", "AdmmLayers", "admm_layers", "admm_maps", "layer_blocks"]
+__all__ = [
+    "ADMM_PATTERN",
+    "AdmmLayers",
+    "admm_layers",
+    "admm_maps",
+    "layer_blocks",
+    "new_block",
+    "write_weights",
+]
 
 ADMM_PATTERN = "[Conv2d, ReLU[, AvgPool2d], ...] [Flatten,] Linear, ReLU, ..., Linear"
 """The models :func:`admm_maps` accepts, as its messages spell them."""
@@ -186,3 +197,33 @@ def layer_blocks(model: nn.Module) -> nn.Sequential:
             blocks.append([])
         blocks[-1].append(m)
     return nn.Sequential(*(nn.Sequential(*b) for b in blocks if b))
+
+
+def _bias(m: nn.Linear | nn.Conv2d) -> Tensor:
+    """``m.bias``, which :func:`admm_maps` checked is there."""
+    assert m.bias is not None
+    return m.bias
+
+
+def new_block(
+    maps: Sequence[nn.Linear | nn.Conv2d],
+    ops: Sequence[LayerOp],
+    lo: int,
+    hi: int,
+    params: AdmmParams,
+) -> LayerBlock:
+    """Layers ``lo .. hi-1`` of the model as a :class:`LayerBlock`, starting from copies of
+    its maps' current weights (the strategy's, :class:`deepjimu.PdADMM`'s and the plan's)."""
+    W = [maps[l].weight.detach().clone() for l in range(lo, hi)]
+    b = [_bias(maps[l]).detach().clone() for l in range(lo, hi)]
+    return LayerBlock(lo, hi, len(maps), W, b, params, ops[lo:hi])
+
+
+def write_weights(
+    maps: Sequence[nn.Linear | nn.Conv2d], weights: Mapping[int, tuple[Tensor, Tensor]]
+) -> None:
+    """Each layer's (W, b) of ``weights`` (a block's readout) into the model's own maps."""
+    with torch.no_grad():
+        for l, (W, b) in weights.items():
+            maps[l].weight.copy_(W)
+            _bias(maps[l]).copy_(b)

@@ -19,7 +19,6 @@ from deepjimu.models import build_model, parse_spec
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import (
     AdmmParams,
-    LayerBlock,
     auto_defaults,
     auto_init,
     auto_inner,
@@ -35,7 +34,7 @@ from deepjimu.strategies.admm.health import (
 )
 from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
 from deepjimu.strategies.admm.layers import ConvOp, LayerOp
-from deepjimu.strategies.admm.model import admm_layers, admm_maps
+from deepjimu.strategies.admm.model import admm_layers, admm_maps, new_block, write_weights
 from deepjimu.strategies.admm.solver import Solver
 from deepjimu.strategies.admm.store import room
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
@@ -78,12 +77,6 @@ def admm_params(cfg: RunConfig, chosen: dict[str, float]) -> AdmmParams:
         momentum=chosen["momentum"],
         memory=chosen["memory"],
     )
-
-
-def _bias(m: nn.Linear | nn.Conv2d) -> Tensor:
-    """``m.bias``, which :func:`admm_maps` checked is there."""
-    assert m.bias is not None
-    return m.bias
 
 
 def _refusal(spec: str) -> str:
@@ -212,9 +205,7 @@ class AdmmStrategy(Strategy):
         momentum = admm_settings(cfg, ops, keep=False)["momentum"]
         keep = self._keeps(ops, lo, hi, momentum, len(data.train_y), run)
         chosen = admm_settings(cfg, ops, keep)
-        W = [maps[l].weight.detach().to(run.device).clone() for l in range(lo, hi)]
-        b = [_bias(maps[l]).detach().to(run.device).clone() for l in range(lo, hi)]
-        self.block = LayerBlock(lo, hi, L, W, b, admm_params(cfg, chosen), ops[lo:hi])
+        self.block = new_block(maps, ops, lo, hi, admm_params(cfg, chosen))  # maps on run.device
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
@@ -507,12 +498,7 @@ class AdmmStrategy(Strategy):
         if self._written:
             return
         self._readout(self._y)
-        weights = self.block.readout_weights(self._readout_choice)
-        with torch.no_grad():
-            for l in self.block.layers:
-                W, b = weights[l]
-                self.maps[l].weight.copy_(W)
-                _bias(self.maps[l]).copy_(b)
+        write_weights(self.maps, self.block.readout_weights(self._readout_choice))
         self._written = True
 
     def _log(self, step: int, done: int, data: DataSplits, samples: int) -> None:
