@@ -374,9 +374,7 @@ class PdADMM:
             raise ValueError(f"{e} (samples of shape {list(shape[1:])})") from None
         if self.given["memory"] and has_conv(self.ops):
             raise ValueError("memory works on MLPs only, not on conv layers yet")
-        self.settings = auto_defaults(self.ops) | {
-            k: v for k, v in self.given.items() if v is not None
-        }
+        self.settings = auto_defaults(self.ops, self.given)
         self._shape = shape
 
     def _restart(self, rows: Tensor | None, shape: tuple[int, ...], batch: bool = False) -> None:

@@ -92,9 +92,14 @@ ridge 0). A start-up sweep gave cnn:16-32 0.964-0.967. The statistics of ``memor
 those of dense layers."""
 
 
-def auto_defaults(ops: Sequence[LayerOp]) -> dict[str, float]:
-    """The defaults of ridge, momentum, sweeps and memory for a model of these layer operators."""
-    return dict(CNN_DEFAULTS if has_conv(ops) else MLP_DEFAULTS)
+def auto_defaults(
+    ops: Sequence[LayerOp], given: Mapping[str, float | None] | None = None
+) -> dict[str, float]:
+    """ridge, momentum, sweeps and memory for a model of these layer operators: the model
+    kind's defaults, each replaced by its value in ``given`` where that is not None (the
+    user's flag or keyword)."""
+    chosen = dict(CNN_DEFAULTS if has_conv(ops) else MLP_DEFAULTS)
+    return chosen | {k: v for k, v in (given or {}).items() if k in chosen and v is not None}
 
 
 @dataclass

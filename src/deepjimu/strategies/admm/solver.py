@@ -81,10 +81,6 @@ class Solver:
         """Whether this rank owns the last layer (and needs the labels)."""
         return self.block.hi == self.block.L
 
-    def no_rescale(self) -> None:
-        """Keep the weights' scale at the next start (a resumed run's are already rescaled)."""
-        self._rescale = False
-
     def start(self, x: Tensor | None, n_samples: int) -> None:
         """Collective: every variable from one forward pass on ``x`` (rank 0's; None elsewhere)
         of ``n_samples`` rows; the first start rescales the weights if ``init`` asks. The

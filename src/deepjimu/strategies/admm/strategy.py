@@ -18,6 +18,7 @@ from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import (
+    MLP_DEFAULTS,
     AdmmParams,
     auto_defaults,
     auto_init,
@@ -57,10 +58,7 @@ def admm_settings(cfg: RunConfig, ops: Sequence[LayerOp], keep: bool) -> dict[st
     """ridge, momentum, sweeps and memory of a run: the options left to their default take
     the model kind's (``blocks.auto_defaults``); memory is 0 in full batch and for kept
     mini-batches, which need no statistics of other batches."""
-    auto = auto_defaults(ops)
-    chosen = {
-        k: auto[k] if getattr(cfg, f"admm_{k}") is None else getattr(cfg, f"admm_{k}") for k in auto
-    }
+    chosen = auto_defaults(ops, {k: getattr(cfg, f"admm_{k}") for k in MLP_DEFAULTS})
     if not cfg.admm_batch or keep:
         chosen["memory"] = 0.0
     return chosen
