@@ -38,6 +38,7 @@ from deepjimu.comm import Comm, nbytes
 from deepjimu.compress.probe import _measure_links, _time_messages, fit_alpha_beta
 from deepjimu.plan.cluster import probed_cluster
 from deepjimu.plan.sync import (
+    COUNT_BYTES,
     SyncEntry,
     TensorInfo,
     applicable,
@@ -46,13 +47,25 @@ from deepjimu.plan.sync import (
     plan_sync,
 )
 
-__all__ = ["SyncExecutor", "SyncPlan", "make_plan", "sparse_embeddings", "tensor_infos"]
+__all__ = [
+    "SyncExecutor",
+    "SyncPlan",
+    "make_plan",
+    "sparse_all_reduce",
+    "sparse_embeddings",
+    "tensor_infos",
+]
 
 _LINKS = ["all_reduce", "reduce_scatter", "all_gather"]
-_COUNT_BYTES = 8  # gloo's sparse all-reduce first all-gathers each rank's row count
 # torch 2.13 renamed these two (the old names deprecated there); older versions have only those
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+def sparse_all_reduce(group: dist.ProcessGroup | None = None) -> bool:
+    """Whether the group's backend all-reduces sparse tensors itself (gloo all-gathers the
+    counts, indices and values; NCCL has no sparse all-reduce)."""
+    return dist.get_backend(group) == "gloo"
 
 
 def sparse_embeddings(model: nn.Module) -> dict[str, nn.Module]:
@@ -111,7 +124,7 @@ def tensor_infos(
     for h in handles:
         h.remove()
     world = dist.get_world_size()
-    native = dist.get_backend() == "gloo"  # gloo all-reduces sparse tensors itself
+    native = sparse_all_reduce()
     names = sorted(touched)
     maxima = _max_over_ranks([v for n in names for v in touched[n]], device)
     k = len(batches)
@@ -218,8 +231,7 @@ class SyncExecutor:
     ) -> None:
         self.comm, self.group = comm, group
         self.world = dist.get_world_size(group)
-        # gloo all-reduces sparse tensors itself (all-gathers of counts, indices, values)
-        self.native = dist.get_backend(group) == "gloo" if native is None else native
+        self.native = sparse_all_reduce(group) if native is None else native
         self.factor_rows = factor_rows or {}
         self.iter = 0
         self.last_call = 0.0
@@ -301,7 +313,7 @@ class SyncExecutor:
         g = g.coalesce()
         if self.native:  # gloo's own sparse all-reduce, as DDP's: one call, no Python rows
             self.comm.count(
-                sent=_COUNT_BYTES + nbytes(g), recv=self.world * (_COUNT_BYTES + nbytes(g))
+                sent=COUNT_BYTES + nbytes(g), recv=self.world * (COUNT_BYTES + nbytes(g))
             )
             return dist.all_reduce(g, group=self.group, async_op=True), {"native": True}
         count = torch.tensor([g._nnz()], dtype=torch.int64, device=g.device)

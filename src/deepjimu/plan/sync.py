@@ -53,6 +53,7 @@ from deepjimu.plan.ddp import message_s
 from deepjimu.units import format_bytes
 
 __all__ = [
+    "COUNT_BYTES",
     "FUSE_BYTES",
     "METHODS",
     "PLANS",
@@ -76,7 +77,8 @@ KINDS = ("dense", "linear", "embedding")
 _F32 = 4
 FUSE_BYTES = 1 << 20
 """All-reduced tensors smaller than this (DDP's first bucket) go in one fused all-reduce."""
-_COUNT = 8  # one int64 row count per rank (sparse)
+COUNT_BYTES = 8
+"""One rank's int64 row count, all-gathered first by the sparse method (by hand or gloo's)."""
 _INDEX = 8  # one int64 row index (sparse, the backend's own all-reduce)
 
 
@@ -171,11 +173,11 @@ def method_messages(t: TensorInfo, method: str, p: int) -> list[tuple[str, int]]
     k = math.ceil(t.rows)
     if t.native:  # the backend's own sparse all-reduce: counts, indices, values
         return [
-            ("all_gather", _COUNT),
+            ("all_gather", COUNT_BYTES),
             ("all_gather", _INDEX * k),
             ("all_gather", _F32 * k * in_dim),
         ]
-    return [("all_gather", _COUNT), ("all_gather", _F32 * k * (in_dim + 1))]
+    return [("all_gather", COUNT_BYTES), ("all_gather", _F32 * k * (in_dim + 1))]
 
 
 def _collective_s(
