@@ -23,6 +23,9 @@ from deepjimu.worker import free_port
 __all__ = ["distributed_test", "free_port", "run_world"]
 
 
+_NOT_FORMED = "the process group did not form"
+
+
 def _entry(
     fn: Callable[..., Any], rank: int, world: int, port: int, out: Any, args: tuple[Any, ...]
 ) -> None:
@@ -37,6 +40,10 @@ def _entry(
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    except BaseException:
+        out.put((rank, False, f"{_NOT_FORMED}\n{traceback.format_exc()}"))
+        raise SystemExit(1) from None
+    try:
         result = fn(rank, world, *args)
         # plain bytes: torch's queue would share tensors through this process's file
         # descriptors, which are gone once it exits
@@ -68,7 +75,10 @@ def run_world(
     ``timeout`` seconds fails the test with that rank's traceback.
 
     The port is free when chosen, but another test's process may take it before rank 0's
-    store listens (EADDRINUSE): then the world starts again once, on a new port.
+    store listens (EADDRINUSE), or its ranks may meet on it and break the mesh ("Connection
+    closed by peer" in gloo's connectFullMesh): a world that fails in
+    ``init_process_group``, before ``fn`` runs, starts again once, on a new port. A failure
+    in ``fn`` is never retried.
 
     Returns:
         the ranks' return values, in rank order.
@@ -76,7 +86,7 @@ def run_world(
     try:
         return _run_world(fn, world, args, timeout, start_method)
     except AssertionError as e:
-        if "EADDRINUSE" not in str(e):
+        if _NOT_FORMED not in str(e):
             raise
         return _run_world(fn, world, args, timeout, start_method)
 
