@@ -62,17 +62,19 @@ def test_the_choice_is_the_fastest_predicted_method_with_latency_and_a_probe_fit
     assert small == 4 * (4096 + 10 * 4096)
     for t, e in zip(tensors, entries, strict=True):
         best = min(e.options.values(), key=lambda o: o.seconds)
-        assert e.seconds == best.seconds and e.method == best.method
-        assert e.options[e.method] == price(t, e.method, cluster, 2, None, (small, 2))
-    # the small tensors' all-reduces are shares of one fused message: its time, once;
-    # its latency split evenly, the rest by bytes (fc.bias 1/11 of them, out.weight 10/11)
+        assert e.method == best.method
+        assert e.seconds == best.seconds + (best.shared_s if t.name == "fc.bias" else 0.0)
+        assert e.options[e.method] == price(t, e.method, cluster, 2, None, small)
+    # the small tensors' all-reduces are their marginal costs in one fused message: its
+    # time beyond the latency by bytes (fc.bias 1/11 of them, out.weight 10/11), and the
+    # latency once, carried by the first of them, so that the entries sum to the message
     shares = [
         e.options["allreduce"].seconds for t, e in zip(tensors, entries, strict=True) if fused(t)
     ]
     whole, latency = cluster.all_reduce_s(small, 2), cluster.all_reduce_s(0, 2)
-    assert latency > 0 and sum(shares) == pytest.approx(whole)
-    rest = whole - latency
-    assert shares == pytest.approx([latency / 2 + rest / 11, latency / 2 + rest * 10 / 11])
+    assert latency > 0 and shares == pytest.approx([(whole - latency) / 11, (whole - latency) * 10 / 11])
+    assert [e.method for e in entries] [2:4] == ["allreduce", "allreduce"]
+    assert entries[2].seconds + entries[3].seconds == pytest.approx(whole)
     assert [e.method for e in entries][:2] == ["sparse", "sfb"]
     assert entries[4].method != "sparse"  # every row touched: the dense methods are cheaper
     # a reduce-scatter fitted apart prices the sharded server, not all-reduce's hop
@@ -81,6 +83,33 @@ def test_the_choice_is_the_fastest_predicted_method_with_latency_and_a_probe_fit
     assert ps.seconds == pytest.approx(
         fits["reduce_scatter"].seconds(4 * 4096) + fits["all_gather"].seconds(4 * 2048)
     )
+
+
+def test_the_fused_messages_latency_is_paid_once_by_the_plan_or_not_at_all() -> None:
+    # latency-bound link: an all-reduce costs 1 ms plus 1 ns a byte, an all-gather 1.1 ms
+    fits = {"all_reduce": LinkFit(1e-3, 1e-9), "all_gather": LinkFit(1.1e-3, 1e-9)}
+    cluster = probed_cluster(fits, 2, "cpu")
+    bias = TensorInfo("fc.bias", (64,))
+    head = TensorInfo("out.weight", (10, 64), "linear", rows=1)
+    # with the bias all-reduced anyway, adding the classifier costs its bytes only
+    entries = plan_sync([bias, head], "auto", cluster, 2)
+    assert [e.method for e in entries] == ["allreduce", "allreduce"]
+    assert sum(e.seconds for e in entries) == pytest.approx(cluster.all_reduce_s(4 * 704, 2))
+    # a probe's noise that makes the classifier's factors a little cheaper than a whole
+    # all-reduce does not move it: its marginal cost in the fused message is far less
+    noisy = probed_cluster({**fits, "all_gather": LinkFit(0.9e-3, 1e-9)}, 2, "cpu")
+    entries = plan_sync([bias, head], "auto", noisy, 2)
+    assert [e.method for e in entries] == ["allreduce", "allreduce"]
+    # where every small tensor has a cheaper way than the whole message, none is sent
+    cheap = probed_cluster({**fits, "all_gather": LinkFit(0.1e-3, 1e-9)}, 2, "cpu")
+    entries = plan_sync([head], "auto", cheap, 2)
+    assert [e.method for e in entries] == ["sfb"]
+    assert entries[0].seconds == pytest.approx(cheap.all_gather_s(4 * 74, 2))
+    # the JSON's single-method totals count the latency once as well
+    d = plan_to_dict(plan_sync([bias, head], "allreduce", cluster, 2), "allreduce", 2)
+    assert d["single_methods"]["allreduce"]["seconds"] == pytest.approx(d["seconds"])
+    table = format_plan(plan_sync([bias, head], "auto", cluster, 2), "auto")
+    assert "2 small tensors in one all-reduce: its latency, 1.000 ms, counted once (on fc.bias)" in table
 
 
 def test_the_rebuild_time_can_turn_sfb_down() -> None:
@@ -148,6 +177,7 @@ def test_the_plan_as_table_and_json() -> None:
     table = format_plan(entries, "auto")
     assert "fc.weight" in table and "1000x1000" in table and "sfb" in table
     assert table.splitlines()[-1].startswith("sync-plan auto: allreduce 1, sfb 1")
+    assert "in one all-reduce" not in table  # no latency on this link
     d = plan_to_dict(entries, "auto", 2)
     assert d["bytes"] == sum(e.nbytes for e in entries)
     assert d["single_methods"]["allreduce"]["bytes"] == 4 * (1000 * 1000 + 1000)

@@ -5,9 +5,12 @@ the methods and the messages one rank hands to collectives per step are:
 
 - ``allreduce``: a ring all-reduce of 4n bytes (a sparse gradient is made dense first);
   tensors under :data:`FUSE_BYTES` travel together, as torch's DDP buckets them, in one
-  all-reduce at the end of the backward pass: each is priced at an equal share of that
-  message's latency and its own bytes' share of the rest (what adding it costs is little
-  more than its bytes, once the message goes anyway), so the shares sum to the message;
+  all-reduce at the end of the backward pass. Each is priced at its marginal cost, its
+  bytes' share of that message's time beyond the latency; the latency is paid once per
+  step by the plan, whichever tensors share the message (:attr:`Option.shared_s`). So a
+  tiny tensor does not move to another method on a probe's noise: once the message goes,
+  adding it costs its bytes alone. Whether the message goes at all is decided for the
+  whole plan (:func:`plan_sync`);
 - ``ps``, a sharded parameter server: the gradient, padded to a multiple of p, is
   reduce-scattered so that rank r owns (sums) shard r, which is averaged and all-gathered
   back: 4n' bytes reduce-scattered and 4n'/p all-gathered (n' = n rounded up to p);
@@ -66,6 +69,7 @@ __all__ = [
     "plan_sync",
     "plan_to_dict",
     "price",
+    "total_s",
 ]
 
 METHODS = ("allreduce", "ps", "sfb", "sparse")
@@ -114,12 +118,28 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class Option:
-    """One method for one tensor: its messages (collective, bytes per rank), predicted seconds and bytes sent."""
+    """One method for one tensor: its messages (collective, bytes per rank), predicted seconds and bytes sent.
+
+    ``shared_s``: a cost paid once per step by every option that has it, not by each (the
+    fused all-reduce's latency); ``seconds`` leaves it out.
+    """
 
     method: str
     seconds: float
     nbytes: int
     messages: tuple[tuple[str, int], ...] = ()
+    shared_s: float = 0.0
+
+
+def total_s(options: Sequence[Option]) -> float:
+    """The step's seconds of these options together: their own seconds, and each shared cost once.
+
+    Example:
+        >>> fused = [Option("allreduce", 1.0, 4, shared_s=5.0), Option("allreduce", 2.0, 8, shared_s=5.0)]
+        >>> total_s([*fused, Option("sfb", 3.0, 16)])
+        11.0
+    """
+    return sum(o.seconds for o in options) + max((o.shared_s for o in options), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -201,23 +221,23 @@ def price(
     cluster: Cluster,
     p: int,
     measured: Mapping[str, float] | None = None,
-    fused_with: tuple[int, int] = (0, 0),
+    fused_bytes: int = 0,
 ) -> Option:
     """``method``'s predicted seconds on ``t``: its messages over the cluster, plus the
-    rebuild of the sufficient factors for ``sfb``; a :func:`fused` tensor's all-reduce is
-    its share of the one all-reduce of every fused tensor of the model, ``fused_with`` =
-    (their bytes, their count): an equal share of its latency, a share by bytes of the rest.
+    rebuild of the sufficient factors for ``sfb``. A :func:`fused` tensor's all-reduce is
+    its marginal cost in the one all-reduce of every fused tensor of the model
+    (``fused_bytes``: their bytes): its bytes' share of that message's time beyond the
+    latency, which is the option's :attr:`~Option.shared_s`, paid once per step.
 
     Raises:
         ValueError: ``method`` does not apply to ``t``.
     """
     msgs = method_messages(t, method, p)
-    total, count = fused_with
-    if method == "allreduce" and fused(t) and total:
-        whole = _collective_s(cluster, "all_reduce", total, p, measured)
+    if method == "allreduce" and fused(t) and fused_bytes:
+        whole = _collective_s(cluster, "all_reduce", fused_bytes, p, measured)
         latency = min(whole, _collective_s(cluster, "all_reduce", 0, p, None))
-        seconds = latency / count + (whole - latency) * (msgs[0][1] / total)
-        return Option(method, seconds, msgs[0][1], tuple(msgs))
+        seconds = (whole - latency) * (msgs[0][1] / fused_bytes)
+        return Option(method, seconds, msgs[0][1], tuple(msgs), shared_s=latency)
     seconds = sum(_collective_s(cluster, c, b, p, measured) for c, b in msgs)
     if method == "sfb":
         seconds += t.rebuild_s
@@ -234,9 +254,12 @@ def plan_sync(
     """The method of every tensor under ``plan``.
 
     ``auto`` takes each tensor's fastest predicted method (a tie goes to the one earlier in
-    :data:`METHODS`); a single method applies wherever it can, and the tensors it cannot
-    synchronise (``sfb``: all but Linear weights; ``sparse``: all but sparse embedding
-    weights) are all-reduced.
+    :data:`METHODS`), with the fused all-reduce's latency decided for the plan: the cheaper
+    of the plan that sends that message (each small tensor then all-reduced if its marginal
+    cost is the least) and the plan that sends none of it. A single method applies wherever
+    it can, and the tensors it cannot synchronise (``sfb``: all but Linear weights;
+    ``sparse``: all but sparse embedding weights) are all-reduced. The first entry whose
+    option has a shared cost carries it, so that the entries' seconds sum to the step's.
 
     Args:
         tensors: the model's parameters.
@@ -257,21 +280,32 @@ def plan_sync(
     """
     if plan not in PLANS:
         raise JimuError(f"sync-plan must be one of {', '.join(PLANS)} (sync-plan: {plan!r})")
-    out = []
-    small = [_F32 * t.numel for t in tensors if fused(t)]
-    fused_with = (sum(small), len(small))
-    for t in tensors:
-        options = {m: price(t, m, cluster, p, measured, fused_with) for m in applicable(t)}
-        if plan == "auto":
-            best = min(options.values(), key=lambda o: (o.seconds, METHODS.index(o.method)))
-        else:
-            best = options.get(plan, options["allreduce"])
+    small = sum(_F32 * t.numel for t in tensors if fused(t))
+    priced = [{m: price(t, m, cluster, p, measured, small) for m in applicable(t)} for t in tensors]
+    if plan == "auto":
+        chosen = min((_fastest(priced, shared) for shared in (True, False)), key=total_s)
+    else:
+        chosen = [options.get(plan, options["allreduce"]) for options in priced]
+    out, carried = [], False
+    for t, options, best in zip(tensors, priced, chosen, strict=True):
+        seconds = best.seconds + (best.shared_s if not carried else 0.0)
+        carried = carried or best.shared_s > 0
         out.append(
-            SyncEntry(
-                t.name, t.shape, t.kind, best.method, best.seconds, best.nbytes, t.rows, options
-            )
+            SyncEntry(t.name, t.shape, t.kind, best.method, seconds, best.nbytes, t.rows, options)
         )
     return out
+
+
+def _fastest(priced: Sequence[Mapping[str, Option]], shared: bool) -> list[Option]:
+    """Each tensor's fastest option, among those with a shared cost only if ``shared``
+    (a tie goes to the method earlier in :data:`METHODS`)."""
+    return [
+        min(
+            (o for o in options.values() if shared or not o.shared_s),
+            key=lambda o: (o.seconds, METHODS.index(o.method)),
+        )
+        for options in priced
+    ]
 
 
 def plan_to_dict(entries: Sequence[SyncEntry], plan: str, p: int) -> dict[str, Any]:
@@ -282,7 +316,7 @@ def plan_to_dict(entries: Sequence[SyncEntry], plan: str, p: int) -> dict[str, A
     for method in METHODS:
         chosen = [e.options.get(method, e.options["allreduce"]) for e in entries]
         whole[method] = {
-            "seconds": sum(o.seconds for o in chosen),
+            "seconds": total_s(chosen),
             "bytes": sum(o.nbytes for o in chosen),
         }
     return {
@@ -299,6 +333,7 @@ def plan_to_dict(entries: Sequence[SyncEntry], plan: str, p: int) -> dict[str, A
                 "options": {
                     m: {
                         "seconds": o.seconds,
+                        "shared_seconds": o.shared_s,
                         "bytes": o.nbytes,
                         "messages": [list(x) for x in o.messages],
                     }
@@ -320,11 +355,20 @@ def format_plan(entries: Sequence[SyncEntry], plan: str) -> str:
             f"{e.name:<{width}}{shape:<16}{e.method:<11}{e.seconds * 1e3:>10.3f}"
             f"{format_bytes(e.nbytes):>12}"
         )
-    total_s = sum(e.seconds for e in entries)
+    seconds = sum(e.seconds for e in entries)
     total_b = sum(e.nbytes for e in entries)
     counts = ", ".join(f"{m} {n}" for m in METHODS if (n := sum(e.method == m for e in entries)))
+    fused_in = [e for e in entries if e.options[e.method].shared_s]
+    if fused_in:
+        first = fused_in[0]
+        latency = first.options[first.method].shared_s
+        lines.append(
+            f"{len(fused_in)} small tensor{'s' if len(fused_in) > 1 else ''} in one all-reduce: "
+            f"its latency, "
+            f"{latency * 1e3:.3f} ms, counted once (on {first.name})"
+        )
     lines.append(
-        f"sync-plan {plan}: {counts}; predicted {total_s * 1e3:.3f} ms and "
+        f"sync-plan {plan}: {counts}; predicted {seconds * 1e3:.3f} ms and "
         f"{format_bytes(total_b)} sent per step"
     )
     return "\n".join(lines)
