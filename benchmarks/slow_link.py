@@ -116,8 +116,15 @@ def cap_rate(rate: str) -> None:
         )
 
 
-def two_nodes(jimu_args: list[str], port: int, log: Path, timeout: float) -> None:
-    """Run ``python -m deepjimu <jimu_args>`` as a two-node torchrun job, one node per namespace.
+def two_nodes(
+    jimu_args: list[str],
+    port: int,
+    log: Path,
+    timeout: float,
+    program: tuple[str, ...] = ("-m", "deepjimu"),
+) -> None:
+    """Run ``python -m deepjimu <jimu_args>`` (or ``program``, a script or ``-m`` module, with
+    those arguments) as a two-node torchrun job, one node per namespace.
 
     Raises:
         RuntimeError: a node failed or the job timed out (its log named).
@@ -137,7 +144,7 @@ def two_nodes(jimu_args: list[str], port: int, log: Path, timeout: float) -> Non
         ]
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}"]
         cmd += ["--rdzv-id", rid, "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", addr]
-        cmd += ["-m", "deepjimu", *jimu_args]
+        cmd += [*program, *jimu_args]
         out = open(log.with_suffix(f".node{i}.log"), "w")  # noqa: SIM115 - closed below
         procs.append(
             (

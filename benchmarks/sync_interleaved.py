@@ -3,8 +3,9 @@
 Separate ``jimu train`` runs on a shared machine differ by 10-20% in step time; two plans
 stepped alternately in the same two processes, on the same batches, see the same load.
 Each plan is a comma list of ``tensor=method`` (tensors not named are all-reduced), applied
-by :class:`deepjimu.compress.sync.SyncExecutor` on 2 gloo ranks on 127.0.0.1 with plain
-SGD (the embedding's gradient stays sparse); ``ddp`` is torch's DistributedDataParallel
+by :class:`deepjimu.compress.sync.SyncExecutor` on 2 gloo ranks on 127.0.0.1 (or, started
+by torchrun, on its ranks: ``benchmarks/sync_link.py --interleaved`` runs it over a
+rate-capped link between two network namespaces) with plain SGD (the embedding's gradient stays sparse); ``ddp`` is torch's DistributedDataParallel
 itself, and a plan written ``gathered:...`` all-gathers sparse rows by hand (as on NCCL)
 instead of handing them to gloo's own sparse all-reduce. Prints each plan's median step.
 
@@ -35,8 +36,9 @@ from deepjimu.models import build_model, parse_spec
 __all__ = ["main"]
 
 
-def _rank(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, world: int, args: argparse.Namespace, port: int | None) -> None:
+    if port is not None:  # spawned here; under torchrun its environment says where
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     vocab = parse_spec(args.model).widths[0] if args.model.startswith("embed") else 196
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--warm", type=int, default=10)
     args = p.parse_args(argv)
+    if "RANK" in os.environ:  # started by torchrun
+        _rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
+        return
     from deepjimu.worker import free_port
 
     mp.spawn(_rank, args=(2, args, free_port()), nprocs=2)

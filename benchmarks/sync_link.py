@@ -97,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=None, help="folder for runs and logs (default: bench/sync-link-<time>)"
     )
+    p.add_argument(
+        "--interleaved",
+        nargs="+",
+        metavar="PLAN",
+        help="instead of jimu train runs: these plans stepped alternately in the same two "
+        "processes over the link (benchmarks/sync_interleaved.py's --plans, on --only's model)",
+    )
+    p.add_argument("--steps", type=int, default=300, help="steps of --interleaved")
     args = p.parse_args(argv)
     if os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None:
         print("sync_link: needs root and iproute2 (network namespaces and tc); skipped")
@@ -111,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         make_namespaces()
         for rate in args.rates.split(","):
             cap_rate(rate)
+            if args.interleaved:
+                tables += [_interleaved(rate, w, args, out, port := port + 1) for w in workloads]
+                print(tables[-1], flush=True)
+                continue
             for workload in workloads:
                 runs: dict[str, list[dict[str, Any]]] = {
                     m: [] for m in WORKLOADS[workload]["methods"]
@@ -138,6 +150,22 @@ def main(argv: list[str] | None = None) -> int:
         remove_namespaces()
     print(f"\nruns in {out}\n" + "\n".join(tables))
     return 0
+
+
+def _interleaved(rate: str, workload: str, args: argparse.Namespace, out: Path, port: int) -> str:
+    """``--interleaved``: the plans stepped alternately over the link; rank 0's lines."""
+    model = WORKLOADS[workload]["flags"][WORKLOADS[workload]["flags"].index("--model") + 1]
+    script = str(Path(__file__).resolve().parent / "sync_interleaved.py")
+    argv = ["--model", model, "--steps", str(args.steps), "--plans", *args.interleaved]
+    if workload == "mlp":
+        argv += ["--dataset", "synthetic"]
+    log = out / f"{rate}-{workload}-interleaved"
+    two_nodes(argv, port, log, args.timeout, program=(script,))
+    lines = [ln for ln in log.with_suffix(".node0.log").read_text().splitlines() if " ms  " in ln]
+    head = (
+        f"\n[{rate}] {workload}: plans stepped alternately, 2 nodes x 1 worker, {args.steps} steps"
+    )
+    return "\n".join([head, *lines])
 
 
 if __name__ == "__main__":

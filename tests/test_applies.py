@@ -275,7 +275,7 @@ def test_bench_flags_and_tuned_values_apply_to_every_strategy() -> None:
 def test_every_declaration_names_what_exists() -> None:
     datasets = set(dataset_names()) | set(Family.spellings())
     for f in option_fields():
-        applies: Applies = f.metadata["applies"]
+        applies: Applies = applies_of(f.name)
         assert set(applies.strategies) <= set(strategy_names()), f.name
         assert set(applies.data) <= datasets, f.name
         for value, stricter in applies.values:

@@ -67,9 +67,8 @@ def add_sbatch_arguments(parser: argparse.ArgumentParser) -> None:
         help="where to write the batch script (default: <runs-dir>/<name>.sbatch)",
     )
     parser.add_argument("--submit", action="store_true", help="submit it with sbatch")
-    train = parser.add_argument_group("jimu train options", "the run each task joins")
-    train.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
-    add_options(train)
+    parser.add_argument("--config", metavar="FILE", help="TOML file with any jimu train option")
+    add_options(parser, note="the run each task joins")
 
 
 def batch_script(

@@ -26,6 +26,7 @@ from deepjimu.defaults import describe, table_defaults
 from deepjimu.emulate import speeds_problems
 from deepjimu.errors import JimuError
 from deepjimu.models import count_blocks, parse_spec
+from deepjimu.options import narrow
 from deepjimu.strategies import get_strategy, strategy_names
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
         problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
     problems.extend(_graph_model_problems(cfg, strategy, n_blocks))
     if not problems:
-        problems.extend(strategy.problems(cfg, n_blocks))
+        problems.extend(strategy.problems(narrow(cfg, strategy.options), n_blocks))
     if problems:
         raise ConfigErrors(problems)
     lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]

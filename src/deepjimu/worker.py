@@ -28,6 +28,7 @@ from deepjimu.errors import Interrupted, JimuError, one_line, signals_interrupt
 from deepjimu.launchers import placement
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.models import build_model
+from deepjimu.options import DdpOptions, narrow
 from deepjimu.precision import matmul_precision
 from deepjimu.report import best_validation, read_events
 from deepjimu.run import Run
@@ -533,7 +534,7 @@ def _probe(
     run = Run(cfg, out_dir, rank, world, device)
     data = _data(cfg, given, run).shard(rank, world).to(device)
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
-    probe = measure(model.to(device), data, cfg, run)
+    probe = measure(model.to(device), data, narrow(cfg, DdpOptions), run)
     if rank != 0:
         return None
     choice, predictions = CostModel(probe).choose()

@@ -148,14 +148,14 @@ def test_refuses_labels_that_are_not_class_indices_of_the_model(
         ({"nu": float("nan")}, "nu must be a positive number"),
         ({"bits": 4}, r"bits must be 0, 8 or 16 \(bits: 4\)"),
         ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
-        ({"init": "zeros"}, "init must be auto, forward, scaled or unit"),
+        ({"init": "zeros"}, r"init must be one of auto, forward, scaled, unit \(got 'zeros'\)"),
         ({"rho_growth": 0.5}, r"rho_growth must be >= 1 \(rho_growth: 0.5\)"),
         ({"inner": 0}, r"inner must be >= 1 \(inner: 0\)"),
         ({"memory": 1.0}, r"memory must be in \[0, 1\) \(memory: 1.0\)"),
         ({"cg_iters": 0}, r"cg_iters must be >= 1"),
         ({"ridge": -1.0}, r"ridge must be a number >= 0 \(ridge: -1.0\)"),
         ({"sweeps": -1}, r"sweeps must be >= 0 \(sweeps: -1\)"),
-        ({"readout": "best"}, r"readout must be auto, iterate, last or all \(readout: 'best'\)"),
+        ({"readout": "best"}, r"readout must be one of auto, iterate, last, all \(got 'best'\)"),
     ],
 )
 def test_refuses_bad_values(kw: dict, message: str) -> None:

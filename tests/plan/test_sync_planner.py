@@ -72,8 +72,10 @@ def test_the_choice_is_the_fastest_predicted_method_with_latency_and_a_probe_fit
         e.options["allreduce"].seconds for t, e in zip(tensors, entries, strict=True) if fused(t)
     ]
     whole, latency = cluster.all_reduce_s(small, 2), cluster.all_reduce_s(0, 2)
-    assert latency > 0 and shares == pytest.approx([(whole - latency) / 11, (whole - latency) * 10 / 11])
-    assert [e.method for e in entries] [2:4] == ["allreduce", "allreduce"]
+    assert latency > 0 and shares == pytest.approx(
+        [(whole - latency) / 11, (whole - latency) * 10 / 11]
+    )
+    assert [e.method for e in entries][2:4] == ["allreduce", "allreduce"]
     assert entries[2].seconds + entries[3].seconds == pytest.approx(whole)
     assert [e.method for e in entries][:2] == ["sparse", "sfb"]
     assert entries[4].method != "sparse"  # every row touched: the dense methods are cheaper
@@ -109,7 +111,10 @@ def test_the_fused_messages_latency_is_paid_once_by_the_plan_or_not_at_all() -> 
     d = plan_to_dict(plan_sync([bias, head], "allreduce", cluster, 2), "allreduce", 2)
     assert d["single_methods"]["allreduce"]["seconds"] == pytest.approx(d["seconds"])
     table = format_plan(plan_sync([bias, head], "auto", cluster, 2), "auto")
-    assert "2 small tensors in one all-reduce: its latency, 1.000 ms, counted once (on fc.bias)" in table
+    assert (
+        "2 small tensors in one all-reduce: its latency, 1.000 ms, counted once (on fc.bias)"
+        in table
+    )
 
 
 def test_the_rebuild_time_can_turn_sfb_down() -> None:

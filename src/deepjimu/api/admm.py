@@ -11,7 +11,7 @@ it only leaves the loop, the data and the run folder to its user.
 
 from __future__ import annotations
 
-import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +25,7 @@ from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
 from deepjimu.data.tensors import as_labels, as_samples
 from deepjimu.errors import JimuError
+from deepjimu.options import AdmmGroup
 from deepjimu.strategies.admm.blocks import (
     AdmmParams,
     LayerBlock,
@@ -453,29 +454,31 @@ class PdADMM:
         write_weights(self.maps, self.solver.block.readout_weights(choice))
 
 
+# PdADMM's keywords and the jimu train options (AdmmGroup) they are
+_KEYWORDS = {
+    "quantize": "bits",
+    "admm_tau": "tau",
+    "admm_ridge": "ridge",
+    "admm_sweeps": "sweeps",
+    "admm_momentum": "momentum",
+    "admm_init": "init",
+    "admm_readout": "readout",
+    "rho_growth": "rho_growth",
+    "admm_memory": "memory",
+    "admm_cg_iters": "cg_iters",
+}
+
+
 def _check_values(**v: Any) -> None:
-    """Each option's range, in one line naming it (``jimu train``'s checks of its flag)."""
-    for name in ("rho", "nu"):
-        if not (v[name] > 0 and math.isfinite(v[name])):
-            raise ValueError(f"{name} must be a positive number ({name}: {v[name]})")
-    checks = [
-        (v["bits"] in (0, 8, 16), f"bits must be 0, 8 or 16 (bits: {v['bits']})"),
-        (v["tau"] >= 0 and math.isfinite(v["tau"]), f"tau must be a number >= 0 (tau: {v['tau']})"),
-        (v["ridge"] is None or (v["ridge"] >= 0 and math.isfinite(v["ridge"])),
-         f"ridge must be a number >= 0 (ridge: {v['ridge']})"),
-        (v["sweeps"] is None or v["sweeps"] >= 0, f"sweeps must be >= 0 (sweeps: {v['sweeps']})"),
-        (v["momentum"] is None or 0 <= v["momentum"] < 1,
-         f"momentum must be in [0, 1) (momentum: {v['momentum']})"),
-        (v["init"] in ("auto", "forward", "scaled", "unit"),
-         f"init must be auto, forward, scaled or unit (init: {v['init']!r})"),
-        (v["readout"] in ("auto", "iterate", "last", "all"),
-         f"readout must be auto, iterate, last or all (readout: {v['readout']!r})"),
-        (v["rho_growth"] >= 1, f"rho_growth must be >= 1 (rho_growth: {v['rho_growth']})"),
-        (v["inner"] is None or v["inner"] >= 1, f"inner must be >= 1 (inner: {v['inner']})"),
-        (v["memory"] is None or 0 <= v["memory"] < 1,
-         f"memory must be in [0, 1) (memory: {v['memory']})"),
-        (v["cg_iters"] >= 1, f"cg_iters must be >= 1 (cg_iters: {v['cg_iters']})"),
-    ]  # fmt: skip
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+    """Each keyword's range, in one line naming it: ``jimu train``'s checks of its flag
+    (:meth:`AdmmGroup.problems`), in the keywords' words. ``inner`` is None for the model
+    kind's count, where the flag says 0."""
+    if v["inner"] is not None and v["inner"] < 1:
+        raise ValueError(f"inner must be >= 1 (inner: {v['inner']})")
+    options = {k: v[word] for k, word in _KEYWORDS.items()}
+    problems = AdmmGroup(rho=v["rho"], nu=v["nu"], admm_inner=v["inner"] or 0, **options).problems()
+    if problems:
+        line = problems[0]
+        for option, word in sorted(_KEYWORDS.items(), key=lambda kv: -len(kv[0])):
+            line = re.sub(rf"(?<![\w-]){option.replace('_', '-')}(?![\w-])", word, line)
+        raise ValueError(line)

@@ -138,11 +138,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     _add_folder_arguments(p)
     _add_matrix_arguments(p)
     _add_tune_arguments(p)
-    train = p.add_argument_group(
-        "jimu train options",
-        "any jimu train option, for every run; a comma list (--lr 1e-3,3e-3) is a matrix dimension",
+    add_options(
+        p,
+        exclude=BENCH_FLAGS,
+        note="any jimu train option, for every run; a comma list (--lr 1e-3,3e-3) is a matrix "
+        "dimension",
     )
-    add_options(train, exclude=BENCH_FLAGS)
 
 
 def _add_folder_arguments(p: argparse.ArgumentParser) -> None:

@@ -168,12 +168,12 @@ def _bubble_theory(
     logged = _figure(summary, events, "bubble_theory")
     if logged is not None or summary.get("strategy") != "pipeline":
         return logged
-    from deepjimu.config import RunConfig
+    from deepjimu.options import PipelineOptions
     from deepjimu.strategies.model_parallel import bubble_fraction
     from deepjimu.strategies.pipeline import PipelineStrategy
 
     n, m = summary.get("workers"), config.get("microbatches")
     if isinstance(n, int) and isinstance(m, int) and n >= 1 and m >= 1:
-        cfg = RunConfig(schedule=config.get("schedule", "gpipe"))
+        cfg = PipelineOptions(schedule=config.get("schedule", "gpipe"))
         return bubble_fraction(n, m, PipelineStrategy.chunks(cfg))
     return None

@@ -18,6 +18,7 @@ from typing import Any
 from deepjimu.bench.matrix import Cell, Options
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
+from deepjimu.options import narrow
 
 __all__ = ["Trial", "Tuning", "format_value", "tune_group", "tuned_keys"]
 
@@ -63,7 +64,10 @@ def tuned_keys(strategies: Sequence[str], base: RunConfig, trials: int) -> set[s
     keys: set[str] = set()
     for s in strategies:
         try:
-            space = get_strategy(s).tune_space(dataclasses.replace(base, strategy=s), trials)
+            kind = get_strategy(s)
+            space = kind.tune_space(
+                narrow(dataclasses.replace(base, strategy=s), kind.options), trials
+            )
         except JimuError:
             continue  # an unknown strategy: the matrix plan names it, one line per configuration
         for setting in space:
@@ -94,7 +98,8 @@ def tune_group(
     tuning = Tuning(cell.strategy, cell.model, cell.options, cell.workers)
     try:
         cfg = dataclasses.replace(base, strategy=cell.strategy, model=cell.model)
-        space = get_strategy(cell.strategy).tune_space(cfg, trials)
+        kind = get_strategy(cell.strategy)
+        space = kind.tune_space(narrow(cfg, kind.options), trials)
     except JimuError as e:
         tuning.trials.append(Trial((), "failed", None, str(e)))
         return tuning

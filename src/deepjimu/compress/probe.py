@@ -49,10 +49,10 @@ from torch import nn
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.comm import Comm, CommStats
-from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.data.base import shard_counts
 from deepjimu.errors import JimuError
+from deepjimu.options import DdpOptions
 from deepjimu.run import Run
 from deepjimu.units import format_bytes
 
@@ -207,7 +207,7 @@ def _time_pipeline(
     model: nn.Sequential,
     x: torch.Tensor,
     y: torch.Tensor,
-    cfg: RunConfig,
+    cfg: DdpOptions,
     device: torch.device,
     rounds: int = 3,
     steps: int = 10,
@@ -390,7 +390,7 @@ def _time_options(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    cfg: RunConfig,
+    cfg: DdpOptions,
     run: Run,
     group: Any,
     warm: int = 10,
@@ -465,7 +465,7 @@ def _slowest(values: dict[str, float], device: torch.device) -> dict[str, float]
 
 
 def measure(
-    model: nn.Module, data: DataSplits, cfg: RunConfig, run: Run, max_op_s: float = 0.25
+    model: nn.Module, data: DataSplits, cfg: DdpOptions, run: Run, max_op_s: float = 0.25
 ) -> Probe:
     """Collective: probe the run's group and this device for ``model`` (see the module docstring).
 

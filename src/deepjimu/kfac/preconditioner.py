@@ -20,11 +20,11 @@ from torch import Tensor, nn
 
 from deepjimu.choices import KfacMethod
 from deepjimu.comm import Comm
-from deepjimu.config import RunConfig
 from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost
 from deepjimu.kfac.factors import running_average, triu_pack, triu_unpack
 from deepjimu.kfac.layers import KFACLayer, kfac_candidates
 from deepjimu.kfac.precondition import METHODS, decompose, kl_clip_scale
+from deepjimu.options import KfacGroup
 
 __all__ = ["KFACPreconditioner", "KFACSettings"]
 
@@ -55,7 +55,7 @@ class KFACSettings:
     speeds: tuple[float, ...] | None = None
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> KFACSettings:
+    def from_config(cls, cfg: KfacGroup) -> KFACSettings:
         """The settings of a run's ``kfac_*`` options."""
         return cls(
             damping=cfg.kfac_damping,

@@ -88,11 +88,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per checked run (default: 300)"
     )
-    train = p.add_argument_group(
-        "jimu train options",
-        "any jimu train option, for every configuration; a comma list is a matrix dimension",
+    add_options(
+        p,
+        exclude=BENCH_FLAGS,
+        note="any jimu train option, for every configuration; a comma list is a matrix dimension",
     )
-    add_options(train, exclude=BENCH_FLAGS)
 
 
 @dataclasses.dataclass(frozen=True)

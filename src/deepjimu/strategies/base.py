@@ -15,9 +15,10 @@ from torch import Tensor, nn
 
 from deepjimu.choices import Optimizer, Precision
 from deepjimu.comm import Comm
-from deepjimu.config import DEFAULT_LR, RunConfig
+from deepjimu.config import DEFAULT_LR
 from deepjimu.data import DataSplits, GraphData
 from deepjimu.errors import JimuError
+from deepjimu.options import GradientOptions, KfacGroup, OptimGroup, RunGroup, narrow
 from deepjimu.run import Run
 
 __all__ = [
@@ -57,8 +58,11 @@ class Strategy(ABC):
     ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
     supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
     do not depend on the activations' dtype); ``graph_models``: it trains models that take
-    the whole graph (``gcn``, fed from ``DataSplits.graph``). Which options a strategy reads
-    is declared with the options (:mod:`deepjimu.applies`).
+    the whole graph (``gcn``, fed from ``DataSplits.graph``).
+
+    ``options``: the option groups the strategy takes, composed into one frozen dataclass
+    (:mod:`deepjimu.options`); the strategy is handed only those (``self.cfg``), and its
+    class hooks (:meth:`problems`, :meth:`tune_space`) are called with them.
     """
 
     name: ClassVar[str]
@@ -70,12 +74,14 @@ class Strategy(ABC):
     max_workers: ClassVar[int | None] = None
     precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.TF32)
     graph_models: ClassVar[bool] = False
+    options: ClassVar[type[RunGroup]] = RunGroup
+    cfg: RunGroup
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: RunGroup) -> None:
+        self.cfg = narrow(cfg, self.options)
 
     @classmethod
-    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+    def problems(cls, cfg: Any, n_blocks: int) -> list[str]:
         """Strategy-specific config problems, one line each (checked before workers start)."""
         return []
 
@@ -94,7 +100,7 @@ class Strategy(ABC):
         return device
 
     @classmethod
-    def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:
+    def tune_space(cls, cfg: Any, trials: int) -> list[dict[str, Any]]:
         """``trials`` settings to try for ``jimu bench --tune``, the strategy's default first.
 
         Every strategy gets the same number of trials; the bench keeps the setting with the
@@ -128,16 +134,17 @@ def log_grid(center: float, trials: int, span: float = 10.0) -> list[float]:
 
 def make_optimizer(
     params: Any,
-    cfg: RunConfig,
+    cfg: OptimGroup,
     model: nn.Module | None = None,
     comm: Comm | None = None,
     speeds: Sequence[float] | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of ``cfg`` (Adam, SGD with momentum, or K-FAC-preconditioned SGD) over ``params``.
 
-    ``kfac`` also needs the ``model`` whose layers it hooks and this rank's ``comm`` (its
-    messages are collective over the ranks that hold replicas of ``model``), and assigns
-    its decompositions by the ranks' ``speeds`` where given (``--balance speed``).
+    ``kfac`` also needs its options (``cfg`` holds them: a strategy that takes the K-FAC
+    group), the ``model`` whose layers it hooks and this rank's ``comm`` (its messages are
+    collective over the ranks that hold replicas of ``model``), and assigns its
+    decompositions by the ranks' ``speeds`` where given (``--balance speed``).
     """
     assert cfg.lr is not None, "config not resolved"
     opt: torch.optim.Optimizer
@@ -145,6 +152,7 @@ def make_optimizer(
         from deepjimu.kfac import KFAC, KFACSettings
 
         assert model is not None, "kfac needs the model"
+        assert isinstance(cfg, KfacGroup), "kfac needs its options"
         settings = KFACSettings.from_config(cfg)
         if speeds is not None:
             settings = dataclasses.replace(settings, speeds=tuple(speeds))
@@ -248,8 +256,11 @@ class GradientStrategy(Strategy):
     a checkpoint holds; the loop, logging, divergence check and checkpoints live here.
     """
 
+    options: ClassVar[type[RunGroup]] = GradientOptions
+    cfg: GradientOptions
+
     @classmethod
-    def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:
+    def tune_space(cls, cfg: GradientOptions, trials: int) -> list[dict[str, Any]]:
         """The learning rate on a log grid over 0.1x..10x the optimizer's default."""
         center = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
         return [{"lr": lr} for lr in log_grid(center, trials)]

@@ -3,6 +3,7 @@
 import json
 import math
 import time
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -16,10 +17,10 @@ from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.compress.sync import SyncExecutor
-from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.data.base import shard_counts
 from deepjimu.models import parse_spec
+from deepjimu.options import DdpOptions, RunGroup
 from deepjimu.run import Run
 from deepjimu.speeds import SPEED_BALANCES
 from deepjimu.strategies.base import (
@@ -54,11 +55,13 @@ class DDPStrategy(GradientStrategy):
     name = "ddp"
     default_workers = 2
     shards_data = True
+    options: ClassVar[type[RunGroup]] = DdpOptions
+    cfg: DdpOptions
     needs_group = True
     precisions = tuple(Precision)
 
     @classmethod
-    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+    def problems(cls, cfg: DdpOptions, n_blocks: int) -> list[str]:
         w = cfg.workers or cls.default_workers
         if cfg.batch_size < w:
             return [

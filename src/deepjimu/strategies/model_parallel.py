@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, make_optimizer
@@ -65,12 +64,12 @@ class ModelParallelStrategy(GradientStrategy):
     splits_model = True
 
     @classmethod
-    def chunks(cls, cfg: RunConfig) -> int:
+    def chunks(cls, cfg: Any) -> int:
         """Stages per rank (1 here; interleaved pipelines hold several)."""
         return 1
 
     @classmethod
-    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+    def problems(cls, cfg: Any, n_blocks: int) -> list[str]:
         stages = (cfg.workers or cls.default_workers) * cls.chunks(cfg)
         return balance_problems(cfg.balance, n_blocks, stages)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -34,12 +34,13 @@ from torch.distributed.pipelining import schedules as pp_schedules
 
 from deepjimu.choices import Schedule
 from deepjimu.comm import Comm, Pending, nbytes
-from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
+from deepjimu.options import PipelineOptions, RunGroup
 from deepjimu.run import Run
 from deepjimu.strategies.model_parallel import ModelParallelStrategy, bubble_fraction
 
 __all__ = ["PipelineStrategy", "counted_p2p"]
+
 
 _IGNORE = -100  # cross_entropy's ignore_index: the label of a padding row
 _SCHEDULES = {
@@ -87,15 +88,17 @@ class PipelineStrategy(ModelParallelStrategy):
     """
 
     name = "pipeline"
+    options: ClassVar[type[RunGroup]] = PipelineOptions
+    cfg: PipelineOptions
     default_workers = 2
     splits_model = True
 
     @classmethod
-    def chunks(cls, cfg: RunConfig) -> int:
+    def chunks(cls, cfg: PipelineOptions) -> int:
         return 2 if cfg.schedule == Schedule.INTERLEAVED else 1
 
     @classmethod
-    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+    def problems(cls, cfg: PipelineOptions, n_blocks: int) -> list[str]:
         """Settings the schedules cannot run, one line each.
 
         A batch smaller than ``--microbatches`` can occur near the end of an epoch only when

@@ -5,17 +5,17 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from deepjimu.admm_math.conv import PSolver
 from deepjimu.choices import Precision
-from deepjimu.config import RunConfig
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, parse_spec
+from deepjimu.options import AdmmGroup, AdmmOptions, RunGroup
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import (
     MLP_DEFAULTS,
@@ -54,7 +54,7 @@ from deepjimu.units import format_bytes
 __all__ = ["AdmmStrategy", "admm_params", "admm_settings"]
 
 
-def admm_settings(cfg: RunConfig, ops: Sequence[LayerOp], keep: bool) -> dict[str, float]:
+def admm_settings(cfg: AdmmGroup, ops: Sequence[LayerOp], keep: bool) -> dict[str, float]:
     """ridge, momentum, sweeps and memory of a run: the options left to their default take
     the model kind's (``blocks.auto_defaults``); memory is 0 in full batch and for kept
     mini-batches, which need no statistics of other batches."""
@@ -64,7 +64,7 @@ def admm_settings(cfg: RunConfig, ops: Sequence[LayerOp], keep: bool) -> dict[st
     return chosen
 
 
-def admm_params(cfg: RunConfig, chosen: dict[str, float]) -> AdmmParams:
+def admm_params(cfg: AdmmGroup, chosen: dict[str, float]) -> AdmmParams:
     """The iteration's hyper-parameters of ``cfg`` with the :func:`admm_settings` ``chosen``."""
     return AdmmParams(
         rho=cfg.rho,
@@ -118,9 +118,11 @@ class AdmmStrategy(Strategy):
     # under bf16 only the products drop to bfloat16 (updates.py adds them to float32 terms),
     # so every exchanged p and q is still float32
     precisions = tuple(Precision)
+    options: ClassVar[type[RunGroup]] = AdmmOptions
+    cfg: AdmmOptions
 
     @classmethod
-    def tune_space(cls, cfg: RunConfig, trials: int) -> list[dict[str, Any]]:
+    def tune_space(cls, cfg: AdmmOptions, trials: int) -> list[dict[str, Any]]:
         """rho and nu scaled together on a log grid over 0.1x..10x their defaults.
 
         Their common scale sets how strongly the layer equations are enforced against the
@@ -138,7 +140,7 @@ class AdmmStrategy(Strategy):
             raise JimuError(str(e)) from None
 
     @classmethod
-    def problems(cls, cfg: RunConfig, n_blocks: int) -> list[str]:
+    def problems(cls, cfg: AdmmOptions, n_blocks: int) -> list[str]:
         kind = parse_spec(cfg.model).kind
         if kind not in ("mlp", "cnn", "factory"):  # a factory's: model_blocks checked it
             return [_refusal(cfg.model)]
@@ -558,7 +560,7 @@ class AdmmStrategy(Strategy):
         self.run.save_checkpoint(step, done, full, state, {"samples": samples})
 
 
-def _auto_restarts(cfg: RunConfig, cnn: bool) -> bool:
+def _auto_restarts(cfg: AdmmGroup, cnn: bool) -> bool:
     """Whether ``--admm-aux auto`` restarts the mini-batches whatever the disk holds: for
     CNNs (the kept statistics are those of dense layers) and with ``--admm-memory``."""
     return cfg.admm_aux == "auto" and (cnn or cfg.admm_memory is not None)
