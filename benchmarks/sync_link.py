@@ -16,8 +16,14 @@ default 400: 10 steps of 32 rows), ``embed`` on ``bow`` at ``--synthetic-n`` x 2
 namespaces are removed afterwards, whatever happened; without root the script says so in
 one line and exits 0.
 
+With ``--interleaved PLAN ...`` it runs ``benchmarks/sync_interleaved.py`` over the link
+instead: the plans stepped alternately in the same two processes, which separates steps
+that differ by less than separate runs vary; it prints each plan's median step and the
+first plan's over the last's.
+
 Usage (as root, from the repository root):
     python benchmarks/sync_link.py --rates 100mbit,none [--only mlp|embed] [--rounds 1]
+    python benchmarks/sync_link.py --rates none --only embed --interleaved "0.weight=sparse" ddp
 """
 
 from __future__ import annotations
@@ -165,7 +171,9 @@ def _interleaved(rate: str, workload: str, args: argparse.Namespace, out: Path, 
     head = (
         f"\n[{rate}] {workload}: plans stepped alternately, 2 nodes x 1 worker, {args.steps} steps"
     )
-    return "\n".join([head, *lines])
+    ms = [float(ln.split()[0]) for ln in lines]
+    ratio = [f"first plan / last plan: {ms[0] / ms[-1]:.3f}"] if len(ms) > 1 else []
+    return "\n".join([head, *lines, *ratio])
 
 
 if __name__ == "__main__":

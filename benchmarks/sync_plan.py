@@ -12,14 +12,15 @@ against its own plan (auto probes and plans anew in every run), the predicted co
 and auto's step over the best single method's.
 
 The workloads (the issue's): ``mlp:4096x3`` on digits at 16 rows per rank (a wide layer at
-a small batch: sufficient factors), and ``embed:VOCAB:DIM`` on ``bow`` (an embedding's
-sparse gradient: its touched rows). Rows are split evenly (``--balance even``): ddp's
+a small batch: sufficient factors), ``embed:VOCAB:DIM`` on ``bow`` (an embedding's
+sparse gradient: its touched rows), and ``embed-mlp``, the embedding with a head of two
+4096-wide layers (``embed:100000:64:4096x2``), where no single method suits every tensor. Rows are split evenly (``--balance even``): ddp's
 default weighs each rank's rows by speeds measured at the run's start, and the methods must
 train on the same rows to deliver the same gradients.
 
 Usage:
     nice -n 5 python benchmarks/sync_plan.py [--workers 2] [--rounds 2] [--epochs 1]
-        [--only mlp|embed]
+        [--only mlp|embed|embed-mlp]
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ WORKLOADS: dict[str, dict[str, Any]] = {
             "--model", "embed:100000:64", "--dataset", "bow", "--synthetic-features", "100000",
             "--synthetic-n", "20000", "--optimizer", "sgd", "--momentum", "0", "--lr", "2",
             "--balance", "even",
+        ],
+        "methods": ["allreduce", "ps", "sfb", "sparse", "auto"],
+    },
+    "embed-mlp": {
+        "flags": [
+            "--model", "embed:100000:64:4096x2", "--dataset", "bow",
+            "--synthetic-features", "100000", "--synthetic-n", "4000", "--optimizer", "sgd",
+            "--momentum", "0", "--lr", "2", "--balance", "even",
         ],
         "methods": ["allreduce", "ps", "sfb", "sparse", "auto"],
     },

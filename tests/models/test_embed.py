@@ -24,7 +24,20 @@ def test_embed_spec_builds_a_sparse_mean_bag_and_a_linear() -> None:
     assert model(x).shape == (2, 5)
 
 
-@pytest.mark.parametrize("spec", ["embed:0:4", "embed:10", "embed:10:4:2"])
+def test_embed_spec_with_a_head_of_hidden_layers() -> None:
+    assert parse_spec("embed:1000:16:64x2").widths == (1000, 16, 64, 64)
+    assert parse_spec("embed:1000:16:32-8").widths == (1000, 16, 32, 8)
+    assert count_blocks("embed:1000:16:32-8") == 4
+    model = build_model("embed:1000:16:32-8", (8,), 5)
+    hidden = [(b[0].in_features, b[0].out_features) for b in list(model)[1:-1]]
+    assert hidden == [(16, 32), (32, 8)] and all(isinstance(b[1], nn.ReLU) for b in model[1:-1])
+    assert (model[-1].in_features, model[-1].out_features) == (8, 5)
+    assert model(torch.tensor([[1.0, 2.0], [3.0, 999.0]])).shape == (2, 5)
+
+
+@pytest.mark.parametrize(
+    "spec", ["embed:0:4", "embed:10", "embed:10:4:0", "embed:10:4:2x", "embed:10:4:8-0"]
+)
 def test_bad_embed_specs_are_refused(spec: str) -> None:
     with pytest.raises(JimuError, match="embed"):
         parse_spec(spec)

@@ -1,6 +1,9 @@
-"""Embedding-bag classifier: the mean of a bag's token embeddings (sparse gradients), then a Linear."""
+"""Embedding-bag classifier: the mean of a bag's token embeddings (sparse gradients), then Linears."""
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
@@ -28,8 +31,16 @@ class TokenBag(nn.EmbeddingBag):
         return super().forward(ids)
 
 
-def embed(feature_shape: tuple[int, ...], vocab: int, dim: int, num_classes: int) -> nn.Sequential:
-    """Two blocks: a mean :class:`TokenBag` of ``vocab`` x ``dim``, and a Linear to the classes.
+def embed(
+    feature_shape: tuple[int, ...],
+    vocab: int,
+    dim: int,
+    num_classes: int,
+    hidden: Sequence[int] = (),
+) -> nn.Sequential:
+    """A mean :class:`TokenBag` of ``vocab`` x ``dim``, a ``Sequential(Linear, ReLU)`` block
+    per ``hidden`` width, and a Linear to the classes: the dense head of a recommender or a
+    text classifier, whose wide layers and sparse embedding want different synchronisations.
 
     Example:
         >>> embed((32,), 1000, 16, 4)
@@ -46,6 +57,8 @@ def embed(feature_shape: tuple[int, ...], vocab: int, dim: int, num_classes: int
             f"model embed needs one bag of token ids per sample (--dataset bow); "
             f"the data has shape {feature_shape}"
         )
+    widths = [dim, *hidden]
+    layers = [nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in itertools.pairwise(widths)]
     return nn.Sequential(
-        TokenBag(vocab, dim, mode="mean", sparse=True), nn.Linear(dim, num_classes)
+        TokenBag(vocab, dim, mode="mean", sparse=True), *layers, nn.Linear(widths[-1], num_classes)
     )

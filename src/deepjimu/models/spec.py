@@ -15,7 +15,7 @@ __all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_sp
 
 _SPEC_HELP = (
     "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., cnn:C1-C2-... (e.g. cnn:16-32), cnn:CxDEPTH, "
-    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN, embed:VOCAB:DIM"
+    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN, embed:VOCAB:DIM[:WIDTHxDEPTH or :W1-W2-...]"
 )
 # the spec of a model that a Python factory builds (deepjimu.fit): it names, not describes
 _FACTORY = "factory:"
@@ -24,7 +24,7 @@ _FACTORY = "factory:"
 @dataclass(frozen=True)
 class ModelSpec:
     """A parsed spec: ``kind`` and its numbers (mlp, gcn: hidden widths, cnn: channels, resnet:
-    blocks, embed: vocabulary and dimension)."""
+    blocks, embed: vocabulary, dimension, then the hidden widths of its head, if any)."""
 
     kind: str
     widths: tuple[int, ...] = ()
@@ -67,11 +67,16 @@ def parse_spec(spec: str) -> ModelSpec:
         kind, widths = m[1], tuple(int(w) for w in m[2].split("-"))
     elif s == "lenet":
         return ModelSpec("lenet")
-    elif m := re.fullmatch(r"embed:(\d+):(\d+)", s):
-        vocab, dim = int(m[1]), int(m[2])
-        if vocab < 1 or dim < 1:
-            raise JimuError(f"model {spec!r}: embed needs a vocabulary and a dimension >= 1")
-        return ModelSpec("embed", widths=(vocab, dim))
+    elif m := re.fullmatch(r"embed:(\d+):(\d+)(?::(\d+)x(\d+)|:(\d+(?:-\d+)*))?", s):
+        if m[3]:
+            hidden = (int(m[3]),) * int(m[4])
+        else:
+            hidden = tuple(int(w) for w in m[5].split("-")) if m[5] else ()
+        if min(int(m[1]), int(m[2]), *hidden) < 1:
+            raise JimuError(
+                f"model {spec!r}: embed needs a vocabulary, a dimension and hidden widths >= 1"
+            )
+        return ModelSpec("embed", widths=(int(m[1]), int(m[2]), *hidden))
     elif s.startswith(_FACTORY):
         return ModelSpec("factory")
     elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
@@ -105,7 +110,9 @@ def count_blocks(spec: str) -> int:
         return len(ms.widths) + 1
     if ms.kind == "lenet":
         return 5
-    if ms.kind in ("gcn", "embed"):
+    if ms.kind == "embed":
+        return len(ms.widths)  # the bag, the hidden layers, the classifier
+    if ms.kind == "gcn":
         return 2
     return 2 + 3 * ms.blocks_per_stage
 
@@ -121,7 +128,8 @@ def build_model(
         for ``cnn``, ``Sequential(Conv2d, ReLU[, AvgPool2d])`` and ``Sequential(Flatten, Linear)``.
         ``gcn`` is a :class:`~deepjimu.models.gcn.GCN`, whose forward takes the node
         features and the normalised adjacency; ``embed`` a
-        :class:`~deepjimu.models.embed.TokenBag` and ``Linear``.
+        :class:`~deepjimu.models.embed.TokenBag`, ``Sequential(Linear, ReLU)`` per hidden
+        layer and ``Linear``.
 
     Raises:
         JimuError: bad spec, or a convolutional model on flat features.
@@ -141,7 +149,7 @@ def build_model(
         if ms.kind == "mlp":
             return mlp(feature_shape, ms.widths, num_classes)
         if ms.kind == "embed":
-            return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes)
+            return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes, ms.widths[2:])
         if ms.kind == "gcn":
             if len(feature_shape) != 1:
                 raise JimuError(
