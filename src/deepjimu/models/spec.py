@@ -69,14 +69,14 @@ def parse_spec(spec: str) -> ModelSpec:
         return ModelSpec("lenet")
     elif m := re.fullmatch(r"embed:(\d+):(\d+)(?::(\d+)x(\d+)|:(\d+(?:-\d+)*))?", s):
         if m[3]:
-            hidden = (int(m[3]),) * int(m[4])
+            head = (int(m[3]),) * int(m[4])
         else:
-            hidden = tuple(int(w) for w in m[5].split("-")) if m[5] else ()
-        if min(int(m[1]), int(m[2]), *hidden) < 1:
+            head = tuple(int(w) for w in m[5].split("-")) if m[5] else ()
+        if min(int(m[1]), int(m[2]), *head) < 1:
             raise JimuError(
                 f"model {spec!r}: embed needs a vocabulary, a dimension and hidden widths >= 1"
             )
-        return ModelSpec("embed", widths=(int(m[1]), int(m[2]), *hidden))
+        return ModelSpec("embed", widths=(int(m[1]), int(m[2]), *head))
     elif s.startswith(_FACTORY):
         return ModelSpec("factory")
     elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
