@@ -353,7 +353,9 @@ class SyncExecutor:
                 grad = torch.addmm(p.grad, others[:, n_in:].T, others[:, :n_in])
                 p.grad = grad.div_(self.world)
             elif state.get("native"):
-                p.grad = work.result()[0].div_(self.world)
+                # a sparse all-reduce returns a new tensor: its future's value (Work.result()
+                # is deprecated and prints a warning on every rank)
+                p.grad = work.get_future().value()[0].div_(self.world)
             else:
                 g, counts = state["grad"], state["counts"]
                 k = int(counts.max())
