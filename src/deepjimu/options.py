@@ -178,6 +178,17 @@ class Group:
         return [f for f in fields(cls) if f.name not in inherited]
 
 
+def _minimums(cfg: Any, lows: dict[str, float]) -> list[str]:
+    """``name must be >= low`` for every option of ``lows`` below its minimum (None: unset, fine)."""
+    out = []
+    for name, low in lows.items():
+        value = getattr(cfg, name)
+        if value is not None and not value >= low:  # NaN too
+            flag = name.replace("_", "-")
+            out.append(f"{flag} must be >= {low:g} ({flag}: {value})")
+    return out
+
+
 def _choice_problems(cfg: Any, group: type[Group]) -> list[str]:
     """Every option of ``group`` with a fixed list of choices holds one of them."""
     problems = []
@@ -251,29 +262,12 @@ class RunGroup(Group):
     )
 
     def problems(self) -> list[str]:
-        problems, need = _checker()
-        need(
-            self.workers is None or self.workers >= 1,
-            f"workers must be >= 1 (workers: {self.workers})",
-        )
-        need(
-            self.epochs is None or self.epochs >= 1, f"epochs must be >= 1 (epochs: {self.epochs})"
-        )
-        need(
-            self.checkpoint_every >= 0,
-            f"checkpoint-every must be >= 0 (checkpoint-every: {self.checkpoint_every})",
-        )
-        need(self.threads >= 0, f"threads must be >= 0 (threads: {self.threads})")
-        need(
-            self.max_restarts >= 0,
-            f"max-restarts must be >= 0 (max-restarts: {self.max_restarts})",
-        )
-        need(self.eval_every >= 1, f"eval-every must be >= 1 (eval-every: {self.eval_every})")
-        if self.name is not None:
-            need(
-                self.name not in ("", ".", "..") and "/" not in self.name and "\\" not in self.name,
-                f"name must be a plain folder name (name: {self.name!r})",
-            )
+        lows = {"workers": 1, "epochs": 1, "checkpoint_every": 0, "threads": 0, "max_restarts": 0}
+        problems = _minimums(self, {**lows, "eval_every": 1})
+        if self.name is not None and (
+            self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name
+        ):
+            problems.append(f"name must be a plain folder name (name: {self.name!r})")
         return [*problems, *_choice_problems(self, RunGroup)]
 
 
@@ -341,7 +335,7 @@ class DataGroup(Group):
             0 <= self.val_fraction < 1,
             f"val-fraction must be in [0, 1) (val-fraction: {self.val_fraction})",
         )
-        need(self.downsample >= 1, f"downsample must be >= 1 (downsample: {self.downsample})")
+        problems += _minimums(self, {"downsample": 1})
         need(
             self.train_fraction is None or 0 < self.train_fraction < 1,
             f"train-fraction must be in (0, 1) (train-fraction: {self.train_fraction})",
@@ -350,14 +344,8 @@ class DataGroup(Group):
             self.patch == 0 or (self.patch > 0 and self.patch % 2 == 1),
             f"patch must be 0 or an odd window size (patch: {self.patch})",
         )
-        need(self.synthetic_n >= 10, f"synthetic-n must be >= 10 (synthetic-n: {self.synthetic_n})")
-        need(
-            self.synthetic_features >= 1,
-            f"synthetic-features must be >= 1 (synthetic-features: {self.synthetic_features})",
-        )
-        need(
-            self.synthetic_classes >= 2,
-            f"synthetic-classes must be >= 2 (synthetic-classes: {self.synthetic_classes})",
+        problems += _minimums(
+            self, {"synthetic_n": 10, "synthetic_features": 1, "synthetic_classes": 2}
         )
         if self.classes is not None:
             need(
@@ -373,7 +361,7 @@ class DataGroup(Group):
     def _graph_problems(self) -> list[str]:
         """The graph options (issue 10): hops, and the synthetic SBM graph's degree and homophily."""
         problems, need = _checker()
-        need(self.graph_hops >= 0, f"graph-hops must be >= 0 (graph-hops: {self.graph_hops})")
+        problems += _minimums(self, {"graph_hops": 0})
         need(
             0 < self.sbm_degree < self.synthetic_n - 1,
             f"sbm-degree must be > 0 and below synthetic-n - 1 (sbm-degree: {self.sbm_degree}, "
@@ -419,16 +407,13 @@ class OptimGroup(Group):
 
     def problems(self) -> list[str]:
         problems, need = _checker()
-        need(self.batch_size >= 1, f"batch-size must be >= 1 (batch-size: {self.batch_size})")
+        problems += _minimums(self, {"batch_size": 1})
         need(
             self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
             f"lr must be a positive number (lr: {self.lr})",
         )
         need(0 <= self.momentum < 1, f"momentum must be in [0, 1) (momentum: {self.momentum})")
-        need(
-            self.weight_decay >= 0,
-            f"weight-decay must be >= 0 (weight-decay: {self.weight_decay})",
-        )
+        problems += _minimums(self, {"weight_decay": 0})
         return [*problems, *_choice_problems(self, OptimGroup)]
 
 
@@ -444,12 +429,7 @@ class PipelineGroup(Group):
     microbatches: int = _opt(4, "micro-batches per mini-batch")
 
     def problems(self) -> list[str]:
-        problems, need = _checker()
-        need(
-            self.microbatches >= 1,
-            f"microbatches must be >= 1 (microbatches: {self.microbatches})",
-        )
-        return [*problems, *_choice_problems(self, PipelineGroup)]
+        return [*_minimums(self, {"microbatches": 1}), *_choice_problems(self, PipelineGroup)]
 
 
 @dataclass(frozen=True)
@@ -532,43 +512,26 @@ class AdmmGroup(Group):
 
     def problems(self) -> list[str]:
         problems, need = _checker()
-        need(
-            self.rho > 0 and math.isfinite(self.rho),
-            f"rho must be a positive number (rho: {self.rho})",
-        )
-        need(
-            self.nu > 0 and math.isfinite(self.nu), f"nu must be a positive number (nu: {self.nu})"
-        )
+        for name in ("rho", "nu"):
+            value = getattr(self, name)
+            need(
+                value > 0 and math.isfinite(value),
+                f"{name} must be a positive number ({name}: {value})",
+            )
         need(
             self.quantize in (0, 8, 16), f"quantize must be 0, 8 or 16 (quantize: {self.quantize})"
         )
-        need(self.admm_batch >= 0, f"admm-batch must be >= 0 (admm-batch: {self.admm_batch})")
-        need(self.admm_inner >= 0, f"admm-inner must be >= 0 (admm-inner: {self.admm_inner})")
-        need(self.rho_growth >= 1, f"rho-growth must be >= 1 (rho-growth: {self.rho_growth})")
-        need(
-            self.admm_tau >= 0 and math.isfinite(self.admm_tau),
-            f"admm-tau must be a number >= 0 (admm-tau: {self.admm_tau})",
-        )
-        need(
-            self.admm_ridge is None or (self.admm_ridge >= 0 and math.isfinite(self.admm_ridge)),
-            f"admm-ridge must be a number >= 0 (admm-ridge: {self.admm_ridge})",
-        )
-        need(
-            self.admm_momentum is None or 0 <= self.admm_momentum < 1,
-            f"admm-momentum must be in [0, 1) (admm-momentum: {self.admm_momentum})",
-        )
-        need(
-            self.admm_memory is None or 0 <= self.admm_memory < 1,
-            f"admm-memory must be in [0, 1) (admm-memory: {self.admm_memory})",
-        )
-        need(
-            self.admm_sweeps is None or self.admm_sweeps >= 0,
-            f"admm-sweeps must be >= 0 (admm-sweeps: {self.admm_sweeps})",
-        )
-        need(
-            self.admm_cg_iters >= 1,
-            f"admm-cg-iters must be >= 1 (admm-cg-iters: {self.admm_cg_iters})",
-        )
+        problems += _minimums(self, {"admm_batch": 0, "admm_inner": 0, "rho_growth": 1})
+        for name in ("admm_tau", "admm_ridge"):  # the ridge: None for the model kind's
+            value, flag = getattr(self, name), name.replace("_", "-")
+            need(
+                value is None or (value >= 0 and math.isfinite(value)),
+                f"{flag} must be a number >= 0 ({flag}: {value})",
+            )
+        for name in ("admm_momentum", "admm_memory"):
+            value, flag = getattr(self, name), name.replace("_", "-")
+            need(value is None or 0 <= value < 1, f"{flag} must be in [0, 1) ({flag}: {value})")
+        problems += _minimums(self, {"admm_sweeps": 0, "admm_cg_iters": 1})
         return [*problems, *_choice_problems(self, AdmmGroup)]
 
 
@@ -602,14 +565,7 @@ class KfacGroup(Group):
 
     def problems(self) -> list[str]:
         problems, need = _checker()
-        need(
-            self.kfac_factor_every >= 1,
-            f"kfac-factor-every must be >= 1 (kfac-factor-every: {self.kfac_factor_every})",
-        )
-        need(
-            self.kfac_inv_every >= 1,
-            f"kfac-inv-every must be >= 1 (kfac-inv-every: {self.kfac_inv_every})",
-        )
+        problems += _minimums(self, {"kfac_factor_every": 1, "kfac_inv_every": 1})
         need(
             math.isfinite(self.kfac_damping) and self.kfac_damping > 0,
             f"kfac-damping must be a positive number (kfac-damping: {self.kfac_damping})",
@@ -679,7 +635,7 @@ class SyncGroup(Group):
         problems, need = _checker()
         problems.extend(compress_problems(self.compress))
         start = self.compress_start
-        need(start is None or start >= 0, f"compress-start must be >= 0 (compress-start: {start})")
+        problems += _minimums(self, {"compress_start": 0})
         need(
             start is None
             or start >= 2
@@ -688,11 +644,7 @@ class SyncGroup(Group):
             "compress-start must be >= 2 for powersgd with error feedback or warm start: DDP "
             f"rebuilds its buckets after step 1 (compress-start: {start}, compress: {self.compress})",
         )
-        need(self.local_sgd >= 0, f"local-sgd must be >= 0 (local-sgd: {self.local_sgd})")
-        need(
-            self.local_sgd_warmup is None or self.local_sgd_warmup >= 0,
-            f"local-sgd-warmup must be >= 0 (local-sgd-warmup: {self.local_sgd_warmup})",
-        )
+        problems += _minimums(self, {"local_sgd": 0, "local_sgd_warmup": 0})
         need(
             not (self.local_sgd and self.compress != "none"),
             "local-sgd and compress cannot be combined "

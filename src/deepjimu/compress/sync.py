@@ -353,8 +353,7 @@ class SyncExecutor:
                 grad = torch.addmm(p.grad, others[:, n_in:].T, others[:, :n_in])
                 p.grad = grad.div_(self.world)
             elif state.get("native"):
-                # a sparse all-reduce returns a new tensor: its future's value (Work.result()
-                # is deprecated and prints a warning on every rank)
+                # a new tensor, in the future's value (Work.result() is deprecated, and warns)
                 p.grad = work.get_future().value()[0].div_(self.world)
             else:
                 g, counts = state["grad"], state["counts"]
