@@ -6,9 +6,10 @@ groups are the only place an option is written down: :class:`~deepjimu.config.Ru
 is all of them together; the CLI's flags come out of them, each group a section of
 ``--help``; a TOML file's table (``[admm]``) holds the options of the group of that name.
 
-A strategy declares the groups it takes by subclassing them
-(``class AdmmOptions(AdmmGroup, RunGroup)``, its ``options``), and is handed only those
-(:func:`narrow`): it cannot read an option of a group it did not declare, and
+A strategy declares the groups it takes as their composition (``AdmmOptions(AdmmGroup,
+RunGroup)``, defined below, next to each other so that one screen shows who takes what; the
+strategy's ``options``), and is handed only those (:func:`narrow`): it cannot read an
+option of a group it did not declare, and
 ``tests/test_options.py`` checks that every option that applies to a strategy is in one
 of its groups. No torch import here: ``--help`` is built before torch loads.
 """
