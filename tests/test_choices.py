@@ -7,7 +7,7 @@ import json
 import pytest
 
 from deepjimu.choices import KfacMethod, Optimizer, Precision, Schedule
-from deepjimu.config import RunConfig, basic_problems, option_fields
+from deepjimu.config import RunConfig, option_fields
 
 
 def test_a_member_is_its_spelling() -> None:
@@ -23,7 +23,7 @@ def test_config_holds_members_and_names_a_bad_spelling() -> None:
     assert RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     bad = RunConfig(schedule="zigzag")
     assert bad.schedule == "zigzag"  # left for validation to name
-    assert "schedule must be one of gpipe, 1f1b, interleaved (got 'zigzag')" in basic_problems(bad)
+    assert "schedule must be one of gpipe, 1f1b, interleaved (got 'zigzag')" in bad.problems()
 
 
 @pytest.mark.parametrize(

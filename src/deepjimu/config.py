@@ -15,7 +15,6 @@ from deepjimu.applies import Applies
 from deepjimu.choices import Optimizer
 from deepjimu.errors import JimuError
 from deepjimu.options import (
-    GRADIENT_STRATEGIES,
     GROUPS,
     AdmmGroup,
     DataGroup,
@@ -36,7 +35,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 __all__ = [
     "CONFIG_VERSION",
     "DEFAULT_LR",
-    "GRADIENT_STRATEGIES",
     "ConfigErrors",
     "RunConfig",
     "add_options",
@@ -334,11 +332,6 @@ def load_config(flag_values: dict[str, Any], config_file: str | None = None) -> 
         values.update(read_toml(config_file))
     values.update(flag_values)
     return RunConfig(**values)
-
-
-def basic_problems(cfg: RunConfig) -> list[str]:
-    """Checks that need no registry: each group's own (ranges, formats), then those between groups."""
-    return cfg.problems()
 
 
 def _between_groups(cfg: RunConfig) -> list[str]:

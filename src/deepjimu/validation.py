@@ -15,7 +15,6 @@ from deepjimu.config import (
     ConfigErrors,
     RunConfig,
     applies_of,
-    basic_problems,
     given_options,
     kfac_worker_problems,
     option_fields,
@@ -61,7 +60,7 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
     misplaced = _misplaced(cfg, given)
     # an option that does not apply is refused as such, its value not judged too
     own = RunConfig().to_dict()
-    problems = basic_problems(dataclasses.replace(cfg, **{k: own[k] for k in misplaced}))
+    problems = dataclasses.replace(cfg, **{k: own[k] for k in misplaced}).problems()
     problems.extend(misplaced.values())
     if cfg.dataset not in dataset_names():
         problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")

@@ -479,6 +479,6 @@ def _check_values(**v: Any) -> None:
     problems = AdmmGroup(rho=v["rho"], nu=v["nu"], admm_inner=v["inner"] or 0, **options).problems()
     if problems:
         line = problems[0]
-        for option, word in sorted(_KEYWORDS.items(), key=lambda kv: -len(kv[0])):
+        for option, word in _KEYWORDS.items():  # whole flags only: rho-growth is not rho
             line = re.sub(rf"(?<![\w-]){option.replace('_', '-')}(?![\w-])", word, line)
         raise ValueError(line)
