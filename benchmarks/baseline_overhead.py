@@ -46,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.launch import train
+from deepjimu.leave import group_started, leave_at_exit
 from deepjimu.models import build_model
 from deepjimu.strategies.base import epoch_order, split_steps
 from deepjimu.threads import available_cores
@@ -154,6 +155,10 @@ def _plain_ddp_worker(rank: int, args: argparse.Namespace, port: int, out: str) 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, available_cores() // world))  # as deepjimu's workers
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    # leave without Python's shutdown, as deepjimu's workers do: gloo's threads aborted this
+    # process at exit in 3 runs of 3 (2026-11-27), after its epochs were timed and written
+    group_started()
+    leave_at_exit(0)
     data = _data(args).shard(rank, world)
     model = build_model(args.model, data.feature_shape, data.num_classes, seed=args.seed)
     ddp = DistributedDataParallel(model)
