@@ -15,6 +15,7 @@ from deepjimu.compress import probe as probe_module
 from deepjimu.compress.cost import PROBED, CostModel
 from deepjimu.compress.probe import read_probe
 from deepjimu.config import RunConfig
+from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
 from deepjimu.run import Run
@@ -112,22 +113,36 @@ def test_reduce_scatter_is_timed_only_when_asked_and_only_up_to_the_sizes_asked(
 
 @pytest.mark.slow
 @distributed_test(world_size=[2])
-def test_the_probes_pipeline_step_trains_the_models_own_stages(
+def test_the_probes_pipeline_and_ddp_steps_are_the_strategies_own_steps(
     rank: int, world: int, tmp: str
 ) -> None:
-    cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x2", quiet=True))
+    cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x2", quiet=True,
+                             batch_size=8, runs_dir=tmp, name="w"))  # fmt: skip
+    run = Run(cfg, Path(tmp) / "w", rank, world)
+    run.balance = "2,1"  # the pipeline cuts the model as the run's resolved --balance says
     model = build_model(cfg.model, (16,), 4, seed=0)
     assert len(model) == 3
     if rank == 1:  # the last stage, one block: 5 ms more per forward
         model[2].register_forward_pre_hook(lambda *_: time.sleep(0.005))
-    x, y = torch.randn(4, 16), torch.randint(0, 4, (4,))
-    timed = probe_module._time_pipeline(model, x, y, cfg, torch.device("cpu"), rounds=1, steps=2)
+    data = load_dataset(
+        "synthetic", DataOptions(synthetic_n=40, synthetic_features=16, synthetic_classes=4)
+    )
+    before = model.state_dict()
+    timed = probe_module._time_pipeline(model, data, cfg, run, rounds=1, steps=2)
     assert timed is not None
-    step, sizes = timed
+    step, sizes, rows = timed
     assert sizes == [2, 1]
+    assert rows == 2  # the largest batch of 8 rows in micro-batches of 2
     assert step >= probe_module.PIPELINE_M * 0.005  # each micro-batch's forward on rank 1
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, timed)
     assert gathered == [timed] * world  # the slowest rank's time, on every rank
+    # the ddp strategy's own step, its all-reduce included: rank 1's sleep on both ranks
+    ddp_step = probe_module._time_ddp(model, data, cfg, run, rounds=1, steps=2)
+    assert ddp_step >= 0.005
+    assert run.gather_objects(ddp_step) == [ddp_step] * world
+    # the run's own counters hold none of the probe's messages, its model is untouched
+    assert run.stats.bytes_sent == 0 and run.stats.bytes_recv == 0
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     # fewer blocks than ranks: no pipeline runs the model, none is timed
-    assert probe_module._time_pipeline(model[:1], x, y, cfg, torch.device("cpu")) is None
+    assert probe_module._time_pipeline(model[:1], data, cfg, run) is None

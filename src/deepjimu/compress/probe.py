@@ -37,7 +37,8 @@ import copy
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,8 @@ from torch import nn
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.comm import Comm, CommStats
+from deepjimu.counters import Counters
 from deepjimu.data import DataSplits
-from deepjimu.data.base import shard_counts
 from deepjimu.errors import JimuError
 from deepjimu.options import DdpOptions
 from deepjimu.run import Run
@@ -138,10 +139,10 @@ class Probe:
     ``links``: the fit per collective; ``points``: its measured (bytes per rank, seconds);
     ``compute_s``: one training step without communication; ``codec_s``: per option, the
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
-    shapes of each DDP bucket; ``pipeline_step_s``: a GPipe training step of
-    :data:`PIPELINE_M` micro-batches of ``pipeline_rows`` rows through the model cut into
-    stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it the planning
-    layer solves the pipelining runtime's own cost per action); ``message_s``: the
+    shapes of each DDP bucket; ``pipeline_step_s``: a step of the ``pipeline``
+    strategy itself, GPipe with :data:`PIPELINE_M` micro-batches of ``pipeline_rows`` rows,
+    the model cut into stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it
+    the planning layer solves the pipelining runtime's own cost per action); ``message_s``: the
     measured time of each all-gather the probed options make (:data:`TIMED_AT_SIZE`),
     keyed ``"collective:bytes"`` (:func:`message_key`); ``ddp_step_s``: a plain ddp step over
     the probed group itself, its all-reduce included (None with one rank; from it the
@@ -203,75 +204,97 @@ PIPELINE_M = 4
 """Micro-batches of the probe's pipeline step (:func:`_time_pipeline`)."""
 
 
-def _time_pipeline(
-    model: nn.Sequential,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    cfg: DdpOptions,
-    device: torch.device,
+def _strategy_step_s(
+    strategy: Any,
+    model: nn.Module,
+    data: DataSplits,
+    run: Run,
+    rows: Callable[[], int],
     rounds: int = 3,
     steps: int = 10,
-) -> tuple[float, list[int]] | None:
-    """Collective: the seconds of a GPipe training step over the group's ranks, one stage
-    each of ``model`` cut by block count (the first ``len(model) % world`` one block more),
-    :data:`PIPELINE_M` micro-batches of ``x``'s rows, the run's optimizer updating each
-    stage after it: training's own composition, from which the planning layer solves the
-    pipelining runtime's work per action. (A step of tiny stages gave 0.5 ms an action on
-    the 2-core VM where training's took about 0.7 ms: the runtime's cost depends on the
-    work around it, so the probe runs the work training runs.)
+) -> float:
+    """Collective: the seconds of one ``train_step`` of ``strategy`` (set up here on a copy of
+    ``model``) on a batch of ``rows()`` of this rank's rows (asked once it is set up), the
+    slowest rank's, on every rank: exactly what training runs, so that a prediction solved
+    from it pays what training pays (the strategy's padding, loss, counted hand-offs,
+    hooks and update).
 
-    The steps run one after the other, as in training, ``steps`` at a time; the figure is
-    the median over ``rounds`` of the mean step. (On cores that the ranks time-share, steps
-    timed one at a time from a barrier each measured up to 40% faster than back to back.)
-    Every rank returns the slowest rank's figure and the stage sizes; None where the model
-    has fewer blocks than ranks (no pipeline runs it).
+    The strategy runs on counters of its own (a ddp run's ``--compress auto`` probes inside
+    training, whose byte counts must not hold the probe's). The steps run one after the
+    other, as in training, ``steps`` at a time after 3 warm ones; the figure is the median
+    over ``rounds`` of the mean step. (On cores that the ranks time-share, steps timed one
+    at a time from a barrier each measured up to 40% faster than back to back.)
     """
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
-    from deepjimu.strategies.base import make_optimizer
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if len(model) < world:
-        return None
-    sizes = shard_counts(len(model), world)
-    first = sum(sizes[:rank])
-    module = copy.deepcopy(model[first : first + sizes[rank]]).to(device)
-    with torch.no_grad():  # the stage's input and output shapes
-        cut_in = model[:first](x)
-        cut_out = module(cut_in)
-    stage = PipelineStage(
-        module, rank, world, device,
-        input_args=cut_in.detach().requires_grad_(rank > 0 and cut_in.is_floating_point()),
-        output_args=cut_out.detach().requires_grad_(True),
-    )  # fmt: skip
-    schedule = ScheduleGPipe(
-        stage, PIPELINE_M, loss_fn=lambda o, t: F.cross_entropy(o, t), scale_grads=False
-    )
-    optimizer = make_optimizer(module.parameters(), cfg, module)
-    xs, ys = x.repeat(PIPELINE_M, *[1] * (x.dim() - 1)), y.repeat(PIPELINE_M)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        if rank == 0:
-            schedule.step(xs)
-        elif rank == world - 1:
-            schedule.step(target=ys, losses=[])
-        else:
-            schedule.step()
-        optimizer.step()
-
-    for _ in range(2):  # warm steps
-        step()
+    view = copy.copy(run)
+    view.counters = Counters(run.device)
+    view.stats, view.comm = view.counters.stats, view.counters.comm
+    strategy.setup(copy.deepcopy(model), data, view)
+    index = torch.arange(rows()) % len(data.train_y)
+    x, y = data.train_x[index].to(run.device), data.train_y[index].to(run.device)
+    for _ in range(3):  # warm steps (DDP rebuilds its buckets after the first)
+        strategy.train_step(x, y)
     times = []
-    for _ in range(rounds):  # steps one after the other, as training runs them
+    for _ in range(rounds):
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(steps):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            strategy.train_step(x, y)
+        run.synchronize()
         times.append((time.perf_counter() - t0) / steps)
-    return _slowest({"step": statistics.median(times)}, device)["step"], sizes
+    return _slowest({"step": statistics.median(times)}, run.device)["step"]
+
+
+def _time_pipeline(
+    model: nn.Sequential, data: DataSplits, cfg: DdpOptions, run: Run, **timing: int
+) -> tuple[float, list[int], int] | None:
+    """Collective: a step of the ``pipeline`` strategy itself over the group's ranks
+    (:func:`_strategy_step_s`): GPipe, :data:`PIPELINE_M` micro-batches, one stage a rank,
+    the model cut as the strategy cuts it (the run's resolved ``--balance``), on the
+    largest batch of ``--batch-size`` rows with the run's optimizer. From it the planning
+    layer solves the pipelining runtime's work per action. (A bare GPipe step of the same
+    stages, the probe's figure before, timed 5.2-7.0 ms on the 2-core VM where training's
+    step of cnn:16-32 took 6-8 ms, and put pipeline predictions 11-50% above the measured
+    samples/s.)
+
+    Returns:
+        the step's seconds, the stage sizes and the rows of a micro-batch, the same on every
+        rank; None where no pipeline runs the model on this group (fewer blocks than ranks,
+        or an optimizer the pipeline does not take).
+    """
+    from deepjimu.choices import Schedule
+    from deepjimu.options import GradientOptions, PipelineOptions
+    from deepjimu.strategies.pipeline import PipelineStrategy
+
+    own = {f.name: getattr(cfg, f.name) for f in fields(GradientOptions)}
+    own.update(strategy="pipeline", workers=run.world, quiet=True)
+    pcfg = PipelineOptions(**own, schedule=Schedule.GPIPE, microbatches=PIPELINE_M)
+    if (
+        len(model) < run.world
+        or str(cfg.optimizer) == "kfac"
+        or PipelineStrategy.problems(pcfg, len(model))
+    ):
+        return None
+    strategy = PipelineStrategy(pcfg)
+    step = _strategy_step_s(
+        strategy, model, data, run, lambda: PIPELINE_M * strategy.rows, **timing
+    )
+    return step, list(strategy.plan.sizes), strategy.rows
+
+
+def _time_ddp(
+    model: nn.Module, data: DataSplits, cfg: DdpOptions, run: Run, **timing: int
+) -> float:
+    """Collective: a step of the ``ddp`` strategy itself over the group's ranks
+    (:func:`_strategy_step_s`), its all-reduce included, on ``--batch-size / world`` rows a
+    rank: plain all-reduce (no compressor, local SGD or sync plan), the run's optimizer."""
+    from deepjimu.strategies.ddp import DDPStrategy
+
+    plain = replace(
+        cfg, strategy="ddp", workers=run.world, quiet=True, compress="none", local_sgd=0,
+        sync_plan="allreduce",
+    )  # fmt: skip
+    rows = max(1, cfg.batch_size // run.world)
+    return _strategy_step_s(DDPStrategy(plain), model, data, run, lambda: rows, **timing)
 
 
 def _time_collective(name: str, nbytes: int, device: torch.device, reps: int) -> float:
@@ -511,16 +534,12 @@ def measure(
         buckets=layout,
     )
     if world > 1:  # every rank derives the same messages from the same layout
-        probe.ddp_step_s = _time_options(["none"], model, x, y, cfg, run, None)[0]["none"]
-        rows = max(1, cfg.batch_size // PIPELINE_M)
-        index = torch.arange(rows) % len(data.train_y)
-        xp, yp = data.train_x[index].to(run.device), data.train_y[index].to(run.device)
+        probe.ddp_step_s = _time_ddp(model, data, cfg, run)
         timed = None  # deepjimu's models are Sequential: a pipeline cuts them into stages
         if isinstance(model, nn.Sequential):
-            timed = _time_pipeline(model, xp, yp, cfg, run.device)
+            timed = _time_pipeline(model, data, cfg, run)
         if timed is not None:
-            probe.pipeline_step_s, probe.pipeline_sizes = timed
-            probe.pipeline_rows = rows
+            probe.pipeline_step_s, probe.pipeline_sizes, probe.pipeline_rows = timed
         cost = CostModel(probe)
         probe.message_s = _time_messages([m for o in options for m in cost.messages(o)], run.device)
     return probe

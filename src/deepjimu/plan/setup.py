@@ -173,9 +173,9 @@ def _cluster_and_compute(
 def _action_s(
     cluster: Cluster, found: Any, cfg: RunConfig, own: Compute, layers: list[Layer]
 ) -> float | None:
-    """The pipelining runtime's seconds per action on ``cluster``: the probe's GPipe
-    training step (:func:`deepjimu.compress.probe._time_pipeline`: the probed model cut
-    into stages of ``found.pipeline_sizes`` blocks) predicted by the very predictor of
+    """The pipelining runtime's seconds per action on ``cluster``: the probe's step of
+    the pipeline strategy (:func:`deepjimu.compress.probe._time_pipeline`: GPipe, the
+    probed model cut into stages of ``found.pipeline_sizes`` blocks) predicted by the very predictor of
     pipeline runs (:func:`~deepjimu.plan.predict.staged_step`, with ``own``, the probed
     model's compute figures, and ``layers``, its blocks), solved by bisection for the one unknown, the runtime's work per action (the
     predicted step grows with it). None where the probe timed no pipeline step (one rank,
