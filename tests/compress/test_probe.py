@@ -113,7 +113,7 @@ def test_reduce_scatter_is_timed_only_when_asked_and_only_up_to_the_sizes_asked(
 
 @pytest.mark.slow
 @distributed_test(world_size=[2])
-def test_the_probes_pipeline_and_ddp_steps_are_the_strategies_own_steps(
+def test_the_probes_pipeline_model_parallel_and_ddp_steps_are_the_strategies_own(
     rank: int, world: int, tmp: str
 ) -> None:
     cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x2", quiet=True,
@@ -128,15 +128,18 @@ def test_the_probes_pipeline_and_ddp_steps_are_the_strategies_own_steps(
         "synthetic", DataOptions(synthetic_n=40, synthetic_features=16, synthetic_classes=4)
     )
     before = model.state_dict()
-    timed = probe_module._time_pipeline(model, data, cfg, run, rounds=1, steps=2)
+    timed = probe_module._time_staged("pipeline", model, data, cfg, run, rounds=1, steps=2)
     assert timed is not None
     step, sizes, rows = timed
     assert sizes == [2, 1]
     assert rows == 2  # the largest batch of 8 rows in micro-batches of 2
     assert step >= probe_module.PIPELINE_M * 0.005  # each micro-batch's forward on rank 1
-    gathered: list[object] = [None] * world
-    dist.all_gather_object(gathered, timed)
-    assert gathered == [timed] * world  # the slowest rank's time, on every rank
+    assert run.gather_objects(timed) == [timed] * world  # the slowest rank's, on every rank
+    # model-parallel's own step: the whole batch of 8 rows, one forward on rank 1
+    chain = probe_module._time_staged("model-parallel", model, data, cfg, run, rounds=1, steps=2)
+    assert chain is not None and chain[1:] == ([2, 1], 8)
+    assert 0.005 <= chain[0] < step
+    assert run.gather_objects(chain) == [chain] * world
     # the ddp strategy's own step, its all-reduce included: rank 1's sleep on both ranks
     ddp_step = probe_module._time_ddp(model, data, cfg, run, rounds=1, steps=2)
     assert ddp_step >= 0.005
@@ -145,4 +148,5 @@ def test_the_probes_pipeline_and_ddp_steps_are_the_strategies_own_steps(
     assert run.stats.bytes_sent == 0 and run.stats.bytes_recv == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     # fewer blocks than ranks: no pipeline runs the model, none is timed
-    assert probe_module._time_pipeline(model[:1], data, cfg, run) is None
+    for kind in ("pipeline", "model-parallel"):
+        assert probe_module._time_staged(kind, model[:1], data, cfg, run) is None

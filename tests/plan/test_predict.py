@@ -235,26 +235,53 @@ def test_pipeline_actions_pay_the_runtime() -> None:
     assert paid == pytest.approx(plain + 10 * 5e-4)
 
 
-def test_the_runtime_per_action_is_solved_from_the_probes_pipeline_step() -> None:
-    # the probe's GPipe step of stages of 2 and 1 blocks, 4 rows, with known work, a cut's
-    # transfer, the loss, each stage's update and a synchronisation penalty: solving it
-    # gives back the per-action time that made it
+def test_the_runtime_per_action_is_solved_from_the_probes_step_of_each_split_strategy() -> None:
+    # the probe's GPipe step of stages of 2 and 1 blocks, 4 rows, and its model-parallel
+    # step of 16 rows through the same stages, with known work, a cut's transfer, the loss,
+    # each stage's update and a synchronisation penalty: solving each gives back the
+    # per-action time that made it
     cluster = dataclasses.replace(cpus(2, 2), sync_s={2: 3e-4})
     compute = Fixed([0.001, 0.002, 0.001], overhead=5e-4, update_s=[1e-4, 2e-4, 1e-4])
     lay = layers([1, 1, 1], [8, 8, 2])
     probed = cfg("pipeline", 2, schedule="gpipe", microbatches=PIPELINE_M)
     step = staged_step(probed, lay, compute, cluster, [2, 1], 4, PIPELINE_M, 7e-4).step_s
+    chain = staged_step(cfg("model-parallel", 2), lay, compute, cluster, [2, 1], 16, 1, 2e-4)
     found = SimpleNamespace(
-        world=2, model="m", pipeline_step_s=step, pipeline_sizes=[2, 1], pipeline_rows=4
-    )
-    assert _action_s(cluster, found, cfg("ddp", 2), compute, lay) == pytest.approx(7e-4)
+        world=2, model="m", pipeline_step_s=step, pipeline_sizes=[2, 1], pipeline_rows=4,
+        chain_step_s=chain.step_s, chain_sizes=[2, 1], chain_rows=16,
+    )  # fmt: skip
+    solved = _action_s(cluster, found, cfg("ddp", 2), compute, lay)
+    assert solved == pytest.approx({"pipeline": 7e-4, "model-parallel": 2e-4})
     # a step faster than the work alone: the runtime costs nothing
     quick = SimpleNamespace(**{**vars(found), "pipeline_step_s": step / 100})
-    assert _action_s(cluster, quick, cfg("ddp", 2), compute, lay) == 0.0
-    # no pipeline step timed (one rank, fewer blocks than ranks) or an older probe file
+    assert _action_s(cluster, quick, cfg("ddp", 2), compute, lay)["pipeline"] == 0.0
+    # no step timed (one rank, fewer blocks than ranks) or an older probe file: left out
     for missing in ({"pipeline_step_s": None}, {"pipeline_sizes": []}):
         other = SimpleNamespace(**{**vars(found), **missing})
-        assert _action_s(cluster, other, cfg("ddp", 2), compute, lay) is None
+        assert list(_action_s(cluster, other, cfg("ddp", 2), compute, lay)) == ["model-parallel"]
+
+
+def test_a_chain_pays_no_synchronisation_penalty_and_its_solved_action_time() -> None:
+    # model-parallel's ranks compute one at a time: the penalty of ranks computing at once
+    # is not theirs; a pipeline of 4 micro-batches pays it once a step
+    lay = layers([1, 1], [8, 2])
+    rule = cpus(2, 2)
+    measured = dataclasses.replace(rule, sync_s={2: 0.002})
+    chain = cfg("model-parallel", 2, balance="1,1")
+    assert predict(chain, lay, 10, Fixed([0.001, 0.001]), measured).step_s == pytest.approx(
+        predict(chain, lay, 10, Fixed([0.001, 0.001]), rule).step_s
+    )
+    pipe = cfg("pipeline", 2, microbatches=4, balance="1,1")
+    assert predict(pipe, lay, 10, Fixed([0.001, 0.001]), measured).step_s == pytest.approx(
+        predict(pipe, lay, 10, Fixed([0.001, 0.001]), rule).step_s + 0.002
+    )
+    # the probe's action time: each of the chain's 4 actions (2 forwards, 2 backwards)
+    # 0.5 ms longer, one after the other
+    solved = dataclasses.replace(rule, action_s={"model-parallel": 5e-4})
+    base = predict(chain, lay, 10, Fixed([0.001, 0.001]), rule).step_s
+    assert predict(chain, lay, 10, Fixed([0.001, 0.001]), solved).step_s == pytest.approx(
+        base + 4 * 5e-4
+    )
 
 
 def test_a_measured_synchronisation_penalty_is_paid_once_a_step() -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -141,8 +142,11 @@ class Probe:
     encode/decode time one step adds (with this ``world``); ``buckets``: the gradient
     shapes of each DDP bucket; ``pipeline_step_s``: a step of the ``pipeline``
     strategy itself, GPipe with :data:`PIPELINE_M` micro-batches of ``pipeline_rows`` rows,
-    the model cut into stages of ``pipeline_sizes`` blocks (:func:`_time_pipeline`; from it
-    the planning layer solves the pipelining runtime's own cost per action); ``message_s``: the
+    the model cut into stages of ``pipeline_sizes`` blocks (:func:`_time_staged`; from it
+    the planning layer solves the pipelining runtime's own cost per action);
+    ``chain_step_s``: the same of the ``model-parallel`` strategy (one batch of
+    ``chain_rows`` rows through stages of ``chain_sizes`` blocks, one rank after the
+    other; the hand-offs' cost beyond the fitted send is solved from it); ``message_s``: the
     measured time of each all-gather the probed options make (:data:`TIMED_AT_SIZE`),
     keyed ``"collective:bytes"`` (:func:`message_key`); ``ddp_step_s``: a plain ddp step over
     the probed group itself, its all-reduce included (None with one rank; from it the
@@ -163,6 +167,9 @@ class Probe:
     pipeline_step_s: float | None = None
     pipeline_sizes: list[int] = field(default_factory=list)
     pipeline_rows: int = 0
+    chain_step_s: float | None = None
+    chain_sizes: list[int] = field(default_factory=list)
+    chain_rows: int = 0
     ddp_step_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,7 +208,7 @@ def read_probe(path: Path) -> Probe:
 
 
 PIPELINE_M = 4
-"""Micro-batches of the probe's pipeline step (:func:`_time_pipeline`)."""
+"""Micro-batches of the probe's pipeline step (:func:`_time_staged`)."""
 
 
 def _strategy_step_s(
@@ -244,41 +251,47 @@ def _strategy_step_s(
     return _slowest({"step": statistics.median(times)}, run.device)["step"]
 
 
-def _time_pipeline(
-    model: nn.Sequential, data: DataSplits, cfg: DdpOptions, run: Run, **timing: int
+def _time_staged(
+    kind: str, model: nn.Module, data: DataSplits, cfg: DdpOptions, run: Run, **timing: int
 ) -> tuple[float, list[int], int] | None:
-    """Collective: a step of the ``pipeline`` strategy itself over the group's ranks
-    (:func:`_strategy_step_s`): GPipe, :data:`PIPELINE_M` micro-batches, one stage a rank,
-    the model cut as the strategy cuts it (the run's resolved ``--balance``), on the
-    largest batch of ``--batch-size`` rows with the run's optimizer. From it the planning
-    layer solves the pipelining runtime's work per action. (A bare GPipe step of the same
-    stages, the probe's figure before, timed 5.2-7.0 ms on the 2-core VM where training's
-    step of cnn:16-32 took 6-8 ms, and put pipeline predictions 11-50% above the measured
-    samples/s.)
+    """Collective: a step of the split-model strategy ``kind`` itself over the group's ranks
+    (:func:`_strategy_step_s`), one stage a rank, the model cut as the strategy cuts it (the
+    run's resolved ``--balance``), with the run's optimizer: ``pipeline`` runs GPipe with
+    :data:`PIPELINE_M` micro-batches of the largest batch of ``--batch-size`` rows,
+    ``model-parallel`` that batch whole through the stages one after the other. From each the
+    planning layer solves that runtime's own work per action (:attr:`Cluster.action_s`).
+    (A bare GPipe step of the same stages, the probe's figure before, timed 5.2-7.0 ms on the
+    2-core VM where training's step of cnn:16-32 took 6-8 ms, and put pipeline predictions
+    11-50% above the measured samples/s.)
 
     Returns:
-        the step's seconds, the stage sizes and the rows of a micro-batch, the same on every
-        rank; None where no pipeline runs the model on this group (fewer blocks than ranks,
-        or an optimizer the pipeline does not take).
+        the step's seconds, the stage sizes and the rows of a micro-batch (model-parallel:
+        of the batch), the same on every rank; None where the strategy does not run the
+        model on this group (not a Sequential, fewer blocks than ranks, or an optimizer it
+        does not take).
     """
     from deepjimu.choices import Schedule
     from deepjimu.options import GradientOptions, PipelineOptions
+    from deepjimu.strategies.model_parallel import ModelParallelStrategy
     from deepjimu.strategies.pipeline import PipelineStrategy
 
-    own = {f.name: getattr(cfg, f.name) for f in fields(GradientOptions)}
-    own.update(strategy="pipeline", workers=run.world, quiet=True)
-    pcfg = PipelineOptions(**own, schedule=Schedule.GPIPE, microbatches=PIPELINE_M)
-    if (
-        len(model) < run.world
-        or str(cfg.optimizer) == "kfac"
-        or PipelineStrategy.problems(pcfg, len(model))
-    ):
+    if not isinstance(model, nn.Sequential) or len(model) < run.world:
         return None
-    strategy = PipelineStrategy(pcfg)
-    step = _strategy_step_s(
-        strategy, model, data, run, lambda: PIPELINE_M * strategy.rows, **timing
-    )
-    return step, list(strategy.plan.sizes), strategy.rows
+    if str(cfg.optimizer) == "kfac":
+        return None
+    own = {f.name: getattr(cfg, f.name) for f in fields(GradientOptions)}
+    own.update(strategy=kind, workers=run.world, quiet=True)
+    if kind == "pipeline":
+        pcfg = PipelineOptions(**own, schedule=Schedule.GPIPE, microbatches=PIPELINE_M)
+        if PipelineStrategy.problems(pcfg, len(model)):
+            return None
+        pipe = PipelineStrategy(pcfg)
+        step = _strategy_step_s(pipe, model, data, run, lambda: PIPELINE_M * pipe.rows, **timing)
+        return step, list(pipe.plan.sizes), pipe.rows
+    chain = ModelParallelStrategy(GradientOptions(**own))
+    rows = math.ceil(data.train_size / chain.steps_per_epoch(data))  # the largest batch
+    step = _strategy_step_s(chain, model, data, run, lambda: rows, **timing)
+    return step, list(chain.plan.sizes), rows
 
 
 def _time_ddp(
@@ -535,11 +548,12 @@ def measure(
     )
     if world > 1:  # every rank derives the same messages from the same layout
         probe.ddp_step_s = _time_ddp(model, data, cfg, run)
-        timed = None  # deepjimu's models are Sequential: a pipeline cuts them into stages
-        if isinstance(model, nn.Sequential):
-            timed = _time_pipeline(model, data, cfg, run)
+        timed = _time_staged("pipeline", model, data, cfg, run)
         if timed is not None:
             probe.pipeline_step_s, probe.pipeline_sizes, probe.pipeline_rows = timed
+        timed = _time_staged("model-parallel", model, data, cfg, run)
+        if timed is not None:
+            probe.chain_step_s, probe.chain_sizes, probe.chain_rows = timed
         cost = CostModel(probe)
         probe.message_s = _time_messages([m for o in options for m in cost.messages(o)], run.device)
     return probe

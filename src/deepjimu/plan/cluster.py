@@ -111,7 +111,9 @@ class Cluster:
     ``cores_per_node``: for CPU clusters, the cores a node's ranks share (None for GPUs).
     ``collectives``: per-hop links a probe measured per collective (keys as
     :attr:`deepjimu.compress.probe.Probe.links`); one overrides ``intra`` for its
-    collective. ``source``: ``"probe"`` or the TOML path, for printing.
+    collective. ``source``: ``"probe"`` or the TOML path, for printing. ``action_s``: per
+    split-model strategy (``pipeline``, ``model-parallel``), the seconds its runtime adds to
+    each forward or backward action, solved from a probe's step of that strategy.
 
     Example:
         >>> gpu = Device("g", {"fp32": 1e12}, 2**30)
@@ -135,7 +137,7 @@ class Cluster:
     source: str = ""
     sync_s: dict[int, float] = field(default_factory=dict)
     ddp_sync_s: dict[int, float] = field(default_factory=dict)
-    pipeline_action_s: float | None = None
+    action_s: dict[str, float] = field(default_factory=dict)
     speeds: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:

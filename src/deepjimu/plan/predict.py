@@ -25,11 +25,13 @@ Ranks that share a CPU node's cores slow each other down: a rank runs ``cores //
 threads, and P ranks computing at once run :meth:`Cluster.ranks_sharing_cores` slower
 (a pipeline's ranks, busy only part of the time, in proportion); ranks that synchronise on
 time-shared cores lose :meth:`Cluster.sync_penalty_s` more at each synchronisation
-(measured by the probe where it ran), and a ddp step's all-reduce
+(measured by the probe where it ran; not a model-parallel chain, whose ranks compute one at
+a time), and a ddp step's all-reduce
 :meth:`Cluster.ddp_sync_penalty_s` beyond its fitted time. DDP's own work comes from the compute figures
 (measured here, or an estimate elsewhere); the pipelining runtime's work per action from
-the probe's pipeline training step where a probe ran (:attr:`Cluster.pipeline_action_s`),
-else from the compute figures. Samples per second mean what ``jimu
+the probe's step of the pipeline strategy where a probe ran (:attr:`Cluster.action_s`),
+else from the compute figures; a model-parallel hand-off's cost beyond the fitted send
+likewise from the probe's model-parallel step. Samples per second mean what ``jimu
 bench`` reports: training samples over training time (admm's start, once per run,
 included over its ``--epochs``).
 """
@@ -346,6 +348,7 @@ class _Staged:
     makespan_s: float
     bubble: float
     sent: int
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 def staged_step(
@@ -393,10 +396,16 @@ def staged_step(
         for r in range(p)
     )
     busy = sum(sim.busy_s) / sim.makespan_s if sim.makespan_s else 1.0
-    # one synchronisation of the ranks a step (the hand-offs of a chain follow each other)
-    step = finish * _slowdown(cluster, p, busy) + cluster.sync_penalty_s(p)
+    # ranks that compute at once on time-shared cores lose the penalty once a step; a chain
+    # of one micro-batch has one rank computing at a time, and its hand-offs' cost beyond
+    # the fitted send is in its action time (solved from the probe's model-parallel step:
+    # with the ddp step's penalty, model-parallel x2-x3 came out 13-35% too slow)
+    slow = _slowdown(cluster, p, busy)
+    penalty = cluster.sync_penalty_s(p) if m > 1 else 0.0
+    step = finish * slow + penalty
     sent = sum(2 * m * rows * layers[e].out_elems * _FLOAT for e in ends[:-1])
-    return _Staged(step, sim.makespan_s, sim.bubble_fraction, sent)
+    parts = {"finish_s": finish, "slowdown": slow, "sync_s": penalty}
+    return _Staged(step, sim.makespan_s, sim.bubble_fraction, sent, parts)
 
 
 def _model_parallel(
@@ -408,7 +417,8 @@ def _model_parallel(
     sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p, cluster)
     epoch, steps, sent = 0.0, 0, 0
     for rows, count in _batches(train_size, cfg.batch_size):
-        one = staged_step(cfg, layers, compute, cluster, sizes, rows, 1, 0.0)
+        action = cluster.action_s.get("model-parallel", 0.0)
+        one = staged_step(cfg, layers, compute, cluster, sizes, rows, 1, action)
         epoch += count * one.step_s
         steps += count
         sent += count * one.sent
@@ -420,7 +430,7 @@ def _model_parallel(
         samples_per_s=train_size / epoch,
         bytes_per_sample=sent / train_size,
         peak_mem_mb=_state_mb(cfg, params, cfg.batch_size, max(l.out_elems for l in layers)),
-        parts={"stages": float(p)},
+        parts={"stages": float(p), **one.parts},
     )
 
 
@@ -447,7 +457,7 @@ def _pipeline(
     r = math.ceil(math.ceil(train_size / steps) / m)
     sizes = _stage_sizes(cfg, compute.blocks(r, t).costs(), layers, p * chunks, cluster)
     # each action pays the pipelining runtime's own work besides its blocks
-    action = cluster.pipeline_action_s
+    action = cluster.action_s.get("pipeline")
     if action is None:
         action = compute.pipeline_action(r, m, t)
     one = staged_step(cfg, layers, compute, cluster, sizes, r, m, action)
@@ -459,7 +469,7 @@ def _pipeline(
         samples_per_s=train_size / (steps * one.step_s),
         bytes_per_sample=one.sent * steps / train_size,
         peak_mem_mb=_state_mb(cfg, params, r * m, max(l.out_elems for l in layers)),
-        parts={"makespan_s": one.makespan_s, "bubble": one.bubble},
+        parts={"makespan_s": one.makespan_s, "bubble": one.bubble, **one.parts},
     )
 
 

@@ -14,6 +14,8 @@ that link, with the model's work measured here.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,7 @@ def _probe_file(path: Path, workers: int, cfg: RunConfig, made: dict[Any, Any]) 
         cluster,
         ranks_per_node=max(workers, found.world),
         source=str(path),
-        pipeline_action_s=_action_s(cluster, found, cfg, own, layers),
+        action_s=_action_s(cluster, found, cfg, own, layers),
         ddp_sync_s=_ddp_sync(cluster, found, cfg, layers),
     )
 
@@ -164,7 +166,7 @@ def _cluster_and_compute(
             cluster = dataclasses.replace(cluster, sync_s=sync)
             made["cluster", p] = dataclasses.replace(
                 cluster,
-                pipeline_action_s=_action_s(cluster, found, cfg, own, own_layers),
+                action_s=_action_s(cluster, found, cfg, own, own_layers),
                 ddp_sync_s=_ddp_sync(cluster, found, cfg, own_layers),
             )
     return made["cluster", p], compute, layers, n
@@ -172,31 +174,45 @@ def _cluster_and_compute(
 
 def _action_s(
     cluster: Cluster, found: Any, cfg: RunConfig, own: Compute, layers: list[Layer]
-) -> float | None:
-    """The pipelining runtime's seconds per action on ``cluster``: the probe's step of
-    the pipeline strategy (:func:`deepjimu.compress.probe._time_pipeline`: GPipe, the
-    probed model cut into stages of ``found.pipeline_sizes`` blocks) predicted by the very predictor of
-    pipeline runs (:func:`~deepjimu.plan.predict.staged_step`, with ``own``, the probed
-    model's compute figures, and ``layers``, its blocks), solved by bisection for the one unknown, the runtime's work per action (the
-    predicted step grows with it). None where the probe timed no pipeline step (one rank,
-    fewer blocks than ranks, or a probe file without the stages' sizes)."""
+) -> dict[str, float]:
+    """:attr:`Cluster.action_s`: each split-model runtime's seconds per action on
+    ``cluster``, solved from the probe's step of that strategy itself
+    (:func:`deepjimu.compress.probe._time_staged`: ``pipeline``, GPipe with
+    :data:`~deepjimu.compress.probe.PIPELINE_M` micro-batches; ``model-parallel``, the
+    batch through the stages one after the other; the probed model cut into the stages the
+    probe reports) predicted by the very predictor of those runs
+    (:func:`~deepjimu.plan.predict.staged_step`, with ``own``, the probed model's compute
+    figures, and ``layers``, its blocks), by bisection for the one unknown, the runtime's
+    work per action (the predicted step grows with it). A strategy the probe timed no step
+    of (one rank, fewer blocks than ranks, a probe file of an earlier version) is left out."""
     from deepjimu.compress.probe import PIPELINE_M
     from deepjimu.plan.predict import staged_step
 
-    if found.pipeline_step_s is None or not found.pipeline_sizes:
-        return None
-    probed = dataclasses.replace(
-        cfg, model=found.model, strategy="pipeline", schedule=Schedule.GPIPE,
-        microbatches=PIPELINE_M, workers=found.world, balance="even", emulate_speeds="",
-    )  # fmt: skip
+    timed = {
+        "pipeline": (found.pipeline_step_s, found.pipeline_sizes, found.pipeline_rows, PIPELINE_M),
+        "model-parallel": (found.chain_step_s, found.chain_sizes, found.chain_rows, 1),
+    }
+    out = {}
+    for kind, (target, sizes, rows, m) in timed.items():
+        if target is None or not sizes:
+            continue
+        probed = dataclasses.replace(
+            cfg, model=found.model, strategy=kind, schedule=Schedule.GPIPE, microbatches=m,
+            workers=found.world, balance="even", emulate_speeds="",
+        )  # fmt: skip
+        staged = partial(staged_step, probed, layers, own, cluster, sizes, rows, m)
+        out[kind] = _solve_action(staged, target)
+    return out
+
+
+def _solve_action(staged: Callable[[float], Any], target: float) -> float:
+    """The seconds per action at which the predicted step (``staged(action_s).step_s``,
+    growing with it) takes ``target``, by bisection; 0 where the work alone already takes
+    that long."""
 
     def step(action_s: float) -> float:
-        return staged_step(
-            probed, layers, own, cluster, found.pipeline_sizes, found.pipeline_rows,
-            PIPELINE_M, action_s,
-        ).step_s  # fmt: skip
+        return float(staged(action_s).step_s)
 
-    target = found.pipeline_step_s
     if step(0.0) >= target:
         return 0.0
     lo, hi = 0.0, target  # every rank runs at least one action: step(target) > target
