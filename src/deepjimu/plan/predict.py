@@ -416,8 +416,8 @@ def _model_parallel(
     t = threads_per_rank(cluster, p)
     sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p, cluster)
     epoch, steps, sent = 0.0, 0, 0
+    action = cluster.action_s.get("model-parallel", 0.0)  # a hand-off's cost beyond its send
     for rows, count in _batches(train_size, cfg.batch_size):
-        action = cluster.action_s.get("model-parallel", 0.0)
         one = staged_step(cfg, layers, compute, cluster, sizes, rows, 1, action)
         epoch += count * one.step_s
         steps += count
