@@ -263,8 +263,11 @@ class RunGroup(Group):
     )
 
     def problems(self) -> list[str]:
-        lows = {"workers": 1, "epochs": 1, "checkpoint_every": 0, "threads": 0, "max_restarts": 0}
-        problems = _minimums(self, {**lows, "eval_every": 1})
+        problems = _minimums(
+            self,
+            {"workers": 1, "epochs": 1, "checkpoint_every": 0, "threads": 0, "max_restarts": 0,
+             "eval_every": 1},
+        )  # fmt: skip
         if self.name is not None and (
             self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name
         ):

@@ -141,7 +141,7 @@ def test_the_probes_pipeline_model_parallel_and_ddp_steps_are_the_strategies_own
     assert 0.005 <= chain[0] < step
     assert run.gather_objects(chain) == [chain] * world
     # the ddp strategy's own step, its all-reduce included: rank 1's sleep on both ranks
-    ddp_step = probe_module._time_ddp(model, data, cfg, run, rounds=1, steps=2)
+    ddp_step = probe_module._time_ddp(model, data, cfg, run, 4, rounds=1, steps=2)
     assert ddp_step >= 0.005
     assert run.gather_objects(ddp_step) == [ddp_step] * world
     # the run's own counters hold none of the probe's messages, its model is untouched

@@ -295,18 +295,18 @@ def _time_staged(
 
 
 def _time_ddp(
-    model: nn.Module, data: DataSplits, cfg: DdpOptions, run: Run, **timing: int
+    model: nn.Module, data: DataSplits, cfg: DdpOptions, run: Run, rows: int, **timing: int
 ) -> float:
     """Collective: a step of the ``ddp`` strategy itself over the group's ranks
-    (:func:`_strategy_step_s`), its all-reduce included, on ``--batch-size / world`` rows a
-    rank: plain all-reduce (no compressor, local SGD or sync plan), the run's optimizer."""
+    (:func:`_strategy_step_s`), its all-reduce included, on ``rows`` rows a rank (the
+    probe's plain step's, so that the two compare): plain all-reduce (no compressor, local
+    SGD or sync plan), the run's optimizer."""
     from deepjimu.strategies.ddp import DDPStrategy
 
     plain = replace(
         cfg, strategy="ddp", workers=run.world, quiet=True, compress="none", local_sgd=0,
         sync_plan="allreduce",
     )  # fmt: skip
-    rows = max(1, cfg.batch_size // run.world)
     return _strategy_step_s(DDPStrategy(plain), model, data, run, lambda: rows, **timing)
 
 
@@ -547,7 +547,7 @@ def measure(
         buckets=layout,
     )
     if world > 1:  # every rank derives the same messages from the same layout
-        probe.ddp_step_s = _time_ddp(model, data, cfg, run)
+        probe.ddp_step_s = _time_ddp(model, data, cfg, run, batch)
         timed = _time_staged("pipeline", model, data, cfg, run)
         if timed is not None:
             probe.pipeline_step_s, probe.pipeline_sizes, probe.pipeline_rows = timed
