@@ -14,7 +14,7 @@ from deepjimu.config import RunConfig, add_options, flag_values, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.launchers import Placement, placement
 from deepjimu.leave import leave
-from deepjimu.rundir import saved_config
+from deepjimu.record.folder import saved_config
 from deepjimu.threads import ThreadPlan, plan_threads, set_env
 
 __all__ = ["main"]

@@ -28,7 +28,7 @@ from deepjimu.launchers import Launcher, Placement, placement
 from deepjimu.memory import available_memory, check_workers_fit, worker_bytes
 from deepjimu.models import build_model
 from deepjimu.precision import check_precision
-from deepjimu.rundir import (
+from deepjimu.record.folder import (
     MORE_ROOM,
     check_new,
     check_resume,
@@ -77,7 +77,7 @@ def train(
     torchrun, Slurm's srun or an MPI launcher (:mod:`deepjimu.launchers`), this process is
     one of the workers and joins their group (rank 0 holds the lock); the CLI has set its
     environment from ``plan`` before torch loaded. In a Slurm job that was requeued, the run
-    goes on in the folder the job started (:func:`deepjimu.rundir.requeued`).
+    goes on in the folder the job started (:func:`deepjimu.record.folder.requeued`).
 
     Args:
         cfg: the run's options (validated here).

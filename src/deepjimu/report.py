@@ -381,7 +381,7 @@ def plot_run(
 
 def _print_probe(run_dir: Path) -> None:
     """Print the table of a ``jimu probe`` folder (it holds probe.json, no events)."""
-    from deepjimu.compress.cost import Prediction, format_predictions
+    from deepjimu.cost.compress import Prediction, format_predictions
     from deepjimu.compress.probe import format_probe, read_probe
 
     path = run_dir / "probe.json"

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from deepjimu.bookkeeping import Bookkeeping
-from deepjimu.checkpoint import Checkpoint, Checkpointer
+from deepjimu.record.checkpoint import Checkpoint, Checkpointer
 from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
-from deepjimu.events import EventLog
+from deepjimu.record.events import EventLog
 from deepjimu.precision import autocast
-from deepjimu.speeds import chosen_balance
+from deepjimu.measure.speeds import chosen_balance
 
 __all__ = ["Run"]
 
@@ -25,8 +25,8 @@ class Run:
 
     Holds the rank/world/device and delegates to the run's parts: the byte counter,
     timers and clocks (:class:`~deepjimu.counters.Counters`, as ``counters``), the event
-    log with its progress bar (:class:`~deepjimu.events.EventLog`, as ``events``; written by
-    rank 0 only), checkpoints (:class:`~deepjimu.checkpoint.Checkpointer`, as
+    log with its progress bar (:class:`~deepjimu.record.events.EventLog`, as ``events``; written by
+    rank 0 only), checkpoints (:class:`~deepjimu.record.checkpoint.Checkpointer`, as
     ``checkpoints``) and the bookkeeping collectives
     (:class:`~deepjimu.bookkeeping.Bookkeeping`). Methods marked *collective* must be called
     by every rank at the same point.
@@ -60,7 +60,7 @@ class Run:
         self.checkpoints = Checkpointer(
             cfg, self.out_dir, rank, world, self.counters, self.events, self.bookkeeping
         )
-        # the work split the ranks agreed on (deepjimu.speeds): --balance once resolved
+        # the work split the ranks agreed on (deepjimu.measure.speeds): --balance once resolved
         # ("auto" becomes "speed" or "even") and, balancing by speed, each rank's speed
         self.balance: str = chosen_balance(cfg.balance, None)
         self.speeds: list[float] | None = None

@@ -3,7 +3,7 @@
 Each task of the job is one worker (:mod:`deepjimu.launchers`); rank 0 writes the run
 folder, which every node must see. The script names the run (a default name would be made
 anew by a requeued job), and a job submitted with ``--requeue`` goes on by itself from the
-folder's last checkpoint when Slurm requeues it (:func:`deepjimu.rundir.requeued`).
+folder's last checkpoint when Slurm requeues it (:func:`deepjimu.record.folder.requeued`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from deepjimu.options import DdpOptions, narrow
 from deepjimu.precision import matmul_precision
 from deepjimu.report import best_validation, read_events
 from deepjimu.run import Run
-from deepjimu.rundir import (
+from deepjimu.record.folder import (
     MORE_ROOM,
     check_new,
     claim_for_job,
@@ -40,7 +40,7 @@ from deepjimu.rundir import (
     requeued,
     stopped_line,
 )
-from deepjimu.speeds import balance_speeds
+from deepjimu.measure.speeds import balance_speeds
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import FitResult, accuracies
 from deepjimu.threads import ThreadPlan, plan_threads, speed_env
@@ -337,7 +337,7 @@ def _claim(
     of this job, and only this job), and a later attempt that finds it there goes on from
     that folder's latest checkpoint. Without an agent (srun, mpirun) the store is rank 0's
     ``env://`` store, new with every start; a Slurm job requeued (its id kept) finds its
-    id in the folder it started instead (:func:`deepjimu.rundir.requeued`). A folder that
+    id in the folder it started instead (:func:`deepjimu.record.folder.requeued`). A folder that
     no attempt of this job claimed is a new run's and must be free, whatever the restart
     count says.
     """
@@ -528,7 +528,7 @@ def _probe(
     given: Prepared = None,
 ) -> dict[str, Any] | None:
     """``jimu probe``: measure the link and this device, write ``probe.json`` with the cost model's predictions."""
-    from deepjimu.compress.cost import CostModel, format_predictions
+    from deepjimu.cost.compress import CostModel, format_predictions
     from deepjimu.compress.probe import format_probe, measure, write_probe
 
     run = Run(cfg, out_dir, rank, world, device)

@@ -58,7 +58,7 @@ from deepjimu.bench.tune import Trial, Tuning, tune_group, tuned_keys
 from deepjimu.config import ConfigErrors, RunConfig, add_options, field_kind, option_fields
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.report import read_summary
-from deepjimu.rundir import lock_run_dir
+from deepjimu.record.folder import lock_run_dir
 
 __all__ = [
     "COLUMNS",

@@ -1,6 +1,6 @@
 """ddp's ``--sync-plan``: measure what the planner needs, make the plan, and apply it each step with gradient hooks.
 
-The planner is pure (:mod:`deepjimu.plan.sync`); here are the two collective parts:
+The planner is pure (:mod:`deepjimu.cost.sync`); here are the two collective parts:
 
 - :func:`make_plan` describes every parameter tensor (Linear weights: input rows per rank;
   sparse embeddings: rows a step touches, measured on this rank's first batches), times
@@ -36,8 +36,8 @@ from torch import Tensor, nn
 
 from deepjimu.comm import Comm, nbytes
 from deepjimu.compress.probe import _measure_links, _time_messages, fit_alpha_beta
-from deepjimu.plan.cluster import probed_cluster
-from deepjimu.plan.sync import (
+from deepjimu.cost.cluster import probed_cluster
+from deepjimu.cost.sync import (
     COUNT_BYTES,
     SyncEntry,
     TensorInfo,
@@ -183,7 +183,7 @@ def make_plan(
     max_op_s: float = 0.25,
 ) -> SyncPlan:
     """Collective: describe the tensors (:func:`tensor_infos`), probe the link at the sizes
-    the plan's messages take, and plan (:func:`deepjimu.plan.sync.plan_sync`).
+    the plan's messages take, and plan (:func:`deepjimu.cost.sync.plan_sync`).
 
     Every rank returns the same plan: every figure is the slowest rank's.
     """

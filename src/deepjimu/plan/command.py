@@ -178,10 +178,10 @@ def plan_from_args(args: argparse.Namespace) -> Path:
 
 def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
     """Every configuration's row with its prediction (or why it has none)."""
-    from deepjimu.plan.cluster import cluster_to_dict
-    from deepjimu.plan.predict import predict, sync_entries
+    from deepjimu.cost.cluster import cluster_to_dict
+    from deepjimu.cost.predict import predict, sync_entries
     from deepjimu.plan.setup import cluster_and_compute
-    from deepjimu.plan.sync import format_plan, plan_to_dict
+    from deepjimu.cost.sync import format_plan, plan_to_dict
 
     rows = []
     made: dict[tuple[Any, ...], Any] = {}

@@ -2,11 +2,11 @@
 
 ``probe`` times this machine: its collectives by ``jimu probe`` over as many real
 workers as the plan's largest configuration (at least 2; the ring formulas of
-:class:`~deepjimu.plan.cluster.Cluster` carry the fit to other worker counts), its cores
+:class:`~deepjimu.cost.cluster.Cluster` carry the fit to other worker counts), its cores
 (:func:`deepjimu.threads.available_cores`), and the model's work in this process
-(:class:`~deepjimu.plan.measure.MeasuredCompute`). A TOML file describes a cluster that
+(:class:`~deepjimu.measure.compute.MeasuredCompute`). A TOML file describes a cluster that
 is not here: the model's FLOPs over its device's rate
-(:class:`~deepjimu.plan.profile.AnalyticCompute`). A ``probe.json`` of ``jimu probe``
+(:class:`~deepjimu.cost.profile.AnalyticCompute`). A ``probe.json`` of ``jimu probe``
 (run anywhere: two nodes under torchrun over their real link) gives the collectives of
 that link, with the model's work measured here.
 """
@@ -22,8 +22,8 @@ from typing import Any
 from deepjimu.choices import Schedule
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
-from deepjimu.plan.cluster import Cluster, probed_cluster, read_cluster
-from deepjimu.plan.profile import AnalyticCompute, Compute, Layer
+from deepjimu.cost.cluster import Cluster, probed_cluster, read_cluster
+from deepjimu.cost.profile import AnalyticCompute, Compute, Layer
 
 __all__ = ["cluster_and_compute", "probe_cluster"]
 
@@ -75,7 +75,7 @@ def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
     """The model of ``cfg`` (built as a run builds it), its training data, and its blocks' sizes."""
     from deepjimu.data import DataOptions, load_dataset
     from deepjimu.models import build_model
-    from deepjimu.plan.measure import layers_of
+    from deepjimu.measure.compute import layers_of
 
     data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
@@ -181,12 +181,12 @@ def _action_s(
     :data:`~deepjimu.compress.probe.PIPELINE_M` micro-batches; ``model-parallel``, the
     batch through the stages one after the other; the probed model cut into the stages the
     probe reports) predicted by the very predictor of those runs
-    (:func:`~deepjimu.plan.predict.staged_step`, with ``own``, the probed model's compute
+    (:func:`~deepjimu.cost.predict.staged_step`, with ``own``, the probed model's compute
     figures, and ``layers``, its blocks), by bisection for the one unknown, the runtime's
     work per action (the predicted step grows with it). A strategy the probe timed no step
     of (one rank, fewer blocks than ranks, a probe file of an earlier version) is left out."""
     from deepjimu.compress.probe import PIPELINE_M
-    from deepjimu.plan.predict import staged_step
+    from deepjimu.cost.predict import staged_step
 
     timed = {
         "pipeline": (found.pipeline_step_s, found.pipeline_sizes, found.pipeline_rows, PIPELINE_M),
@@ -230,7 +230,7 @@ def _ddp_sync(
     alone (``found.compute_s``, on the same cores at the same moment) and the all-reduce
     of the probed model's buckets that the fitted links predict; empty where the probe
     timed no such step (one rank, or a probe file of an earlier version)."""
-    from deepjimu.plan.predict import ddp_comm
+    from deepjimu.cost.predict import ddp_comm
 
     if found.ddp_step_s is None:
         return {}
@@ -241,7 +241,7 @@ def _ddp_sync(
 
 def _alone() -> Cluster:
     """This machine for one worker: no link is used."""
-    from deepjimu.plan.cluster import Device, Link
+    from deepjimu.cost.cluster import Device, Link
     from deepjimu.threads import available_cores
 
     return Cluster(
@@ -273,7 +273,7 @@ def _model_figures(
         model, data, layers = _layers_and_data(cfg)
         compute: Compute
         if measured:
-            from deepjimu.plan.measure import MeasuredCompute
+            from deepjimu.measure.compute import MeasuredCompute
 
             compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)
         else:

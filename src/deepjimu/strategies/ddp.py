@@ -15,14 +15,14 @@ from deepjimu.atomic import atomic_write_text
 from deepjimu.choices import Precision
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
-from deepjimu.compress.spec import CompressSpec, parse_compress
+from deepjimu.options.compress import CompressSpec, parse_compress
 from deepjimu.compress.sync import SyncExecutor
 from deepjimu.data import DataSplits
 from deepjimu.data.base import shard_counts
 from deepjimu.models import parse_spec
 from deepjimu.options import DdpOptions, RunGroup
 from deepjimu.run import Run
-from deepjimu.speeds import SPEED_BALANCES
+from deepjimu.measure.speeds import SPEED_BALANCES
 from deepjimu.strategies.base import (
     FitResult,
     GradientStrategy,
@@ -130,7 +130,7 @@ class DDPStrategy(GradientStrategy):
 
     def _choose(self, data: DataSplits, run: Run) -> CompressSpec:
         """Collective: probe the link and this device, and let the cost model pick the option."""
-        from deepjimu.compress.cost import CostModel, format_predictions
+        from deepjimu.cost.compress import CostModel, format_predictions
         from deepjimu.compress.probe import format_probe, measure, write_probe
 
         probe = measure(self.model, data, self.cfg, run)
@@ -151,7 +151,7 @@ class DDPStrategy(GradientStrategy):
     def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor:
         """Collective: measure, plan (``--sync-plan``), print and save the plan; its executor."""
         from deepjimu.compress.sync import make_plan
-        from deepjimu.plan.sync import format_plan, plan_to_dict
+        from deepjimu.cost.sync import format_plan, plan_to_dict
 
         rows = self._rows(data)
         # this rank's first rows, in batches of a step's size: what the plan measures

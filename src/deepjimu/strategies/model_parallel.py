@@ -79,7 +79,7 @@ class ModelParallelStrategy(GradientStrategy):
         return min(self.cfg.batch_size, data.train_size)
 
     def plan_stages(self, model: nn.Sequential, data: DataSplits, run: Run) -> StagePlan:
-        """The stage plan of ``--balance`` (``auto`` resolved, :mod:`deepjimu.speeds`): by
+        """The stage plan of ``--balance`` (``auto`` resolved, :mod:`deepjimu.measure.speeds`): by
         the blocks' measured time (``time``, ``even``), over the ranks' speeds (``speed``:
         stage s runs on rank s % world), by size, or as listed. Rank 0 measures and
         broadcasts a timed split."""

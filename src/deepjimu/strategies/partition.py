@@ -212,14 +212,14 @@ def balance_by_time(
     (with ``speeds``, each stage's rank's speed: a stage's time is its blocks' over it).
 
     The blocks are timed by the planning layer's profiler
-    (:func:`deepjimu.plan.measure.block_times`: a copy of ``model`` under a forked RNG, so
+    (:func:`deepjimu.measure.compute.block_times`: a copy of ``model`` under a forked RNG, so
     profiling changes neither the weights nor what training does afterwards; each block's
     time the median of ``repeats`` runs after a warm-up).
 
     Returns:
         ``k`` block counts (see :func:`partition`).
     """
-    from deepjimu.plan.measure import block_times
+    from deepjimu.measure.compute import block_times
 
     return partition(block_times(model, sample, repeats).costs(), k, speeds)
 

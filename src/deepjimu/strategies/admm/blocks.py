@@ -343,7 +343,7 @@ class LayerBlock:
     def layer_updates(self, y: Tensor | None) -> list[tuple[int, Callable[[], None]]]:
         """One Jacobi iteration as (layer, update) pairs in the order :meth:`step_p`,
         :meth:`step_wbz` and :meth:`step_qu` run them, so that a profiler can time each
-        layer's share apart (``deepjimu.plan.measure``); run in order, under ``no_grad``,
+        layer's share apart (``deepjimu.measure.compute``); run in order, under ``no_grad``,
         they are exactly those three phases."""
         out: list[tuple[int, Callable[[], None]]] = [
             (l, functools.partial(self._p_layer, l)) for l in self.layers if l > 0

@@ -35,7 +35,7 @@ from deepjimu.choices import (
     Schedule,
     Split,
 )
-from deepjimu.compress.spec import compress_problems
+from deepjimu.options.compress import compress_problems
 
 __all__ = [
     "GRADIENT_STRATEGIES",

@@ -6,9 +6,9 @@ A *profile* is split in two. :class:`Layer` holds what does not depend on the de
 rows with ``threads`` threads (:class:`BlockTimes`), a whole plain training step, the optimizer's update of a run of
 blocks (a stage's), and
 one pdADMM iteration's per-layer work (:class:`AdmmTimes`). On the machine we run on the
-answers are measured (:class:`deepjimu.plan.measure.MeasuredCompute`); for a device that
+answers are measured (:class:`deepjimu.measure.compute.MeasuredCompute`); for a device that
 is not here, :class:`AnalyticCompute` scales FLOPs by the device's peak and efficiency.
-Predictors (:mod:`deepjimu.plan.predict`) only see this interface, so they can be
+Predictors (:mod:`deepjimu.cost.predict`) only see this interface, so they can be
 checked against hand-made figures.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from deepjimu.plan.cluster import Device
+from deepjimu.cost.cluster import Device
 
 __all__ = [
     "LAUNCH_S",
@@ -46,7 +46,7 @@ class Layer:
     """One block of the model's ``nn.Sequential``, per sample: forward FLOPs, parameters
     (elements), input and output activation elements; ``shapes`` the shapes of its
     parameters (model order; empty: one flat tensor of ``params``). For the sync planner
-    (:mod:`deepjimu.plan.sync`), per parameter: ``kinds`` (``dense``, ``linear``,
+    (:mod:`deepjimu.cost.sync`), per parameter: ``kinds`` (``dense``, ``linear``,
     ``embedding``; empty: all dense) and ``rows`` (a Linear weight's input rows per
     sample; a sparse embedding's distinct ids per sample, which bounds the rows a batch
     touches)."""

@@ -10,8 +10,8 @@ alpha_c, beta_c are the probe's fit for c: a reduction's time depends on its dty
 as its bytes (gloo sums 16-bit floats one element at a time, float16 slower than bfloat16).
 Where the probe timed the message itself at its size (``Probe.message_s``), that time
 replaces the fit's alpha_c + beta_c * bytes_m. The messages and their prices are the
-planning layer's (:mod:`deepjimu.plan.ddp`, on the probe as a cluster:
-:func:`deepjimu.plan.cluster.probed_cluster`, whose ring at the probe's own worker count
+planning layer's (:mod:`deepjimu.cost.ddp`, on the probe as a cluster:
+:func:`deepjimu.cost.cluster.probed_cluster`, whose ring at the probe's own worker count
 is exactly the fit), so ``--compress auto`` and ``jimu plan`` price a step alike.
 Communication is assumed not to overlap the backward pass (on CPUs the gradient compute
 and gloo share the cores); the prediction is for a step past the compressor's warm-up.
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 from deepjimu.compress.probe import Probe
 from deepjimu.errors import JimuError
-from deepjimu.plan.cluster import probed_cluster
-from deepjimu.plan.ddp import message_s
-from deepjimu.plan.ddp import messages as step_messages
+from deepjimu.cost.cluster import probed_cluster
+from deepjimu.cost.ddp import message_s
+from deepjimu.cost.ddp import messages as step_messages
 from deepjimu.units import format_bytes
 
 __all__ = ["CANDIDATES", "PROBED", "TIE", "CostModel", "Prediction", "format_predictions"]

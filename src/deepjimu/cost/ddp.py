@@ -4,10 +4,10 @@ A step's messages follow from DDP's bucket layout (the gradient shapes of each b
 for each bucket, ``none`` all-reduces float32, ``fp16`` / ``bf16`` all-reduce 16-bit
 floats, PowerSGD all-reduces the uncompressed tensors, P and Q (torch's
 ``powerSGD_hook`` split), top-k and QSGD all-gather their payloads. A message's time is
-the cluster's ring collective for it (:class:`~deepjimu.plan.cluster.Cluster`), so the
+the cluster's ring collective for it (:class:`~deepjimu.cost.cluster.Cluster`), so the
 same messages are priced on this machine (from ``jimu probe``'s fits) and on a cluster
 that is not here. This is the one cost model of ddp's synchronisation: ``--compress
-auto`` (:mod:`deepjimu.compress.cost`) and ``jimu plan`` both price steps through it.
+auto`` (:mod:`deepjimu.cost.compress`) and ``jimu plan`` both price steps through it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import math
 from collections.abc import Mapping, Sequence
 
 from deepjimu.compress.qsgd import qsgd_payload_bytes
-from deepjimu.compress.spec import parse_compress
+from deepjimu.options.compress import parse_compress
 from deepjimu.compress.topk import topk_k
-from deepjimu.plan.cluster import Cluster
+from deepjimu.cost.cluster import Cluster
 
 __all__ = ["BUCKET", "FIRST_BUCKET", "GRAD_BYTES", "buckets_of", "message_s", "messages"]
 

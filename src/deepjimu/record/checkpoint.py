@@ -19,8 +19,8 @@ from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
 from deepjimu.errors import JimuError
-from deepjimu.events import EventLog
-from deepjimu.rundir import MORE_ROOM, latest_checkpoint
+from deepjimu.record.events import EventLog
+from deepjimu.record.folder import MORE_ROOM, latest_checkpoint
 
 __all__ = ["Checkpoint", "Checkpointer", "load_file"]
 

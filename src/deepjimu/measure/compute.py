@@ -6,7 +6,7 @@ Every figure is the median of a few repeats after a warm-up, measured in this pr
 with a given number of threads (a worker of ``P`` on ``C`` cores runs with ``C // P``,
 :func:`deepjimu.threads.plan_threads`), so a prediction for ``P`` workers uses what one
 of them really gets. FLOPs are counted by torch's own ``FlopCounterMode``, so a profile
-can be scaled to a device that is not here (:mod:`deepjimu.plan.profile`).
+can be scaled to a device that is not here (:mod:`deepjimu.cost.profile`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from deepjimu.config import RunConfig
-from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
+from deepjimu.cost.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
 
 if TYPE_CHECKING:
     from deepjimu.strategies.admm.blocks import LayerBlock
@@ -395,7 +395,7 @@ def _ddp_steps(model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repea
 
     from deepjimu.comm import Comm, CommStats
     from deepjimu.compress.hooks import comm_hook
-    from deepjimu.compress.spec import parse_compress
+    from deepjimu.options.compress import parse_compress
     from deepjimu.strategies.base import make_optimizer
 
     ids = [x.device.index] if x.device.type == "cuda" else None
@@ -441,7 +441,7 @@ def pipeline_action_time(
 
 
 class MeasuredCompute:
-    """:class:`~deepjimu.plan.profile.Compute` of this device, measured on first use and kept.
+    """:class:`~deepjimu.cost.profile.Compute` of this device, measured on first use and kept.
 
     Args:
         model: the model to time (copied; never changed).

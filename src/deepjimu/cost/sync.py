@@ -25,9 +25,9 @@ the methods and the messages one rank hands to collectives per step are:
   them: it all-gathers the counts, then the int64 indices (8 k bytes) and the values
   (4 k D) in one call, and sums; NCCL has no sparse all-reduce.
 
-A message's time is the cluster's ring collective (:class:`~deepjimu.plan.cluster.Cluster`,
+A message's time is the cluster's ring collective (:class:`~deepjimu.cost.cluster.Cluster`,
 on this machine the probe's fits; an all-gather timed at its own size replaces the fit,
-as for ``--compress``: :func:`deepjimu.plan.ddp.message_s`). With a pure bandwidth model
+as for ``--compress``: :func:`deepjimu.cost.ddp.message_s`). With a pure bandwidth model
 (no latency, one bandwidth B per hop) all-reduce takes 2(p-1)/p 4MN/B and the factors
 (p-1) 4K(M+N)/B, so SFB is the faster exactly when p K (M + N) < 2 M N, Poseidon's rule;
 the planner decides by the predicted times, which add each collective's latency and the
@@ -51,8 +51,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from deepjimu.errors import JimuError
-from deepjimu.plan.cluster import Cluster
-from deepjimu.plan.ddp import message_s
+from deepjimu.cost.cluster import Cluster
+from deepjimu.cost.ddp import message_s
 from deepjimu.units import format_bytes
 
 __all__ = [
@@ -272,7 +272,7 @@ def plan_sync(
         JimuError: an unknown plan.
 
     Example:
-        >>> from deepjimu.plan.cluster import Device, Link
+        >>> from deepjimu.cost.cluster import Device, Link
         >>> c = Cluster("toy", 1, 2, Device("d", {"fp32": 1.0}, 0), Link(0.0, 1e9), None)
         >>> w = TensorInfo("fc.weight", (1000, 1000), "linear", rows=10)
         >>> [e.method for e in plan_sync([w], "auto", c, 2)]
