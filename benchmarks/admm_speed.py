@@ -50,7 +50,7 @@ from deepjimu.models import build_model
 from deepjimu.precision import autocast, matmul_precision
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import serial_iteration
-from deepjimu.strategies.admm.strategy import weight_layers
+from deepjimu.strategies.admm.model import admm_maps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pdadmm_reference import init_reference, reference_iteration
@@ -136,7 +136,7 @@ def serial_speed(args: argparse.Namespace) -> None:
     data = load_dataset("synthetic", DataOptions(synthetic_n=args.n, val_fraction=0.0))
     x, y = data.train_x.flatten(1).to(device), data.train_y.to(device)
     model = build_model(f"mlp:{args.width}x{args.layers - 1}", data.feature_shape, 10, seed=0)
-    linears = weight_layers(model)
+    linears = admm_maps(model)
     W = [m.weight.detach().to(device) for m in linears]
     b = [m.bias.detach().to(device) for m in linears]
     widths = [W[0].shape[1]] + [w.shape[0] for w in W]
