@@ -43,7 +43,7 @@ from typing import Any
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.report import read_events
+from deepjimu.record.read import read_events
 from deepjimu.units import format_bytes
 
 

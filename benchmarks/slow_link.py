@@ -47,10 +47,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from deepjimu.compress.cost import CostModel
-from deepjimu.compress.probe import read_probe
+from deepjimu.cost.compress import CostModel
+from deepjimu.cost.probe import read_probe
 from deepjimu.errors import JimuError
-from deepjimu.report import read_events, read_summary
+from deepjimu.record.read import read_events, read_summary
 from deepjimu.units import format_bytes
 
 __all__ = ["main"]

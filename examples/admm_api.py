@@ -30,14 +30,14 @@ from deepjimu import PdADMM
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
-from deepjimu.strategies.admm.strategy import AdmmStrategy
+from deepjimu.strategies.registry import entry
 
 
 def main() -> None:
     train = RunConfig()  # jimu train's defaults, where jimu train reads them
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--iterations", type=int, default=AdmmStrategy.default_epochs)
+    parser.add_argument("--iterations", type=int, default=entry("admm").traits.default_epochs)
     parser.add_argument("--model", default=train.model)
     parser.add_argument("--rho", type=float, default=train.rho)
     parser.add_argument("--nu", type=float, default=train.nu)

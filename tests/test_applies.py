@@ -16,11 +16,13 @@ from deepjimu.applies import Applies
 from deepjimu.bench.matrix import BENCH_FLAGS
 from deepjimu.choices import Family
 from deepjimu.cli import main
-from deepjimu.config import ConfigErrors, RunConfig, add_options, applies_of, option_fields
+from deepjimu.config import ConfigErrors, RunConfig, option_fields
 from deepjimu.data import dataset_names
 from deepjimu.errors import JimuError
+from deepjimu.flags import add_options
 from deepjimu.models import build_model
 from deepjimu.strategies import get_strategy, strategy_names
+from deepjimu.strategies.registry import applies
 from deepjimu.validation import validate
 
 GRAPHS = "graph data sets (citeseer, cora, pubmed, sbm)"
@@ -148,7 +150,7 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
     (
         {"strategy": "local"},
         {"balance": "1,2"},
-        "--balance applies to strategies model-parallel, pipeline, admm, ddp; strategy local is not one",
+        "--balance applies to strategies ddp, model-parallel, pipeline, admm; strategy local is not one",
     ),
     (
         {"strategy": "local"},
@@ -266,7 +268,7 @@ def test_fit_names_the_keyword(tmp_path: Path) -> None:
 
 def test_bench_flags_and_tuned_values_apply_to_every_strategy() -> None:
     for name in BENCH_FLAGS:  # every run of a bench gets them
-        assert applies_of(name).everywhere, name
+        assert applies(name).everywhere, name
     for strategy in strategy_names():
         for setting in get_strategy(strategy).tune_space(RunConfig(strategy=strategy), 3):
             validate(_given({"strategy": strategy}, setting))
@@ -275,10 +277,10 @@ def test_bench_flags_and_tuned_values_apply_to_every_strategy() -> None:
 def test_every_declaration_names_what_exists() -> None:
     datasets = set(dataset_names()) | set(Family.spellings())
     for f in option_fields():
-        applies: Applies = applies_of(f.name)
-        assert set(applies.strategies) <= set(strategy_names()), f.name
-        assert set(applies.data) <= datasets, f.name
-        for value, stricter in applies.values:
+        where: Applies = applies(f.name)
+        assert set(where.strategies) <= set(strategy_names()), f.name
+        assert set(where.data) <= datasets, f.name
+        for value, stricter in where.values:
             assert value in (f.metadata["choices"] or ()), f.name
             assert set(stricter.strategies) <= set(strategy_names()), f.name
 

@@ -12,7 +12,8 @@ from deepjimu.cli import _print_summary
 from deepjimu.clocks import CLOCKS
 from deepjimu.config import RunConfig
 from deepjimu.launch import train
-from deepjimu.report import read_events, table, train_time_to
+from deepjimu.record.read import read_events, train_time_to
+from deepjimu.report import table
 
 # every test here starts processes (workers, a CLI run) or trains whole runs
 pytestmark = pytest.mark.slow

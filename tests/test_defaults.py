@@ -11,11 +11,13 @@ import pytest
 
 from deepjimu.choices import Family
 from deepjimu.cli import main
-from deepjimu.config import RunConfig, add_options
+from deepjimu.config import RunConfig
 from deepjimu.data import datasets_of
-from deepjimu.defaults import ALL, FAMILY_DEFAULTS, table_defaults
+from deepjimu.defaults import FAMILY_DEFAULTS, table_defaults
+from deepjimu.flags import add_options
 from deepjimu.strategies import strategy_names
-from deepjimu.validation import defaults_line, does_not_apply, family_defaults, validate
+from deepjimu.strategies.registry import ENTRIES, entry
+from deepjimu.validation import defaults_line, does_not_apply, gather, resolve_defaults, validate
 
 # an sbm graph small enough for a run of a few seconds (the graph family, no files)
 SBM = ["--dataset", "sbm", "--synthetic-n", "200", "--synthetic-features", "8"]
@@ -23,22 +25,25 @@ SBM += ["--synthetic-classes", "3", "--model", "mlp:8x1", "--strategy", "local"]
 
 
 @pytest.fixture
-def graph_table(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
-    """A graph row as the graph study will fill it (the table starts empty)."""
-    table = {ALL: {"epochs": 2, "graph_hops": 1}, "admm": {"admm_momentum": 0.5, "epochs": 3}}
-    monkeypatch.setitem(FAMILY_DEFAULTS, Family.GRAPH, table)
-    return table
+def graph_table(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A graph row for every strategy, and admm's own (its registry entry's); the row for
+    every strategy is returned, for a test to change."""
+    row = {"epochs": 2, "graph_hops": 1}
+    monkeypatch.setitem(FAMILY_DEFAULTS, Family.GRAPH, row)
+    own = entry("admm").family_defaults
+    monkeypatch.setitem(own, Family.GRAPH, {"admm_momentum": 0.5, "epochs": 3})  # type: ignore[index]
+    return row
 
 
 def test_every_entry_of_the_table_is_an_option_that_applies() -> None:
     """A misspelt or misplaced entry would be dropped silently; none is."""
-    for family, rows in FAMILY_DEFAULTS.items():
+    rows = [(f, strategy_names(), row) for f, row in FAMILY_DEFAULTS.items()]
+    rows += [(f, [e.name], row) for e in ENTRIES for f, row in e.family_defaults.items()]
+    for family, runs, row in rows:
         dataset = datasets_of(family)[0]
-        for strategy, row in rows.items():
-            runs = strategy_names() if strategy == ALL else [strategy]
-            for name, value in row.items():
-                cfgs = [RunConfig(strategy=s, dataset=dataset, **{name: value}) for s in runs]
-                assert any(does_not_apply(name, c) is None for c in cfgs), (family, strategy, name)
+        for name, value in row.items():
+            cfgs = [RunConfig(strategy=s, dataset=dataset, **{name: value}) for s in runs]
+            assert any(does_not_apply(name, c) is None for c in cfgs), (family, runs, name)
 
 
 def test_the_family_default_is_applied_where_nothing_was_given(graph_table: dict) -> None:
@@ -47,10 +52,8 @@ def test_the_family_default_is_applied_where_nothing_was_given(graph_table: dict
     local = validate(RunConfig(dataset="cora", strategy="local", given={}))
     # the admm row is admm's only, and admm's options never reach a gradient strategy
     assert (local.epochs, local.graph_hops, local.admm_momentum) == (2, 1, None)
-    assert family_defaults(RunConfig(dataset="cora", strategy="local", given={})) == {
-        "epochs": 2,
-        "graph_hops": 1,
-    }
+    cfg = RunConfig(dataset="cora", strategy="local", given={})
+    assert resolve_defaults(cfg, gather(cfg))[1] == {"epochs": 2, "graph_hops": 1}
 
 
 def test_the_user_wins_over_the_table_and_the_table_over_the_rest(graph_table: dict) -> None:
@@ -69,7 +72,7 @@ def test_the_tables_keep_the_other_families_as_they_were() -> None:
     """Only graph data changes defaults (issue 27: once the graph study fills its row)."""
     for family in set(Family) - {Family.GRAPH}:
         for strategy in strategy_names():
-            assert table_defaults(family, strategy) == {}, (family, strategy)
+            assert table_defaults(family, entry(strategy).family_defaults) == {}, (family, strategy)
 
 
 def test_the_line_is_printed_recorded_and_kept_by_a_resume(
@@ -83,7 +86,8 @@ def test_the_line_is_printed_recorded_and_kept_by_a_resume(
     assert (saved["epochs"], saved["graph_hops"]) == (2, 1)
     assert "epochs" not in saved["given"] and "graph_hops" not in saved["given"]
     # the table changes; the resumed run keeps what it ran with, and says nothing of it
-    graph_table[ALL] = {"graph_hops": 3}
+    graph_table.clear()
+    graph_table["graph_hops"] = 3
     assert main(["train", "--resume", str(run), "--epochs", "3"]) == 0
     assert "defaults for" not in capsys.readouterr().out
     saved = json.loads((run / "config.json").read_text())
@@ -105,7 +109,7 @@ def test_the_line_is_not_printed_quiet_or_before_an_error(
     assert defaults_line(RunConfig(dataset="digits", given={})) is None
 
 
-def test_help_names_the_table_values(graph_table: dict) -> None:
+def test_help_names_the_table_values(graph_table: dict[str, Any]) -> None:
     parser = argparse.ArgumentParser()
     add_options(parser)
     helps = {a.dest: a.help or "" for a in parser._actions}

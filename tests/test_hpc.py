@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from deepjimu.launchers import expand_hostlist, job_port
-from deepjimu.rundir import latest_checkpoint
+from deepjimu.record.folder import latest_checkpoint
 from hpc import TIMEOUT, Slurm, missing, mpi_env, start_slurm, tasks_of
 from processes import FAULT, events, fault_flags, params, wait_for_epochs
 

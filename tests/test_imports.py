@@ -84,6 +84,16 @@ def test_light_entry_points_load_no_more_than_they_need() -> None:
         build_parser()
         assert "torch" not in sys.modules, "the CLI's parser loaded torch (torchrun's thread plan must come first)"
 
+        # the cost models are pure: every module of deepjimu.cost, and the strategy registry
+        # that names their predictors, loads without torch
+        import importlib, pkgutil
+        import deepjimu.cost, deepjimu.cost.predict
+        for package in (deepjimu.cost, deepjimu.cost.predict):
+            for found in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+                importlib.import_module(found.name)
+        import deepjimu.strategies.registry
+        assert "torch" not in sys.modules, "deepjimu.cost or the strategy registry loaded torch"
+
         # torch itself loads torch.distributed (2.13), so the data layer must add none of it
         # and load no deepjimu module that uses it
         import torch

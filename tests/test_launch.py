@@ -18,7 +18,7 @@ import torch
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.rundir import latest_checkpoint, lock_run_dir
+from deepjimu.record.folder import latest_checkpoint, lock_run_dir
 from disks import small_disk
 from processes import descendants, events, fault_flags, params, start, wait_for_epochs
 

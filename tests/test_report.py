@@ -17,7 +17,8 @@ import pytest
 from deepjimu import atomic
 from deepjimu.cli import main
 from deepjimu.errors import JimuError
-from deepjimu.report import best_validation, read_events, report, run_title, table
+from deepjimu.record.read import best_validation, read_events
+from deepjimu.report import report, run_title, table
 from deepjimu.units import format_bytes
 from processes import env
 
@@ -257,8 +258,8 @@ def test_accuracy_axis_follows_the_data_and_admm_counts_iterations(
 def test_a_probe_folder_prints_the_probe(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from deepjimu.compress.cost import Prediction
-    from deepjimu.compress.probe import LinkFit, Probe, write_probe
+    from deepjimu.cost.compress import Prediction
+    from deepjimu.cost.probe import LinkFit, Probe, write_probe
 
     probe = Probe(2, "cpu", "mlp:16x1", 64, 0.002, {"none": 0.0, "bf16": 0.0001},
                   {"all_reduce": LinkFit(5e-5, 1e-9)}, {"all_reduce": [(4096, 6e-5)]})  # fmt: skip

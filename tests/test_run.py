@@ -16,9 +16,9 @@ from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.report import read_events
+from deepjimu.record.folder import latest_checkpoint
+from deepjimu.record.read import read_events
 from deepjimu.run import Run
-from deepjimu.rundir import latest_checkpoint
 from processes import FAULT, descendants, events, fault_flags, params, start, wait_for_epochs
 
 
@@ -151,7 +151,7 @@ def test_a_resumed_run_goes_on_with_one_history(tmp_path: Path) -> None:
     assert (event["train_s"], event["samples"]) == (1.0, 30), "the clocks go on too"
     assert event["resumed"] == {"step": 2, "epoch": 2, "by": "--resume", "events_dropped": 1}
     assert again.stats.bytes_sent == 208, "the counters go on from the checkpoint's"
-    assert again.save_checkpoint(2, 2, model, {}) == again.checkpoint_dir / "step-00000002"
+    assert again.save_checkpoint(2, 2, model, {}) == again.checkpoints.dir / "step-00000002"
     again.continue_history(None, "restart 1")  # no checkpoint: the history starts over
     assert read_events(tmp_path) == []
 

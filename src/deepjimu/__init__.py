@@ -1,6 +1,7 @@
 """deepjimu: train one network with every way of splitting it over workers, and measure.
 
-The Python API (``help(deepjimu.fit)``, ``help(deepjimu.PdADMM)`` for the whole of each):
+The command line is ``jimu`` (``jimu train --help``); the Python API (``help(deepjimu.fit)``,
+``help(deepjimu.PdADMM)`` for the whole of each):
 
     fit(strategy, model_factory, x, y, ...)
         train ``model_factory()`` on your tensors or numpy arrays with any strategy
@@ -9,14 +10,13 @@ The Python API (``help(deepjimu.fit)``, ``help(deepjimu.PdADMM)`` for the whole 
     Fitted
         what ``fit`` returns: ``summary``, the trained ``model``, ``run_dir``.
     PdADMM(model, rho, nu, ...)
-        pdADMM on your own ``nn.Sequential`` MLP in your own loop: ``init(x)``, then one
-        ``step(x, y)`` per iteration; serial, or one block of layers per rank of a group.
+        pdADMM on your own ``nn.Sequential`` in your own loop: ``init(x)``, then one
+        ``step(x, y)`` per iteration, serial or one block of layers per rank of a group.
     JimuError
         the one error type for a user's mistake (its message is one line).
-
-The command line is ``jimu`` (``jimu train --help``).
 """
 
+import importlib
 from typing import Any
 
 from deepjimu.errors import JimuError
@@ -31,8 +31,6 @@ _LAZY = {"PdADMM": "deepjimu.api.admm", "fit": "deepjimu.api.fit", "Fitted": "de
 def __getattr__(name: str) -> Any:
     """The API's names (fit, Fitted, PdADMM), imported when first used."""
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'deepjimu' has no attribute {name!r}")
 

@@ -9,13 +9,14 @@ they apply. No torch import here: ``--help`` is built before torch loads.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from deepjimu.choices import Family
 
-__all__ = ["EVERYWHERE", "Applies", "Condition"]
+__all__ = ["EVERYWHERE", "Applies", "Condition", "Takers"]
 
 
 @dataclass(frozen=True)
@@ -33,22 +34,35 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class Takers:
+    """The strategies an option applies to, said by what they declare: those that take the
+    option ``group`` (:mod:`deepjimu.options`), or those whose traits hold ``trait``
+    (:class:`~deepjimu.strategies.registry.Traits`). Named only through the strategy
+    registry (:func:`deepjimu.validation.resolved`), so that no option names a strategy."""
+
+    group: type | None = None
+    trait: Callable[[Any], bool] | None = None
+
+
+@dataclass(frozen=True)
 class Applies:
     """Where an option applies; a part left empty applies everywhere.
 
     Args:
-        strategies: the strategies (registry names) that read the option.
+        strategies: the strategies (registry names) that read the option, or
+            :class:`Takers` that say which (resolved to names before :meth:`text` or
+            :meth:`refusal` is asked).
         data: data families (:class:`~deepjimu.choices.Family`) and data set names.
         when: a further condition on the other options.
         values: a stricter declaration for some of the option's values, e.g.
-            ``(("kfac", Applies(strategies=("local", "ddp"))),)`` for ``--optimizer``.
+            ``(("kfac", Applies(strategies=Takers(group=KfacGroup))),)`` for ``--optimizer``.
 
     Example:
         >>> Applies(strategies=("ddp",), when=Condition("--local-sgd > 0", bool, ())).text()
         'strategy ddp with --local-sgd > 0'
     """
 
-    strategies: tuple[str, ...] = ()
+    strategies: tuple[str, ...] | Takers = ()
     data: tuple[str, ...] = ()
     when: Condition | None = None
     values: tuple[tuple[str, Applies], ...] = ()
@@ -57,6 +71,19 @@ class Applies:
     def everywhere(self) -> bool:
         """True when the option applies to every run."""
         return not (self.strategies or self.data or self.when or self.values)
+
+    def resolved(self, names: Callable[[Takers], tuple[str, ...]]) -> Applies:
+        """This declaration with its :class:`Takers` (and its values') named by ``names``."""
+        strategies = self.strategies
+        return dataclasses.replace(
+            self,
+            strategies=names(strategies) if isinstance(strategies, Takers) else strategies,
+            values=tuple((v, a.resolved(names)) for v, a in self.values),
+        )
+
+    def _names(self) -> tuple[str, ...]:
+        assert not isinstance(self.strategies, Takers), "resolve the strategies first"
+        return self.strategies
 
     def text(self, expand: Callable[[Family], Sequence[str]] | None = None) -> str:
         """Where the option applies, in words (``values`` aside).
@@ -67,8 +94,9 @@ class Applies:
         """
         parts = []
         if self.strategies:
-            s = "strategy" if len(self.strategies) == 1 else "strategies"
-            parts.append(f"{s} {', '.join(self.strategies)}")
+            names = self._names()
+            s = "strategy" if len(names) == 1 else "strategies"
+            parts.append(f"{s} {', '.join(names)}")
         if self.data:
             parts.append(self._data_text(expand))
         text = " on ".join(parts)
@@ -95,7 +123,7 @@ class Applies:
             cfg: the run's options.
             family: the family of ``cfg.dataset`` (None: an unknown data set, not judged).
         """
-        if self.strategies and cfg.strategy not in self.strategies:
+        if self.strategies and cfg.strategy not in self._names():
             return f"strategy {cfg.strategy} is not one"
         if self.data and family is not None and not {family, cfg.dataset} & set(self.data):
             return f"dataset {cfg.dataset} is not one"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from deepjimu.arguments import build_parser
 from deepjimu.choices import OmpWait
-from deepjimu.config import RunConfig, add_options, flag_values, read_toml
+from deepjimu.config import RunConfig, flag_values, read_toml
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.launchers import Placement, placement
 from deepjimu.leave import leave
@@ -18,63 +18,6 @@ from deepjimu.record.folder import saved_config
 from deepjimu.threads import ThreadPlan, plan_threads, set_env
 
 __all__ = ["main"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line instead of usage + message."""
-
-    def error(self, message: str) -> NoReturn:
-        raise JimuError(f"{message} (see: {self.prog} --help)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``jimu`` argument parser (subcommands train, probe, report, bench, sbatch, plan)."""
-    parser = _Parser(
-        prog="jimu", description="Train one network with every way of splitting it over workers."
-    )
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, required=True)
-    train = sub.add_parser("train", help="train a model with one strategy")
-    train.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
-    add_options(train)
-    probe = sub.add_parser(
-        "probe",
-        help="time the link and this device for ddp; predict each --compress option's step",
-    )
-    probe.add_argument("--config", metavar="FILE", help="TOML file with any of these options")
-    add_options(probe)
-    report = sub.add_parser("report", help="print a run's table and write its loss/accuracy plots")
-    report.add_argument("run_dir", help="a run folder, e.g. runs/admm-digits-...")
-    report.add_argument("--no-plots", action="store_true", help="only print the table")
-    report.add_argument(
-        "--out",
-        metavar="DIR",
-        default=None,
-        help="folder for loss.png and accuracy.png (default: the run folder)",
-    )
-    report.add_argument(
-        "--target-acc",
-        type=float,
-        default=0.9,
-        help="print the training time to this test accuracy, a fraction (default: 0.9)",
-    )
-    bench = sub.add_parser("bench", help="run strategies x worker counts side by side")
-    from deepjimu.bench import add_bench_arguments
-
-    add_bench_arguments(bench)
-    sbatch = sub.add_parser(
-        "sbatch",
-        help="write a Slurm batch script that runs srun jimu train on every task; --submit it",
-    )
-    from deepjimu.sbatch import add_sbatch_arguments
-
-    add_sbatch_arguments(sbatch)
-    plan = sub.add_parser(
-        "plan", help="predict every strategy x workers on a cluster, ranked; --check runs them"
-    )
-    from deepjimu.plan.command import add_plan_arguments
-
-    add_plan_arguments(plan)
-    return parser
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -130,7 +73,6 @@ def _command(args: argparse.Namespace, place: Placement) -> int:
         plan = _joined_thread_plan(cfg, place)
         from deepjimu.launch import train  # loads torch, and with it OpenMP
 
-        _print_family_defaults(cfg, place)
         summary = train(cfg, plan)
         if summary is not None:
             _print_summary(summary)
@@ -168,7 +110,7 @@ def _command(args: argparse.Namespace, place: Placement) -> int:
 
         plan_from_args(args)
         return 0
-    from deepjimu.bench import bench_from_args
+    from deepjimu.bench.run import bench_from_args
 
     bench_from_args(args)
     return 0
@@ -204,26 +146,6 @@ def _joined_thread_plan(cfg: RunConfig, place: Placement) -> ThreadPlan | None:
     plan = plan_threads(place.local_world, cfg.threads, cfg.omp_wait)
     set_env(plan.env())
     return plan
-
-
-def _print_family_defaults(cfg: RunConfig, place: Placement) -> None:
-    """Rank 0 names what its data family's table sets (``defaults for graph data: ...``).
-
-    Only for a run that validates: a bad one ends in its error line alone.
-    """
-    if cfg.quiet or place.rank != 0:
-        return
-    from deepjimu.validation import defaults_line, validate
-
-    if place.joined:  # as launch validates it
-        cfg = dataclasses.replace(cfg, workers=place.world)
-    try:
-        validate(cfg)
-    except JimuError:
-        return
-    line = defaults_line(cfg)
-    if line is not None:
-        print(line, flush=True)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

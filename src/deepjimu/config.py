@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from deepjimu import defaults
-from deepjimu.applies import Applies
-from deepjimu.choices import Optimizer
 from deepjimu.errors import JimuError
 from deepjimu.options import (
     GROUPS,
@@ -23,9 +19,9 @@ from deepjimu.options import (
     PipelineGroup,
     RunGroup,
     SyncGroup,
-    applies_of,
     group_of,
 )
+from deepjimu.options.groups import between_groups
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,11 +30,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "CONFIG_VERSION",
-    "DEFAULT_LR",
     "ConfigErrors",
     "RunConfig",
-    "add_options",
-    "applies_of",
     "field_kind",
     "flag_values",
     "given_options",
@@ -50,9 +43,6 @@ __all__ = [
 # the layout of a run's saved options (config.json, a checkpoint's meta.json): raise it when
 # an option is renamed or removed, so that a run saved by another version ends in one line
 CONFIG_VERSION = 1
-
-# per --optimizer, when --lr is not given
-DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
 
 
 @dataclass(frozen=True)
@@ -73,7 +63,7 @@ class RunConfig(SyncGroup, KfacGroup, AdmmGroup, PipelineGroup, OptimGroup, Data
         """Every group's checks of its own values, then those between groups. One line each."""
         return [
             *(p for group in GROUPS for p in group.problems(self)),
-            *_between_groups(self),
+            *between_groups(self),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,56 +114,6 @@ def option_label(name: str, source: str) -> str:
         return f"fit keyword {name}"
     flag = name.replace("_", "-")
     return f"--{flag}" if source == "flag" else f"{source}: {flag}"
-
-
-def add_options(
-    parser: argparse.ArgumentParser, exclude: frozenset[str] = frozenset(), note: str = ""
-) -> None:
-    """Add a flag for every option not in ``exclude`` (``--batch-size``, ...), one ``--help``
-    section per option group (:data:`deepjimu.options.GROUPS`), ``note`` under the first.
-
-    Flags that are not given stay out of the namespace (``argparse.SUPPRESS``), so
-    :func:`flag_values` returns only what the user said.
-    """
-    own = RunConfig().to_dict()
-    for i, group in enumerate(GROUPS):
-        section = parser.add_argument_group(f"{group.title} options", note if i == 0 else None)
-        for f in group.options():
-            if f.name not in exclude:
-                _add_flag(section, f, own[f.name])
-
-
-def _add_flag(section: argparse._ArgumentGroup, f: dataclasses.Field[Any], default: Any) -> None:
-    """One option's flag, its help ending in where it applies and its default."""
-    flag = "--" + f.name.replace("_", "-")
-    help_text = f.metadata.get("help", "")
-    if f.metadata.get("choices"):
-        help_text += f" ({'|'.join(f.metadata['choices'])})"
-    by_family = defaults.help_text(f.name)  # the family table's, where it sets one
-    text = f"default: {default}" + (f"; {by_family}" if by_family else "")
-    help_text += f" ({_where(applies_of(f.name))}{text})"
-    if field_kind(f) == "bool":
-        section.add_argument(
-            flag,
-            dest=f.name,
-            action=argparse.BooleanOptionalAction,
-            default=argparse.SUPPRESS,
-            help=help_text,
-        )
-    else:
-        section.add_argument(
-            flag, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text
-        )
-
-
-def _where(applies: Applies) -> str:
-    """The start of a flag's help parenthesis: ``for strategy admm; `` (nothing: everywhere)."""
-    if applies.everywhere:
-        return ""
-    text = applies.text()
-    for value, stricter in applies.values:
-        text += f"{'; ' if text else ''}{value}: {stricter.text()}"
-    return f"for {text}; "
 
 
 def flag_values(args: argparse.Namespace, source: str = "flag") -> dict[str, Any]:
@@ -332,47 +272,3 @@ def load_config(flag_values: dict[str, Any], config_file: str | None = None) -> 
         values.update(read_toml(config_file))
     values.update(flag_values)
     return RunConfig(**values)
-
-
-def _between_groups(cfg: RunConfig) -> list[str]:
-    """What the optimiser group allows of the ddp sync group: K-FAC and sync plans replace the
-    gradient all-reduce where the compressors and local SGD live."""
-    problems = []
-    if cfg.optimizer == Optimizer.KFAC and (cfg.compress != "none" or cfg.local_sgd):
-        problems.append(
-            "optimizer kfac runs with plain gradient all-reduce: drop --compress and --local-sgd "
-            f"(compress: {cfg.compress}, local-sgd: {cfg.local_sgd})"
-        )
-    # a sync plan other than allreduce replaces DDP's buckets and comm hook, where the
-    # compressors, local SGD and K-FAC's factor traffic live
-    if cfg.sync_plan != "allreduce" and (
-        cfg.compress != "none" or cfg.local_sgd or cfg.optimizer == Optimizer.KFAC
-    ):
-        problems.append(
-            f"sync-plan {cfg.sync_plan} synchronises each tensor its own way and does not combine "
-            "with --compress, --local-sgd or --optimizer kfac: drop them or use --sync-plan "
-            f"allreduce (compress: {cfg.compress}, local-sgd: {cfg.local_sgd}, optimizer: "
-            f"{cfg.optimizer})"
-        )
-    return problems
-
-
-def kfac_worker_problems(fraction: float, workers: int) -> list[str]:
-    """``--kfac-grad-workers F`` must be in [1/workers, 1] and F x workers a divisor of workers.
-
-    F x workers ranks precondition each layer (KAISA's gradient workers; rounded to a whole
-    number within 0.05, so that 0.33 means 1 of 3); the ranks form a grid with that many
-    rows, so it must divide the worker count.
-    """
-    count = fraction * workers
-    if not (math.isfinite(count) and 0.95 <= count <= workers + 0.05):
-        return [
-            f"kfac-grad-workers must be in [1/workers, 1] = [{1 / workers:.4g}, 1] "
-            f"(kfac-grad-workers: {fraction}, workers: {workers})"
-        ]
-    if abs(count - round(count)) > 0.05 or workers % round(count):
-        return [
-            f"kfac-grad-workers times workers must be a whole divisor of workers "
-            f"(kfac-grad-workers: {fraction}, workers: {workers}, product: {count:.4g})"
-        ]
-    return []

@@ -1,71 +1,78 @@
-"""Defaults per data family: the one table, and the order in which every default of a run is chosen.
+"""Defaults per data family: the table, and the order in which every default of a run is chosen.
 
-An option's value comes from the first of these that has one:
+An option's value comes from the first of these that has one, applied by one function,
+:func:`deepjimu.validation.resolve_defaults`:
 
 1. the user: a flag, a key of the ``--config`` TOML file, a ``deepjimu.fit`` keyword
    (with ``--resume``: also every value that the run's ``config.json`` saved);
-2. this table, for the family of ``--dataset`` (its registry entry names it) and the
-   strategy: the strategy's row over the family's ``ALL`` row;
-3. the model kind (admm's ``None = auto`` options ``--admm-ridge``, ``--admm-momentum``,
-   ``--admm-sweeps``, ``--admm-memory``: ``strategies/admm/blocks.py``, ``auto_defaults``);
-4. the strategy (``--workers``, ``--epochs``: its class attributes; ``--lr``: the
-   optimizer's, ``config.DEFAULT_LR``), else the option's own default (``jimu train --help``).
+2. the family table, for the family of ``--dataset`` (its registry entry names it):
+   the strategy's own rows (its registry entry's ``family_defaults``) over the family's
+   row for every strategy (:data:`FAMILY_DEFAULTS`);
+3. the model kind: admm's ``None = auto`` options (``--admm-ridge``, ``--admm-momentum``,
+   ``--admm-sweeps``, ``--admm-memory``) stay ``auto`` in the config, and are chosen by
+   one function where the model's layers are known, for ``jimu train`` and ``PdADMM``
+   alike (:func:`deepjimu.strategies.admm.blocks.auto_defaults`): whether the user gave one
+   decides other choices (``--admm-aux auto``);
+4. the strategy (``--workers``, ``--epochs``: its registry entry's traits; ``--lr``: the
+   optimizer's, :data:`DEFAULT_LR`), else the option's own default (``jimu train --help``).
 
-:func:`deepjimu.validation.validate` applies the table (only options that apply to the
-run, that the user did not give and that still hold their own default), the CLI prints
-what it set (``defaults for graph data: ...``) and the run's ``config.json`` records the
-values, so a resumed run keeps them. No torch import here.
+The table applies only to options that apply to the run, that the user did not give and
+that still hold their own default; the CLI prints what it set (``defaults for graph data:
+...``) and the run's ``config.json`` records the values, so a resumed run keeps them. No
+torch import here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from deepjimu.choices import Family
+from deepjimu.choices import Family, Optimizer
 
-__all__ = ["ALL", "FAMILY_DEFAULTS", "describe", "help_text", "table_defaults"]
+__all__ = ["DEFAULT_LR", "FAMILY_DEFAULTS", "describe", "help_text", "table_defaults"]
 
-ALL = "*"
-"""The row of a family that holds for every strategy."""
-
-# family -> strategy (or ALL) -> option (RunConfig field name) -> value.
-# Empty rows keep each family at the options' own defaults.
-FAMILY_DEFAULTS: dict[Family, dict[str, dict[str, Any]]] = {
+# family -> option (RunConfig field name) -> value, for every strategy (a strategy's own
+# rows are its registry entry's). Empty rows keep each family at the options' own defaults.
+FAMILY_DEFAULTS: dict[Family, dict[str, Any]] = {
     Family.IMAGES: {},
     Family.TABULAR: {},
     # chosen on Cora's validation split only (issue 27; BENCHMARKS.md section 11, "Defaults
     # for graph data"): 140 labelled nodes are fewer than the 1,433 inputs, so one hidden
-    # layer, and admm a ridge of 1 (the middle of what held on Cora's random splits and on
-    # label-scarce sbm graphs); the gradient strategies GCN's published Planetoid settings
-    # (lr 1e-3 had not learnt in 100 epochs at 2 steps an epoch)
-    Family.GRAPH: {
-        ALL: {"model": "mlp:256x1", "epochs": 200, "lr": 0.01, "weight_decay": 5e-4},
-        "admm": {"model": "mlp:256x1", "epochs": 50, "admm_ridge": 1.0},
-    },
+    # layer; the gradient strategies GCN's published Planetoid settings (lr 1e-3 had not
+    # learnt in 100 epochs at 2 steps an epoch)
+    Family.GRAPH: {"model": "mlp:256x1", "epochs": 200, "lr": 0.01, "weight_decay": 5e-4},
     Family.TENSORS: {},  # the caller's own data: its kind is unknown
 }
 
+DEFAULT_LR = {Optimizer.ADAM: 1e-3, Optimizer.SGD: 0.05, Optimizer.KFAC: 0.05}
+"""``--lr`` per ``--optimizer``, when it is not given."""
 
-def table_defaults(family: Family, strategy: str) -> dict[str, Any]:
-    """The table's values for ``family`` and ``strategy``: its ``ALL`` row, then its own.
+StrategyRows = Mapping[Family, Mapping[str, Any]]
+"""A strategy's own rows of the table: family -> option -> value."""
+
+
+def table_defaults(family: Family, own: StrategyRows | None = None) -> dict[str, Any]:
+    """The table's values for ``family``: its row for every strategy, then the strategy's
+    ``own`` row.
 
     Example:
-        >>> table_defaults(Family.TABULAR, "local")
-        {}
+        >>> table_defaults(Family.GRAPH, {Family.GRAPH: {"epochs": 50}})["epochs"]
+        50
     """
-    rows = FAMILY_DEFAULTS.get(family, {})
-    return {**rows.get(ALL, {}), **rows.get(strategy, {})}
+    return {**FAMILY_DEFAULTS.get(family, {}), **(own or {}).get(family, {})}
 
 
-def help_text(option: str) -> str:
+def help_text(option: str, strategies: Mapping[str, StrategyRows]) -> str:
     """The table's values of ``option`` for its ``--help``, e.g. ``graph data with admm: 50``
-    ("" where the table leaves it alone), so that the help stays true as the table fills."""
+    ("" where the table leaves it alone), so that the help stays true as the table fills;
+    ``strategies``: each strategy's own rows, by name."""
     parts = []
-    for family, rows in FAMILY_DEFAULTS.items():
-        for strategy, row in rows.items():
-            if option in row:
-                who = f"{family.noun} data" + ("" if strategy == ALL else f" with {strategy}")
-                parts.append(f"{who}: {row[option]}")
+    for family, row in FAMILY_DEFAULTS.items():
+        if option in row:
+            parts.append(f"{family.noun} data: {row[option]}")
+        for name, rows in strategies.items():
+            if option in rows.get(family, {}):
+                parts.append(f"{family.noun} data with {name}: {rows[family][option]}")
     return ", ".join(parts)
 
 

@@ -37,9 +37,10 @@ from deepjimu.record.folder import (
     requeued,
     stopped_line,
 )
+from deepjimu.strategies.registry import compressing
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env
 from deepjimu.units import format_bytes
-from deepjimu.validation import validate
+from deepjimu.validation import defaults_line, validate
 from deepjimu.worker import (
     UNREPORTED_EXIT,
     ModelFactory,
@@ -100,14 +101,15 @@ def probe(cfg: RunConfig, plan: ThreadPlan | None = None) -> dict[str, Any] | No
     """``jimu probe``: start ``cfg``'s workers as :func:`train` does, but to probe, not train.
 
     The workers time the group's collectives and a ddp step of ``cfg``'s model with each
-    compressor (:mod:`deepjimu.compress.probe`); rank 0 writes ``<run folder>/probe.json``
+    compressor (:mod:`deepjimu.measure.probe`); rank 0 writes ``<run folder>/probe.json``
     with the cost model's predictions and returns ``{"probe", "choice", "text"}``. The
-    strategy is always ``ddp``, the one the probe is for.
+    strategy is always the one whose ``--compress`` the probe serves
+    (:func:`~deepjimu.strategies.registry.compressing`).
 
     Raises:
         ConfigErrors, JimuError, Interrupted: as :func:`train`.
     """
-    return _start(dataclasses.replace(cfg, strategy="ddp"), "probe", plan)
+    return _start(dataclasses.replace(cfg, strategy=compressing()), "probe", plan)
 
 
 def _start(
@@ -118,7 +120,8 @@ def _start(
         if place.joined:
             return _join(cfg, place, job, plan, model_factory)
         model = _model(model_factory)
-        cfg = validate(cfg, model)
+        given, cfg = cfg, validate(cfg, model)
+        _say_defaults(given, cfg, place.rank, job)
         assert cfg.workers is not None
         if cfg.resume:
             check_resume(cfg)
@@ -155,11 +158,22 @@ def _join(
 ) -> dict[str, Any] | None:
     """Run this process as rank ``place.rank`` of the group its launcher started (rank 0
     claims the run folder: :func:`deepjimu.worker.worker_main`)."""
-    cfg = validate(joined_config(cfg, place), _model(model_factory))
+    given = joined_config(cfg, place)
+    cfg = validate(given, _model(model_factory))
+    _say_defaults(given, cfg, place.rank, job)
     if cfg.resume:
         check_resume(cfg)
     plan = plan or plan_threads(place.local_world, cfg.threads, cfg.omp_wait)
     return worker_main(cfg.to_dict(), None, True, plan, job, model_factory)
+
+
+def _say_defaults(given: RunConfig, cfg: RunConfig, rank: int, job: str) -> None:
+    """Rank 0 of a training run names what its data family's table set (``defaults for
+    graph data: ...``), once the run validated (a bad one ends in its error line alone)."""
+    if job == "train" and not cfg.quiet and rank == 0:
+        line = defaults_line(given)
+        if line is not None:
+            print(line, flush=True)
 
 
 def joined_config(cfg: RunConfig, place: Placement) -> RunConfig:

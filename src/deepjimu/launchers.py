@@ -80,9 +80,12 @@ class Placement:
     @property
     def command(self) -> str:
         """The launcher's command, for messages: ``jimu``, ``torchrun``, ``srun``, ``mpirun``."""
-        return {"local": "jimu", "torchrun": "torchrun", "slurm": "srun", "mpi": "mpirun"}[
-            self.launcher
-        ]
+        return {
+            Launcher.LOCAL: "jimu",
+            Launcher.TORCHRUN: "torchrun",
+            Launcher.SLURM: "srun",
+            Launcher.MPI: "mpirun",
+        }[self.launcher]
 
     @property
     def train_command(self) -> str:

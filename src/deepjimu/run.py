@@ -3,21 +3,51 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from deepjimu.balance import chosen_balance
 from deepjimu.bookkeeping import Bookkeeping
-from deepjimu.record.checkpoint import Checkpoint, Checkpointer
 from deepjimu.config import RunConfig
+from deepjimu.cost.probe import Probe
+from deepjimu.cost.sync import SyncPlan
 from deepjimu.counters import Counters
-from deepjimu.record.events import EventLog
+from deepjimu.data import DataSplits
+from deepjimu.options import DdpOptions
 from deepjimu.precision import autocast
-from deepjimu.measure.speeds import chosen_balance
+from deepjimu.record.checkpoint import Checkpoint, Checkpointer
+from deepjimu.record.events import EventLog
 
-__all__ = ["Run"]
+__all__ = ["Measurer", "Run"]
+
+
+class Measurer(Protocol):
+    """What a strategy may need measured, handed to it through its :class:`Run` (the worker
+    makes it: :class:`deepjimu.measure.measurer.ThisMachine`), so that no strategy imports
+    the measuring layer above it. Each method is called by every rank at the same point."""
+
+    def probe(self, model: nn.Sequential, data: DataSplits, cfg: DdpOptions, run: Run) -> Probe:
+        """Collective: the link and this device for ``model`` (``--compress auto``)."""
+        ...
+
+    def sync_plan(
+        self,
+        model: nn.Module,
+        batches: Sequence[tuple[Tensor, Tensor]],
+        rows: int,
+        plan: str,
+        run: Run,
+    ) -> SyncPlan:
+        """Collective: ddp's ``--sync-plan`` ``plan`` of ``model``, the same on every rank."""
+        ...
+
+    def block_costs(self, model: nn.Sequential, sample: Tensor, repeats: int = 3) -> list[float]:
+        """Each block's forward + backward seconds on ``sample`` (``--balance time``)."""
+        ...
 
 
 class Run:
@@ -36,6 +66,9 @@ class Run:
         out_dir: the run folder (``runs/<name>``); every rank knows it, rank 0 writes it.
         rank, world: this process in the default process group (0, 1 without one).
         device: where this rank computes.
+        measurer: what measures this machine for the strategy (:class:`Measurer`; the
+            worker's is :class:`deepjimu.measure.measurer.ThisMachine`); None: a run that
+            needs nothing measured.
     """
 
     def __init__(
@@ -45,8 +78,10 @@ class Run:
         rank: int = 0,
         world: int = 1,
         device: torch.device | None = None,
+        measurer: Measurer | None = None,
     ) -> None:
         self.cfg = cfg
+        self._measurer = measurer
         self.out_dir = Path(out_dir)
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")
@@ -66,6 +101,13 @@ class Run:
         self.speeds: list[float] | None = None
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def measurer(self) -> Measurer:
+        """What measures this machine for the strategy (``--compress auto``, ``--sync-plan``,
+        ``--balance time``)."""
+        assert self._measurer is not None, "this Run was made without a measurer"
+        return self._measurer
 
     # ---- counters and clocks ----------------------------------------------------------------
     def elapsed(self) -> float:
@@ -131,10 +173,6 @@ class Run:
     def resumed(self) -> Checkpoint | None:
         """The checkpoint this run went on from, or None."""
         return self.checkpoints.resumed
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.checkpoints.dir
 
     def last_checkpoint_text(self) -> str:
         """Where the latest checkpoint is, or "none" (for error messages)."""

@@ -18,10 +18,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from deepjimu.config import RunConfig, add_options, field_kind, option_fields
+from deepjimu.bench.flags import option_argv
+from deepjimu.config import RunConfig, field_kind, option_fields
 from deepjimu.errors import JimuError
+from deepjimu.launch import joined_config
+from deepjimu.launchers import Launcher, Placement
+from deepjimu.validation import validate
+from deepjimu.worker import default_run_name
 
-__all__ = ["BatchJob", "add_sbatch_arguments", "batch_script", "sbatch_from_args"]
+__all__ = ["BatchJob", "batch_script", "sbatch_from_args"]
 
 # Slurm's --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 _TIME = re.compile(r"\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|INFINITE|UNLIMITED")
@@ -42,33 +47,6 @@ class BatchJob:
     @property
     def tasks(self) -> int:
         return self.nodes * self.tasks_per_node
-
-
-def add_sbatch_arguments(parser: argparse.ArgumentParser) -> None:
-    """``jimu sbatch``'s own flags, then every ``jimu train`` option."""
-    parser.add_argument("--nodes", type=int, default=1, help="machines (default: 1)")
-    parser.add_argument(
-        "--tasks-per-node",
-        type=int,
-        default=None,
-        help="workers on each machine (default: --workers / --nodes, else 1)",
-    )
-    parser.add_argument("--time", default=None, help="time limit, as sbatch's --time (HH:MM:SS)")
-    parser.add_argument("--partition", default=None, help="Slurm partition (default: Slurm's)")
-    parser.add_argument(
-        "--requeue",
-        action="store_true",
-        help="let Slurm requeue the job; it then goes on from its last checkpoint",
-    )
-    parser.add_argument(
-        "--script",
-        metavar="FILE",
-        default=None,
-        help="where to write the batch script (default: <runs-dir>/<name>.sbatch)",
-    )
-    parser.add_argument("--submit", action="store_true", help="submit it with sbatch")
-    parser.add_argument("--config", metavar="FILE", help="TOML file with any jimu train option")
-    add_options(parser, note="the run each task joins")
 
 
 def batch_script(
@@ -115,11 +93,6 @@ def sbatch_from_args(args: argparse.Namespace, cfg: RunConfig) -> None:
             submission that failed (sbatch missing, or its error line).
     """
     job = _job(args, cfg)
-    from deepjimu.launch import joined_config
-    from deepjimu.launchers import Launcher, Placement
-    from deepjimu.validation import validate
-    from deepjimu.worker import default_run_name
-
     if job.tasks > 1:  # each task a worker: as the tasks will check it, before the queue
         place = Placement(Launcher.SLURM, world=job.tasks, local_world=job.tasks_per_node,
                           world_from="the job's --nodes x --tasks-per-node")  # fmt: skip
@@ -199,8 +172,6 @@ def _job(args: argparse.Namespace, cfg: RunConfig) -> BatchJob:
 
 def _train_argv(args: argparse.Namespace) -> list[str]:
     """The ``jimu train`` flags given to ``jimu sbatch`` (``--config`` first)."""
-    from deepjimu.bench.matrix import option_argv
-
     kinds = {f.name: field_kind(f) for f in option_fields()}
     given = tuple(
         (k, str(v).lower() if kinds[k] == "bool" else str(v))

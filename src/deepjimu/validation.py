@@ -1,43 +1,56 @@
-"""validate: a RunConfig checked against the registries (strategies, models, data sets), defaults filled in.
+"""validate: a RunConfig checked in one pass, its defaults filled in, before any worker starts.
 
-It sits above config.py and the registries: config.py checks single fields and needs no
-registry, the registries need only config.py's types, and this module asks both.
+One pass: the facts the checks and defaults depend on are gathered once (:func:`gather`: the
+options the user gave, the data set's family, the strategy's registry entry, the model's
+blocks), the defaults resolved by one function in the documented order
+(:func:`resolve_defaults`, :mod:`deepjimu.defaults`), then every option group's checks and
+the checks between groups (:meth:`~deepjimu.config.RunConfig.problems`), where each given
+option applies (:mod:`deepjimu.applies`), the strategy's traits against the run, and last
+the strategy's own checks. It sits above the registries of strategies, models and data
+sets, which the config layer below may not ask.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deepjimu.choices import Device, Family, Optimizer, Precision
-from deepjimu.config import (
-    DEFAULT_LR,
-    ConfigErrors,
-    RunConfig,
-    applies_of,
-    given_options,
-    kfac_worker_problems,
-    option_fields,
-    option_label,
-)
+from deepjimu.choices import Device, Family, Precision
+from deepjimu.config import ConfigErrors, RunConfig, given_options, option_fields, option_label
 from deepjimu.data import dataset_family, dataset_names, datasets_of
-from deepjimu.defaults import describe, table_defaults
-from deepjimu.emulate import speeds_problems
+from deepjimu.defaults import DEFAULT_LR, describe, table_defaults
 from deepjimu.errors import JimuError
 from deepjimu.models import count_blocks, parse_spec
 from deepjimu.options import narrow
-from deepjimu.strategies import get_strategy, strategy_names
+from deepjimu.strategies import get_strategy
+from deepjimu.strategies.registry import ENTRIES, Entry, applies, entry
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from deepjimu.strategies.base import Strategy
+__all__ = ["Facts", "defaults_line", "does_not_apply", "gather", "resolve_defaults", "validate"]
 
-__all__ = ["defaults_line", "does_not_apply", "family_defaults", "validate"]
+
+@dataclass(frozen=True)
+class Facts:
+    """What a run's defaults and checks depend on, gathered once.
+
+    ``given``: the options the user gave, each with where (:func:`given_options`);
+    ``family``: of the data set (None: unknown); ``strategy``: its registry entry (None:
+    unknown); ``n_blocks``: the model's blocks (0 where unknown); ``problems``: what
+    gathering found (an unknown data set or strategy, a bad model spec), one line each.
+    """
+
+    given: dict[str, str]
+    family: Family | None
+    strategy: Entry | None
+    n_blocks: int
+    problems: tuple[str, ...]
 
 
 def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
-    """Check every field and fill the strategy's defaults; the result is what workers run.
+    """Check every field and fill the defaults; the result is what workers run.
 
     Args:
         cfg: the options.
@@ -47,55 +60,27 @@ def validate(cfg: RunConfig, model: nn.Sequential | None = None) -> RunConfig:
             refused (the factory is not at hand: a CLI resume of a ``fit`` run).
 
     Returns:
-        a new RunConfig with the data family's defaults (:mod:`deepjimu.defaults`),
-        ``workers``, ``epochs`` and ``lr`` set, and ``given`` (:func:`given_options`).
+        a new RunConfig with the defaults resolved (:func:`resolve_defaults`: the data
+        family's table, ``workers``, ``epochs``, ``lr``) and ``given`` (:func:`given_options`).
 
     Raises:
         ConfigErrors: one line per bad field (unknown strategy or dataset, workers < 1,
             more workers than blocks for a strategy that splits the model, an option given
             for a run where it does not apply, ...).
     """
-    given = given_options(cfg)
-    cfg = dataclasses.replace(cfg, **family_defaults(cfg))
-    misplaced = _misplaced(cfg, given)
-    # an option that does not apply is refused as such, its value not judged too
-    own = RunConfig().to_dict()
-    problems = dataclasses.replace(cfg, **{k: own[k] for k in misplaced}).problems()
-    problems.extend(misplaced.values())
-    if cfg.dataset not in dataset_names():
-        problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
-    n_blocks, factory, spec_problems = _spec_blocks(cfg, model)
-    problems.extend(spec_problems)
-    try:
-        strategy = get_strategy(cfg.strategy)
-    except JimuError as e:
-        problems.append(str(e))
-        raise ConfigErrors(problems) from None
-    if factory and model is not None:
-        try:
-            n_blocks = strategy.model_blocks(model)
-        except JimuError as e:
-            problems.append(f"model {cfg.model}: {e}")
-    workers = cfg.workers if cfg.workers is not None else strategy.default_workers
-    problems.extend(_worker_problems(cfg, strategy, workers, n_blocks))
-    problems.extend(_precision_problems(cfg, strategy))
-    # kfac (issue 12)
-    if cfg.optimizer == Optimizer.KFAC and workers >= 1:
-        problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, workers))
-    problems.extend(_graph_model_problems(cfg, strategy, n_blocks))
-    if not problems:
-        problems.extend(strategy.problems(narrow(cfg, strategy.options), n_blocks))
+    facts = gather(cfg, model)
+    cfg, _ = resolve_defaults(cfg, facts)
+    problems = _problems(cfg, facts)
     if problems:
         raise ConfigErrors(problems)
-    lr = cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.optimizer]
-    epochs = cfg.epochs if cfg.epochs is not None else strategy.default_epochs
-    return dataclasses.replace(cfg, workers=workers, epochs=epochs, lr=lr, given=given)
+    return dataclasses.replace(cfg, given=facts.given)
 
 
-def _spec_blocks(cfg: RunConfig, model: nn.Sequential | None) -> tuple[int, bool, list[str]]:
-    """The blocks of ``cfg.model`` by its spec (0 where a factory builds it: the strategy
-    counts those), whether a factory builds it, and the spec's problems."""
+def gather(cfg: RunConfig, model: nn.Sequential | None = None) -> Facts:
+    """The facts of ``cfg`` (see :class:`Facts`); ``model``: a factory's, as :func:`validate`."""
     problems: list[str] = []
+    if cfg.dataset not in dataset_names():
+        problems.append(f"unknown dataset {cfg.dataset!r} (known: {', '.join(dataset_names())})")
     n_blocks, factory = 0, False
     try:
         factory = parse_spec(cfg.model).kind == "factory"
@@ -105,50 +90,123 @@ def _spec_blocks(cfg: RunConfig, model: nn.Sequential | None) -> tuple[int, bool
             problems.append(_needs_its_factory(cfg))
     except JimuError as e:
         problems.append(str(e))
-    return n_blocks, factory, problems
+    found: Entry | None = None
+    try:
+        found = entry(cfg.strategy)
+    except JimuError as e:
+        problems.append(str(e))
+    if found is not None and factory and model is not None:
+        try:
+            n_blocks = get_strategy(found.name).model_blocks(model)
+        except JimuError as e:
+            problems.append(f"model {cfg.model}: {e}")
+    return Facts(given_options(cfg), dataset_family(cfg.dataset), found, n_blocks, tuple(problems))
 
 
-def _worker_problems(
-    cfg: RunConfig, strategy: type[Strategy], workers: int, n_blocks: int
-) -> list[str]:
-    """The worker count against the strategy's limits, the model's blocks and --emulate-speeds."""
-    problems = []
-    if strategy.max_workers is not None and workers > strategy.max_workers:
-        problems.append(
-            f"strategy {cfg.strategy} runs on at most {strategy.max_workers} worker(s) (workers: {workers})"
-        )
-    if strategy.splits_model and n_blocks and workers > n_blocks:
-        problems.append(
-            f"strategy {cfg.strategy} needs at least one block per worker "
-            f"(workers: {workers}, blocks in {cfg.model}: {n_blocks})"
-        )
-    problems.extend(speeds_problems(cfg.emulate_speeds, workers))
+def resolve_defaults(cfg: RunConfig, facts: Facts) -> tuple[RunConfig, dict[str, Any]]:
+    """``cfg`` with its defaults resolved in :mod:`deepjimu.defaults`' order, and what the
+    family table set.
+
+    The user's values stand; the family table (the strategy's own rows over the family's
+    row for all) sets the options that apply to the run, that the user did not give and
+    that still hold their own default, nothing for a resumed run (its saved options
+    stand); then the strategy's ``workers`` and ``epochs`` and the optimizer's ``lr`` where
+    still unset. The model kind's admm options stay ``auto`` (``None``) for the strategy.
+    """
+    table = _table(cfg, facts)
+    cfg = dataclasses.replace(cfg, **table)
+    if facts.strategy is None:
+        return cfg, table
+    traits = facts.strategy.traits
+    resolved = dataclasses.replace(
+        cfg,
+        workers=cfg.workers if cfg.workers is not None else traits.default_workers,
+        epochs=cfg.epochs if cfg.epochs is not None else traits.default_epochs,
+        lr=cfg.lr if cfg.lr is not None else DEFAULT_LR.get(cfg.optimizer),  # type: ignore[call-overload]
+    )
+    return resolved, table
+
+
+def defaults_line(cfg: RunConfig) -> str | None:
+    """``defaults for graph data: model mlp:256x2, epochs 50``: what the family's table sets
+    for ``cfg`` (the options as the user gave them; None: nothing)."""
+    facts = gather(cfg)
+    chosen = _table(cfg, facts)
+    return describe(facts.family, chosen) if chosen and facts.family is not None else None
+
+
+def _table(cfg: RunConfig, facts: Facts) -> dict[str, Any]:
+    """What the family table sets for ``cfg`` (see :func:`resolve_defaults`)."""
+    if facts.family is None or cfg.resume:
+        return {}
+    own = RunConfig().to_dict()
+    rows = facts.strategy.family_defaults if facts.strategy is not None else None
+    table = {
+        k: v
+        for k, v in table_defaults(facts.family, rows).items()
+        if k not in facts.given and getattr(cfg, k) == own[k] and v != own[k]
+    }
+    candidate = dataclasses.replace(cfg, **table)
+    return {k: v for k, v in table.items() if does_not_apply(k, candidate) is None}
+
+
+def _problems(cfg: RunConfig, facts: Facts) -> list[str]:
+    """Every problem of the resolved ``cfg``, one line each, in one pass: the groups' checks
+    and those between groups (an option given where it does not apply is refused as such,
+    its value not judged), what gathering found, the strategy's traits, and, where all
+    that holds, the strategy's own checks."""
+    misplaced = _misplaced(cfg, facts)
+    own = RunConfig().to_dict()
+    problems = dataclasses.replace(cfg, **{k: own[k] for k in misplaced}).problems()
+    problems += [*misplaced.values(), *facts.problems]
+    if facts.strategy is None:
+        return problems
+    problems += _trait_problems(cfg, facts.strategy, facts)
+    if not problems:
+        strategy = get_strategy(cfg.strategy)
+        problems += strategy.problems(narrow(cfg, facts.strategy.options), facts.n_blocks)
     return problems
 
 
-def _precision_problems(cfg: RunConfig, strategy: type[Strategy]) -> list[str]:
-    """--precision against the strategy's precisions and the device."""
+def _trait_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:
+    """The run against its strategy's traits: workers, blocks, precision, graph models."""
     problems = []
-    if isinstance(cfg.precision, Precision) and cfg.precision not in strategy.precisions:
+    traits, workers, name = strategy.traits, cfg.workers, cfg.strategy
+    assert workers is not None, "defaults not resolved"
+    if traits.max_workers is not None and workers > traits.max_workers:
         problems.append(
-            f"strategy {cfg.strategy} does not support --precision {cfg.precision} "
-            f"(supported: {', '.join(strategy.precisions)})"
+            f"strategy {name} runs on at most {traits.max_workers} worker(s) (workers: {workers})"
+        )
+    if 1 <= workers < traits.min_workers:
+        problems.append(
+            f"strategy {name} needs at least {traits.min_workers} workers (workers: {workers})"
+        )
+    if traits.splits_model and facts.n_blocks and workers > facts.n_blocks:
+        problems.append(
+            f"strategy {name} needs at least one block per worker "
+            f"(workers: {workers}, blocks in {cfg.model}: {facts.n_blocks})"
+        )
+    if isinstance(cfg.precision, Precision) and cfg.precision not in traits.precisions:
+        problems.append(
+            f"strategy {name} does not support --precision {cfg.precision} "
+            f"(supported: {', '.join(traits.precisions)})"
         )
     if cfg.precision == Precision.TF32 and cfg.device == Device.CPU:
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
-    return problems
+    return problems + _graph_model_problems(cfg, strategy, facts)
 
 
-def _graph_model_problems(cfg: RunConfig, strategy: type[Strategy], n_blocks: int) -> list[str]:
+def _graph_model_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:
     """Graphs (issue 10): a graph model takes the whole graph, in one process, of graph data."""
     problems = []
-    if n_blocks and parse_spec(cfg.model).needs_graph:
-        if not strategy.graph_models:
+    if facts.n_blocks and parse_spec(cfg.model).needs_graph:
+        if not strategy.traits.graph_models:
+            ones = ", ".join(e.name for e in ENTRIES if e.traits.graph_models)
             problems.append(
-                f"model {cfg.model} trains on the whole graph: only --strategy local runs it "
+                f"model {cfg.model} trains on the whole graph: only --strategy {ones} runs it "
                 f"(strategy: {cfg.strategy})"
             )
-        if dataset_family(cfg.dataset) != Family.GRAPH:
+        if facts.family != Family.GRAPH:
             problems.append(
                 f"model {cfg.model} needs a graph data set "
                 f"({', '.join(datasets_of(Family.GRAPH))}; dataset: {cfg.dataset})"
@@ -156,16 +214,16 @@ def _graph_model_problems(cfg: RunConfig, strategy: type[Strategy], n_blocks: in
     return problems
 
 
-def _misplaced(cfg: RunConfig, given: dict[str, str]) -> dict[str, str]:
+def _misplaced(cfg: RunConfig, facts: Facts) -> dict[str, str]:
     """The options the user gave for a run where they do not apply (their declaration,
     :mod:`deepjimu.applies`), each with its line, e.g. ``--graph-hops applies to graph data
     sets (...); dataset digits is not one``. Nothing while the strategy is unknown (its
     own line names it)."""
-    if cfg.strategy not in strategy_names():
+    if facts.strategy is None:
         return {}
     known = {f.name for f in option_fields()}
     out = {}
-    for name, source in given.items():
+    for name, source in facts.given.items():
         why = does_not_apply(name, cfg) if name in known else None
         if why is not None:
             out[name] = option_label(name, source) + why
@@ -181,45 +239,13 @@ def does_not_apply(name: str, cfg: RunConfig) -> str | None:
         ' applies to strategy admm; strategy local is not one'
     """
     family = dataset_family(cfg.dataset)
-    applies = applies_of(name)
+    where = applies(name)
     value = getattr(cfg, name)
-    for where, label in ((applies, ""), (applies.of_value(value), f" {value}")):
-        why = where.refusal(cfg, family) if where is not None else None
-        if where is not None and why is not None:
-            return f"{label} applies to {where.text(datasets_of)}; {why}"
+    for declared, label in ((where, ""), (where.of_value(value), f" {value}")):
+        why = declared.refusal(cfg, family) if declared is not None else None
+        if declared is not None and why is not None:
+            return f"{label} applies to {declared.text(datasets_of)}; {why}"
     return None
-
-
-def family_defaults(cfg: RunConfig) -> dict[str, Any]:
-    """What the table of ``cfg``'s data family sets for this run (:mod:`deepjimu.defaults`).
-
-    Only options that the user did not give, that still hold their own default and that
-    apply to the run; nothing for a resumed run, whose saved options stand.
-
-    Example:
-        >>> family_defaults(RunConfig(dataset="digits"))
-        {}
-    """
-    family = dataset_family(cfg.dataset)
-    if family is None or cfg.resume:
-        return {}
-    given = given_options(cfg)
-    own = RunConfig().to_dict()
-    table = {
-        k: v
-        for k, v in table_defaults(family, cfg.strategy).items()
-        if k not in given and getattr(cfg, k) == own[k] and v != own[k]
-    }
-    candidate = dataclasses.replace(cfg, **table)
-    return {k: v for k, v in table.items() if does_not_apply(k, candidate) is None}
-
-
-def defaults_line(cfg: RunConfig) -> str | None:
-    """``defaults for graph data: model mlp:256x2, epochs 50``: what the family's table sets
-    for ``cfg`` (None: nothing)."""
-    chosen = family_defaults(cfg)
-    family = dataset_family(cfg.dataset)
-    return describe(family, chosen) if chosen and family is not None else None
 
 
 def _needs_its_factory(cfg: RunConfig) -> str:

@@ -19,19 +19,19 @@ from torch import nn
 
 from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.choices import Device
-from deepjimu.clocks import CLOCKS
-from deepjimu.comm import sum_by_kind
 from deepjimu.config import RunConfig
+from deepjimu.cost.compress import CostModel, save_choice
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.emulate import free_comm_threads, join_own_group, parse_speeds, thread_ids
 from deepjimu.errors import Interrupted, JimuError, one_line, signals_interrupt
 from deepjimu.launchers import placement
 from deepjimu.leave import group_started, leave, leave_at_exit
+from deepjimu.measure.measurer import ThisMachine
+from deepjimu.measure.probe import measure
+from deepjimu.measure.speeds import balance_speeds
 from deepjimu.models import build_model
 from deepjimu.options import DdpOptions, narrow
 from deepjimu.precision import matmul_precision
-from deepjimu.report import best_validation, read_events
-from deepjimu.run import Run
 from deepjimu.record.folder import (
     MORE_ROOM,
     check_new,
@@ -40,10 +40,11 @@ from deepjimu.record.folder import (
     requeued,
     stopped_line,
 )
-from deepjimu.measure.speeds import balance_speeds
+from deepjimu.run import Run
 from deepjimu.strategies import get_strategy
-from deepjimu.strategies.base import FitResult, accuracies
-from deepjimu.threads import ThreadPlan, plan_threads, speed_env
+from deepjimu.strategies.registry import entry
+from deepjimu.summary import summarise
+from deepjimu.threads import ThreadPlan, plan_threads
 
 __all__ = [
     "ModelFactory",
@@ -264,7 +265,7 @@ def _join_group(
     store, threads = None, thread_ids()
     if "MASTER_ADDR" in os.environ:
         store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
-    if world > 1 or get_strategy(cfg.strategy).needs_group:
+    if world > 1 or entry(cfg.strategy).traits.needs_group:
         group_started()
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -384,7 +385,7 @@ def _train(
     given: Prepared = None,
 ) -> dict[str, Any] | None:
     strategy_cls = get_strategy(cfg.strategy)
-    run = Run(cfg, out_dir, rank, world, device)
+    run = Run(cfg, out_dir, rank, world, device, ThisMachine())
     data = _data(cfg, given, run)
     if rank == 0 and data.info and not cfg.quiet:
         print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))
@@ -393,7 +394,7 @@ def _train(
     # each rank's speed, where the run may balance its work by it (--balance auto, speed)
     sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
     balance_speeds(model, *sample, run, resume, _time_shared(cfg, plan, device))
-    if strategy_cls.shards_data:
+    if entry(cfg.strategy).traits.shards_data:
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
     if resume is not None:
@@ -408,7 +409,7 @@ def _train(
     gathered = run.gather_objects((run.stats.as_list(), run.stats.sent_by_kind))
     if rank != 0:
         return None
-    return _summarise(cfg, out_dir, world, device, plan, run, model, data, result, gathered)
+    return summarise(cfg, out_dir, world, device, plan, run, model, data, result, gathered)
 
 
 def _model(cfg: RunConfig, data: DataSplits, model_factory: ModelFactory | None) -> nn.Sequential:
@@ -435,64 +436,6 @@ def _resume(cfg: RunConfig, run: Run, model: nn.Module, resume: Path, how: str) 
                 f"checkpoint of {resume} does not fit model {cfg.model}: {one_line(e)[:200]}"
             ) from None
     run.continue_history(ckpt, how)
-
-
-def _summarise(
-    cfg: RunConfig,
-    out_dir: Path,
-    world: int,
-    device: torch.device,
-    plan: ThreadPlan,
-    run: Run,
-    model: nn.Module,
-    data: DataSplits,
-    result: FitResult,
-    gathered: list[Any],
-) -> dict[str, Any]:
-    """Rank 0's summary of the finished run (``gathered``: every rank's traffic and time
-    counters), written to ``summary.json``."""
-    totals = [g[0] for g in gathered]
-    model = model.to(device)
-    events = read_events(out_dir)
-    last = events[-1]
-    summary: dict[str, Any] = {
-        "strategy": cfg.strategy,
-        "workers": world,
-        "dataset": cfg.dataset,
-        "model": cfg.model,
-        "epochs": result.epochs,
-        "steps": result.steps,
-        "seed": cfg.seed,
-        "device": str(device),
-        **{k: last[k] for k in CLOCKS},  # the run's clocks at its last event
-        "loss": last.get("loss"),
-        "train_acc": last.get("train_acc"),
-    }
-    summary |= {"val_acc": None, "test_acc": None}
-    summary |= accuracies(model, data, ("val", "test"), device)
-    summary |= best_validation(events)
-    summary.update(
-        {
-            "samples": last["samples"],
-            "samples_per_s": round(last["samples"] / last["train_s"], 3)
-            if last["train_s"]
-            else 0.0,
-            "bytes_sent": int(sum(t[0] for t in totals)),
-            "bytes_recv": int(sum(t[1] for t in totals)),
-            "bytes_sent_by_kind": sum_by_kind([g[1] for g in gathered]),
-            "compute_s_per_rank": [round(t[2], 4) for t in totals],
-            "wait_s_per_rank": [round(t[3], 4) for t in totals],
-            "peak_mem_mb_per_rank": last.get("peak_mem_mb_per_rank"),
-            "threads": {**plan.record(), "env": speed_env()},
-            "balance": run.balance,
-            **({"speeds": run.speeds} if run.speeds is not None else {}),
-            **({"emulated_speeds": parse_speeds(cfg.emulate_speeds)} if cfg.emulate_speeds else {}),
-            **({"data_info": data.info} if data.info else {}),
-            **result.extra,
-        }
-    )
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
-    return summary
 
 
 def _time_shared(cfg: RunConfig, plan: ThreadPlan, device: torch.device) -> bool:
@@ -528,16 +471,12 @@ def _probe(
     given: Prepared = None,
 ) -> dict[str, Any] | None:
     """``jimu probe``: measure the link and this device, write ``probe.json`` with the cost model's predictions."""
-    from deepjimu.cost.compress import CostModel, format_predictions
-    from deepjimu.compress.probe import format_probe, measure, write_probe
-
-    run = Run(cfg, out_dir, rank, world, device)
+    run = Run(cfg, out_dir, rank, world, device, ThisMachine())
     data = _data(cfg, given, run).shard(rank, world).to(device)
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
     probe = measure(model.to(device), data, narrow(cfg, DdpOptions), run)
     if rank != 0:
         return None
     choice, predictions = CostModel(probe).choose()
-    write_probe(probe, out_dir / "probe.json", predictions, choice)
-    text = f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"
+    text = save_choice(probe, choice, predictions, out_dir / "probe.json")
     return {"probe": probe.to_dict(), "choice": choice, "text": text}

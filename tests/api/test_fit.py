@@ -23,7 +23,7 @@ from deepjimu.data.digits import load_digits_raw
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.models import build_model
-from deepjimu.rundir import latest_checkpoint
+from deepjimu.record.folder import latest_checkpoint
 from processes import env
 
 

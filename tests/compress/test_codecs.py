@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepjimu.compress.qsgd import CHUNK, qsgd_decode, qsgd_encode, qsgd_payload_bytes
-from deepjimu.compress.topk import topk_decode, topk_encode, topk_indices, topk_k
+from deepjimu.compress.payload import CHUNK, qsgd_payload_bytes, topk_k
+from deepjimu.compress.qsgd import qsgd_decode, qsgd_encode
+from deepjimu.compress.topk import topk_decode, topk_encode, topk_indices
 
 
 @pytest.mark.parametrize(("n", "k"), [(3_000, 30), (200_000, 2_000), (200_000, 7), (50, 50)])

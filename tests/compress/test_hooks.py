@@ -10,10 +10,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.comm import Comm, CommStats
-from deepjimu.compress.cost import CostModel
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
-from deepjimu.compress.probe import COLLECTIVES, LinkFit, Probe
-from deepjimu.compress.spec import parse_compress
+from deepjimu.cost.compress import CostModel
+from deepjimu.cost.probe import LinkFit, Probe
+from deepjimu.measure.links import COLLECTIVES
+from deepjimu.options.compress import parse_compress
 from distributed import run_world
 
 OPTIONS = ("none", "fp16", "bf16", "powersgd:2", "topk:0.1", "topk:1", "qsgd:8", "qsgd:2")

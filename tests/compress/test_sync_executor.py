@@ -11,8 +11,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.comm import Comm, CommStats
 from deepjimu.compress.sync import SyncExecutor
+from deepjimu.cost.sync import METHODS, TensorInfo, applicable, method_messages
 from deepjimu.models.embed import TokenBag
-from deepjimu.plan.sync import METHODS, TensorInfo, applicable, method_messages
 from distributed import distributed_test
 
 # every test here starts processes (workers, a CLI run) or trains whole runs

@@ -1,4 +1,4 @@
-"""deepjimu.plan.cluster: ring costs, probe links, and reading cluster TOML files."""
+"""deepjimu.cost.cluster: ring costs, probe links, and reading cluster TOML files."""
 
 from __future__ import annotations
 
@@ -7,16 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from deepjimu.compress.probe import LinkFit
+from deepjimu.cost.cluster import Cluster, Device, Link, links_from_probe
+from deepjimu.cost.cluster_file import cluster_to_dict, read_cluster
+from deepjimu.cost.probe import LinkFit
 from deepjimu.errors import JimuError
-from deepjimu.plan.cluster import (
-    Cluster,
-    Device,
-    Link,
-    cluster_to_dict,
-    links_from_probe,
-    read_cluster,
-)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 

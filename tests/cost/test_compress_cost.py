@@ -7,16 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from deepjimu.compress.cost import CANDIDATES, PROBED, TIE, CostModel, format_predictions
-from deepjimu.compress.probe import (
-    COLLECTIVES,
-    SIZES,
-    LinkFit,
-    Probe,
-    fit_alpha_beta,
-    message_key,
-)
+from deepjimu.cost.compress import CANDIDATES, PROBED, TIE, CostModel, format_predictions
+from deepjimu.cost.probe import LinkFit, Probe, fit_alpha_beta, message_key
 from deepjimu.errors import JimuError
+from deepjimu.measure.links import COLLECTIVES, SIZES
 
 # DDP's layout of mlp:1024x4 on 64 features, 10 classes (1 MB first bucket, then the rest)
 MLP_1024x4 = [

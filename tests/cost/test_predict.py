@@ -1,4 +1,4 @@
-"""deepjimu.plan.predict: every predictor on hand-made compute and cluster figures, against hand-computed times."""
+"""deepjimu.cost.predict: every predictor on hand-made compute and cluster figures, against hand-computed times."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from deepjimu.compress.probe import PIPELINE_M
 from deepjimu.config import RunConfig
-from deepjimu.plan.cluster import Cluster, Device, Link
-from deepjimu.plan.ddp import BUCKET, FIRST_BUCKET
-from deepjimu.plan.predict import predict, staged_step
-from deepjimu.plan.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
+from deepjimu.cost.cluster import Cluster, Device, Link
+from deepjimu.cost.ddp import BUCKET, FIRST_BUCKET
+from deepjimu.cost.predict.staged import staged_step
+from deepjimu.cost.probe import TimedStep
+from deepjimu.cost.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
 from deepjimu.plan.setup import _action_s, _ddp_sync
+from deepjimu.strategies.registry import predict
+
+M = 4  # the probe's micro-batches of a pipeline step
 
 GPU = Device("g", {"fp32": 1e12}, 2**34)
 LINK = Link(alpha_s=1e-3, bytes_per_s=1e6)  # 1 ms + 1 us per byte: easy sums
@@ -243,21 +246,26 @@ def test_the_runtime_per_action_is_solved_from_the_probes_step_of_each_split_str
     cluster = dataclasses.replace(cpus(2, 2), sync_s={2: 3e-4})
     compute = Fixed([0.001, 0.002, 0.001], overhead=5e-4, update_s=[1e-4, 2e-4, 1e-4])
     lay = layers([1, 1, 1], [8, 8, 2])
-    probed = cfg("pipeline", 2, schedule="gpipe", microbatches=PIPELINE_M)
-    step = staged_step(probed, lay, compute, cluster, [2, 1], 4, PIPELINE_M, 7e-4).step_s
+    probed = cfg("pipeline", 2, schedule="gpipe", microbatches=M)
+    step = staged_step(probed, lay, compute, cluster, [2, 1], 4, M, 7e-4).step_s
     chain = staged_step(cfg("model-parallel", 2), lay, compute, cluster, [2, 1], 16, 1, 2e-4)
-    found = SimpleNamespace(
-        world=2, model="m", pipeline_step_s=step, pipeline_sizes=[2, 1], pipeline_rows=4,
-        chain_step_s=chain.step_s, chain_sizes=[2, 1], chain_rows=16,
-    )  # fmt: skip
+    steps = {
+        "pipeline": TimedStep(step, [2, 1], 4, M),
+        "model-parallel": TimedStep(chain.step_s, [2, 1], 16, 1),
+        "ddp": TimedStep(0.01, [], 4, 1),  # a data-parallel step: no runtime per action
+    }
+    found = SimpleNamespace(world=2, model="m", steps=steps)
     solved = _action_s(cluster, found, cfg("ddp", 2), compute, lay)
     assert solved == pytest.approx({"pipeline": 7e-4, "model-parallel": 2e-4})
     # a step faster than the work alone: the runtime costs nothing
-    quick = SimpleNamespace(**{**vars(found), "pipeline_step_s": step / 100})
+    quick = SimpleNamespace(
+        world=2, model="m", steps={**steps, "pipeline": TimedStep(step / 100, [2, 1], 4, M)}
+    )
     assert _action_s(cluster, quick, cfg("ddp", 2), compute, lay)["pipeline"] == 0.0
     # no step timed (one rank, fewer blocks than ranks) or an older probe file: left out
-    for missing in ({"pipeline_step_s": None}, {"pipeline_sizes": []}):
-        other = SimpleNamespace(**{**vars(found), **missing})
+    for left in ({k: v for k, v in steps.items() if k != "pipeline"},
+                 {**steps, "pipeline": TimedStep(step, [], 4, M)}):  # fmt: skip
+        other = SimpleNamespace(world=2, model="m", steps=left)
         assert list(_action_s(cluster, other, cfg("ddp", 2), compute, lay)) == ["model-parallel"]
 
 
@@ -303,18 +311,18 @@ def test_a_ddp_steps_all_reduce_penalty_is_solved_from_the_probe_and_paid_by_ddp
     # 1 ms + 1 us/byte hop: ring all-reduce of 3 ranks = 2 * 2 hops of alpha, 2 * 2/3 * 40 B
     lay = layers([10], [2])
     rule = cpus(3, 2)
-    found = SimpleNamespace(world=3, model="m", compute_s=0.004, ddp_step_s=0.011)
+
+    def probed(step_s: float | None) -> SimpleNamespace:
+        steps = {} if step_s is None else {"ddp": TimedStep(step_s, [], 4, 1)}
+        return SimpleNamespace(world=3, model="m", compute_s=0.004, steps=steps)
+
     ring = 4 * 1e-3 + 2 * (2 / 3) * 40 / 1e6
-    sync = _ddp_sync(rule, found, cfg("ddp", 3), lay)
+    sync = _ddp_sync(rule, probed(0.011), cfg("ddp", 3), lay)
     assert sync == {3: pytest.approx(0.011 - 0.004 - ring)}
     # a step over the group no slower than the plain step and its all-reduce: nothing
-    quick = SimpleNamespace(**{**vars(found), "ddp_step_s": 0.004})
-    assert _ddp_sync(rule, quick, cfg("ddp", 3), lay) == {3: 0.0}
+    assert _ddp_sync(rule, probed(0.004), cfg("ddp", 3), lay) == {3: 0.0}
     # a probe of one rank (or an earlier probe file): no figure
-    assert (
-        _ddp_sync(rule, SimpleNamespace(**{**vars(found), "ddp_step_s": None}), cfg("ddp", 3), lay)
-        == {}
-    )
+    assert _ddp_sync(rule, probed(None), cfg("ddp", 3), lay) == {}
     measured = dataclasses.replace(rule, ddp_sync_s=sync)
     one = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), rule)
     two = predict(cfg("ddp", 3), lay, 30, Fixed([0.001]), measured)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deepjimu.plan.schedule import Action, Simulation, actions, simulate, stage_ranks
+from deepjimu.cost.schedule import Action, Simulation, actions, simulate, stage_ranks
 from deepjimu.strategies.model_parallel import bubble_fraction
 
 

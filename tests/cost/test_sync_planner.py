@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-from deepjimu.compress.probe import LinkFit
-from deepjimu.errors import JimuError
-from deepjimu.plan.cluster import Cluster, Device, Link, probed_cluster
-from deepjimu.plan.sync import (
+from deepjimu.cost.cluster import Cluster, Device, Link, probed_cluster
+from deepjimu.cost.probe import LinkFit
+from deepjimu.cost.sync import (
     METHODS,
     TensorInfo,
     format_plan,
@@ -20,6 +19,7 @@ from deepjimu.plan.sync import (
     plan_to_dict,
     price,
 )
+from deepjimu.errors import JimuError
 
 
 def _bandwidth_only(p: int, bytes_per_s: float = 1e9) -> Cluster:

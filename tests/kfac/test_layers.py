@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from deepjimu.kfac import KFACPreconditioner, KFACSettings
 from deepjimu.kfac.layers import KFACLayer
+from deepjimu.kfac.preconditioner import KFACPreconditioner, KFACSettings
 
 pytestmark = pytest.mark.usefixtures("float64")
 

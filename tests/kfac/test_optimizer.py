@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from deepjimu.config import RunConfig
-from deepjimu.kfac import KFAC, KFACSettings
+from deepjimu.kfac.optimizer import KFAC
+from deepjimu.kfac.preconditioner import KFACSettings
 from deepjimu.launch import train
 
 

@@ -12,7 +12,8 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.comm import Comm, CommStats
-from deepjimu.kfac import KFAC, KFACSettings
+from deepjimu.kfac.optimizer import KFAC
+from deepjimu.kfac.preconditioner import KFACSettings
 from distributed import run_world
 
 # every test here starts processes (workers, a CLI run) or trains whole runs

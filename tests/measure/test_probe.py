@@ -11,14 +11,17 @@ import torch
 import torch.distributed as dist
 
 from deepjimu.cli import main
-from deepjimu.compress import probe as probe_module
-from deepjimu.compress.cost import PROBED, CostModel
-from deepjimu.compress.probe import read_probe
 from deepjimu.config import RunConfig
+from deepjimu.cost.compress import PROBED, CostModel
+from deepjimu.cost.probe import TimedStep, read_probe
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.errors import JimuError
+from deepjimu.measure import links
+from deepjimu.measure import probe as probe_module
+from deepjimu.measure.measurer import ThisMachine
 from deepjimu.models import build_model
 from deepjimu.run import Run
+from deepjimu.strategies.pipeline import PROBE_MICROBATCHES
 from deepjimu.validation import validate
 from distributed import distributed_test
 
@@ -26,7 +29,7 @@ from distributed import distributed_test
 def test_jimu_probe_prints_the_table_and_writes_probe_json(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr(probe_module, "SIZES", (4096, 16384, 65536))
+    monkeypatch.setattr(links, "SIZES", (4096, 16384, 65536))
     argv = [
         "probe",
         "--workers",
@@ -43,7 +46,7 @@ def test_jimu_probe_prints_the_table_and_writes_probe_json(
     assert "all_reduce" in out and "compute per step" in out and "compress auto: none" in out
     found = read_probe(tmp_path / "p" / "probe.json")
     assert found.world == 1 and found.model == "mlp:16x1" and found.batch_per_rank == 64
-    assert set(found.links) == set(found.points) == set(probe_module.COLLECTIVES)
+    assert set(found.links) == set(found.points) == set(links.COLLECTIVES)
     assert all([n for n, _ in pts] == [4096, 16384, 65536] for pts in found.points.values())
     assert "all_reduce_fp16" in out and "all_reduce_bf16" in out
     assert set(found.codec_s) == set(PROBED) and found.compute_s > 0
@@ -70,7 +73,7 @@ def test_a_probed_step_counts_at_its_slowest_rank_on_every_rank(
 ) -> None:
     cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x1", quiet=True,
                              runs_dir=tmp, name="w"))  # fmt: skip
-    run = Run(cfg, Path(tmp) / "w", rank, world)
+    run = Run(cfg, Path(tmp) / "w", rank, world, measurer=ThisMachine())
     model = build_model(cfg.model, (64,), 10, seed=0)
     if rank == 1:  # only rank 1 is slow: 20 ms more per step
         model.register_forward_pre_hook(lambda *_: time.sleep(0.02))
@@ -90,7 +93,7 @@ def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
 ) -> None:
     msgs = [("all_gather", 258_096), ("all_reduce", 4096), ("all_gather", 258_096),
             ("all_reduce_bf16", 6000), ("all_reduce", 0)]  # fmt: skip
-    got = probe_module._time_messages(msgs, torch.device("cpu"))
+    got = links.time_messages(msgs, torch.device("cpu"))
     assert set(got) == {"all_gather:258096"}  # all-reduce keeps its fit (TIMED_AT_SIZE)
     assert all(t > 0 for t in got.values())
     gathered: list[dict[str, float] | None] = [None] * world
@@ -103,12 +106,12 @@ def test_each_all_gather_is_timed_once_at_its_own_size_on_every_rank(
 def test_reduce_scatter_is_timed_only_when_asked_and_only_up_to_the_sizes_asked(
     rank: int, world: int, tmp: str
 ) -> None:
-    points = probe_module._measure_links(torch.device("cpu"), 1.0, ["reduce_scatter"], 5000)
+    points = links.measure_links(torch.device("cpu"), 1.0, ["reduce_scatter"], 5000)
     assert list(points) == ["reduce_scatter"]
     # two sizes at least, then those up to 4 times the largest message
     assert [n for n, _ in points["reduce_scatter"]] == [4096, 16384]
     assert all(t > 0 for _, t in points["reduce_scatter"])
-    assert "reduce_scatter" not in probe_module.COLLECTIVES  # jimu probe keeps its time
+    assert "reduce_scatter" not in links.COLLECTIVES  # jimu probe keeps its time
 
 
 @pytest.mark.slow
@@ -118,7 +121,7 @@ def test_the_probes_pipeline_model_parallel_and_ddp_steps_are_the_strategies_own
 ) -> None:
     cfg = validate(RunConfig(strategy="ddp", workers=world, model="mlp:8x2", quiet=True,
                              batch_size=8, runs_dir=tmp, name="w"))  # fmt: skip
-    run = Run(cfg, Path(tmp) / "w", rank, world)
+    run = Run(cfg, Path(tmp) / "w", rank, world, measurer=ThisMachine())
     run.balance = "2,1"  # the pipeline cuts the model as the run's resolved --balance says
     model = build_model(cfg.model, (16,), 4, seed=0)
     assert len(model) == 3
@@ -128,25 +131,23 @@ def test_the_probes_pipeline_model_parallel_and_ddp_steps_are_the_strategies_own
         "synthetic", DataOptions(synthetic_n=40, synthetic_features=16, synthetic_classes=4)
     )
     before = model.state_dict()
-    timed = probe_module._time_staged("pipeline", model, data, cfg, run, rounds=1, steps=2)
-    assert timed is not None
-    step, sizes, rows = timed
-    assert sizes == [2, 1]
-    assert rows == 2  # the largest batch of 8 rows in micro-batches of 2
-    assert step >= probe_module.PIPELINE_M * 0.005  # each micro-batch's forward on rank 1
-    assert run.gather_objects(timed) == [timed] * world  # the slowest rank's, on every rank
+    steps = probe_module._time_strategies(model, data, cfg, run, 4, rounds=1, steps=2)
+    assert list(steps) == ["ddp", "model-parallel", "pipeline"]  # the registry's probed, in order
+    assert run.gather_objects(steps) == [steps] * world  # the slowest rank's, on every rank
+    pipe = steps["pipeline"]
+    assert pipe.sizes == [2, 1]  # cut as the run's resolved --balance says
+    assert pipe.rows == 2 and pipe.microbatches == PROBE_MICROBATCHES  # 8 rows in 4 of 2
+    assert pipe.step_s >= PROBE_MICROBATCHES * 0.005  # each micro-batch's forward on rank 1
     # model-parallel's own step: the whole batch of 8 rows, one forward on rank 1
-    chain = probe_module._time_staged("model-parallel", model, data, cfg, run, rounds=1, steps=2)
-    assert chain is not None and chain[1:] == ([2, 1], 8)
-    assert 0.005 <= chain[0] < step
-    assert run.gather_objects(chain) == [chain] * world
+    chain = steps["model-parallel"]
+    assert (chain.sizes, chain.rows, chain.microbatches) == ([2, 1], 8, 1)
+    assert 0.005 <= chain.step_s < pipe.step_s
     # the ddp strategy's own step, its all-reduce included: rank 1's sleep on both ranks
-    ddp_step = probe_module._time_ddp(model, data, cfg, run, 4, rounds=1, steps=2)
-    assert ddp_step >= 0.005
-    assert run.gather_objects(ddp_step) == [ddp_step] * world
+    assert steps["ddp"] == TimedStep(steps["ddp"].step_s, [], 4, 1)
+    assert steps["ddp"].step_s >= 0.005
     # the run's own counters hold none of the probe's messages, its model is untouched
     assert run.stats.bytes_sent == 0 and run.stats.bytes_recv == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    # fewer blocks than ranks: no pipeline runs the model, none is timed
-    for kind in ("pipeline", "model-parallel"):
-        assert probe_module._time_staged(kind, model[:1], data, cfg, run) is None
+    # fewer blocks than ranks: no split strategy runs the model, none is timed
+    few = probe_module._time_strategies(model[:1], data, cfg, run, 4, rounds=1, steps=2)
+    assert list(few) == ["ddp"]

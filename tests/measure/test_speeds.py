@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from deepjimu.balance import chosen_balance
 from deepjimu.config import RunConfig
+from deepjimu.measure.speeds import SPEEDS_FILE, balance_speeds
 from deepjimu.models import build_model
 from deepjimu.run import Run
-from deepjimu.speeds import SPEEDS_FILE, balance_speeds, chosen_balance
 from deepjimu.validation import validate
 from distributed import run_world
 

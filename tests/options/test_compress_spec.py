@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deepjimu.compress.spec import CompressSpec, parse_compress
 from deepjimu.errors import JimuError
+from deepjimu.options.compress import CompressSpec, parse_compress
 
 
 @pytest.mark.parametrize(

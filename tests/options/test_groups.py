@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deepjimu.config import ConfigErrors, RunConfig, add_options, option_fields, read_toml
+from deepjimu.config import ConfigErrors, RunConfig, option_fields, read_toml
+from deepjimu.flags import add_options
 from deepjimu.options import (
     GROUPS,
     AdmmGroup,
@@ -18,11 +19,11 @@ from deepjimu.options import (
     OptimGroup,
     RunGroup,
     SyncGroup,
-    applies_of,
     group_of,
     narrow,
 )
 from deepjimu.strategies import get_strategy, strategy_names
+from deepjimu.strategies.registry import applies, entry
 
 
 def test_every_option_is_declared_by_exactly_one_group() -> None:
@@ -33,17 +34,16 @@ def test_every_option_is_declared_by_exactly_one_group() -> None:
 
 @pytest.mark.parametrize("name", strategy_names())
 def test_a_strategy_takes_exactly_the_groups_whose_options_apply_to_it(name: str) -> None:
-    kind = get_strategy(name)
-    taken = {f.name for f in dataclasses.fields(kind.options)}
+    taken = {f.name for f in dataclasses.fields(entry(name).options)}
     for f in option_fields():
-        strategies = applies_of(f.name).strategies
+        strategies = applies(f.name).strategies
         if group_of(f.name) is DataGroup:
             continue  # the engine reads the data options; no strategy does
         may_apply = not strategies or name in strategies
         # every option that may apply to it is handed to it (by value, equal to the run's)
-        assert (f.name in taken) == may_apply or (
-            f.name in taken and group_of(f.name).strategies == ()
-        ), f.name
+        assert (f.name in taken) == may_apply or (f.name in taken and group_of(f.name).universal), (
+            f.name
+        )
 
 
 def test_a_strategy_is_handed_only_its_groups() -> None:
@@ -122,5 +122,5 @@ def test_a_toml_table_holds_its_groups_options(tmp_path: Path) -> None:
 
 
 def test_the_sample_config_reads() -> None:
-    values = read_toml(Path(__file__).resolve().parent.parent / "examples" / "run.toml")
+    values = read_toml(Path(__file__).resolve().parents[2] / "examples" / "run.toml")
     assert values["strategy"] == "admm" and values["checkpoint_every"] == 10

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from deepjimu.bookkeeping import Bookkeeping
-from deepjimu.checkpoint import Checkpointer
 from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.counters import Counters
 from deepjimu.errors import Interrupted, JimuError
-from deepjimu.events import EventLog
+from deepjimu.record.checkpoint import Checkpointer
+from deepjimu.record.events import EventLog
 from disks import small_disk
 from distributed import distributed_test
 
@@ -125,7 +125,7 @@ def test_a_checkpoint_that_finds_no_room_keeps_the_last_one_and_leaves_nothing(
             raise OSError(errno.ENOSPC, "No space left on device")
         torch.save(obj, path)
 
-    with mock.patch("deepjimu.checkpoint._torch_save", full), pytest.raises(JimuError) as e:
+    with mock.patch("deepjimu.record.checkpoint._torch_save", full), pytest.raises(JimuError) as e:
         ckpt.save(2, 2, _model() if rank == 0 else None, {"rank": rank})
     msg = str(e.value)
     assert msg.startswith(
@@ -182,7 +182,7 @@ def test_a_signal_mid_write_stops_the_run_with_its_own_line(tmp_path: Path) -> N
 
     ckpt = _checkpointer(tmp_path, 0, 1)
     with (
-        mock.patch("deepjimu.checkpoint.open", Interrupting, create=True),
+        mock.patch("deepjimu.record.checkpoint.open", Interrupting, create=True),
         pytest.raises(Interrupted) as e,
     ):
         ckpt.save(1, 1, torch.nn.Linear(50, 50), {})

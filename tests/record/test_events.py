@@ -16,7 +16,7 @@ from deepjimu import atomic
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.counters import Counters
 from deepjimu.errors import JimuError
-from deepjimu.events import EventLog, merge_event
+from deepjimu.record.events import EventLog, merge_event
 from distributed import distributed_test
 
 

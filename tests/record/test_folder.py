@@ -17,12 +17,12 @@ from deepjimu.cli import main
 from deepjimu.config import CONFIG_VERSION, ConfigErrors, RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.report import read_events
-from deepjimu.rundir import check_resume, latest_checkpoint, lock_run_dir, saved_config
+from deepjimu.record.folder import check_resume, latest_checkpoint, lock_run_dir, saved_config
+from deepjimu.record.read import read_events
 
 
 def _env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
@@ -39,7 +39,7 @@ def test_the_lock_admits_one_holder_and_dies_with_it(tmp_path: Path) -> None:
     with lock_run_dir(run):  # released at the end of the block
         pass
     # another process holds it until it is killed: the OS releases a flock however it ends
-    code = "import sys, time; from deepjimu.rundir import lock_run_dir\n"
+    code = "import sys, time; from deepjimu.record.folder import lock_run_dir\n"
     code += "with lock_run_dir(__import__('pathlib').Path(sys.argv[1])):\n"
     code += "    print('held', flush=True); time.sleep(60)"
     holder = subprocess.Popen(

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from deepjimu.comm import nbytes
-from deepjimu.compress import probe
-from deepjimu.compress.cost import CANDIDATES, PROBED
 from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.cost.compress import CANDIDATES, PROBED
 from deepjimu.data import DataOptions, load_dataset
+from deepjimu.measure import links
+from deepjimu.measure.measurer import ThisMachine
 from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies.base import count_correct
@@ -35,7 +36,7 @@ def _fit(
 ) -> dict[str, dict[str, Any]]:
     """Train ddp once per variant (config changes) in this group; rank 0 returns test accuracy and fit's extras."""
     if sizes:  # a short probe: fewer message sizes
-        probe.SIZES = sizes
+        links.SIZES = sizes
     out = {}
     for name, changes in variants.items():
         cfg = validate(
@@ -49,7 +50,7 @@ def _fit(
                 **changes,
             )
         )
-        run = Run(cfg, Path(tmp) / name, rank, world)
+        run = Run(cfg, Path(tmp) / name, rank, world, measurer=ThisMachine())
         data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world)
         model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
         result = DDPStrategy(cfg).fit(model, data, run)
@@ -76,7 +77,7 @@ VARIANTS = {
 
 @pytest.mark.slow
 def test_every_compressor_and_local_sgd_end_within_a_point_of_plain_ddp(tmp_path: Path) -> None:
-    # SGD: top-k with error feedback lags under Adam (see deepjimu.compress.cost). 60 epochs of
+    # SGD: top-k with error feedback lags under Adam (see deepjimu.cost.compress). 60 epochs of
     # 11 steps: after 30, top-k 1% was 0.3 to 2.8 points behind plain ddp (seeds 0-3, so the
     # test passed or failed with the CPU's rounding); after 60, 0 to 0.6 points
     base = {

@@ -12,6 +12,7 @@ import torch
 from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
+from deepjimu.measure.measurer import ThisMachine
 from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies.ddp import DDPStrategy
@@ -73,7 +74,7 @@ def test_every_plan_trains_exactly_as_ddp_does(rank: int, world: int, tmp: str) 
                 lr=0.05, epochs=2, sync_plan=plan, quiet=True, runs_dir=tmp, name=plan,
             )
         )  # fmt: skip
-        run = Run(cfg, Path(tmp) / plan, rank, world)
+        run = Run(cfg, Path(tmp) / plan, rank, world, measurer=ThisMachine())
         data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world)
         model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
         DDPStrategy(cfg).fit(model, data, run)

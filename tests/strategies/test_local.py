@@ -8,7 +8,8 @@ from typing import Any
 
 from deepjimu.config import RunConfig
 from deepjimu.launch import train
-from deepjimu.report import read_events, report
+from deepjimu.record.read import read_events
+from deepjimu.report import report
 
 # a small SBM whose node features alone say the class poorly (see tests/data/test_graph.py)
 SBM: dict[str, Any] = {

@@ -14,6 +14,7 @@ from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.launch import train
+from deepjimu.measure.measurer import ThisMachine
 from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies import get_strategy
@@ -58,13 +59,13 @@ def transparency_world(
         local_cfg = dataclasses.replace(cfg, strategy="local", workers=1)
         ref = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed).double()
         local = LocalStrategy(local_cfg)
-        local_run = Run(local_cfg, Path(out_dir))
+        local_run = Run(local_cfg, Path(out_dir), measurer=ThisMachine())
         local.setup(ref, data, local_run)
         batches = local.batches(data, 0, local_run)
         ref_losses = [float(local.train_step(x, y)) for x, y in batches]
 
         model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed).double()
-        run = Run(cfg, Path(out_dir), rank, world)
+        run = Run(cfg, Path(out_dir), rank, world, measurer=ThisMachine())
         strategy: Any = get_strategy(cfg.strategy)(cfg)
         strategy.setup(model, data, run)
         losses = [strategy.train_step(x, y) for x, y in strategy.batches(data, 0, run)]

@@ -10,16 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from deepjimu.balance import parse_balance, partition
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
-from deepjimu.strategies.partition import (
-    StagePlan,
-    balance_by_size,
-    balance_by_time,
-    block_shapes,
-    parse_balance,
-    partition,
-)
+from deepjimu.strategies.partition import StagePlan, balance_by_size, block_shapes
 
 
 def _brute_force(costs: list[float], k: int) -> float:
@@ -104,21 +98,6 @@ def test_balance_by_size_isolates_the_big_block() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 400), nn.Linear(400, 4), nn.Linear(4, 4))
     assert balance_by_size(model, 2) == [2, 2]
     assert balance_by_size(model, 3) == [1, 1, 2]
-
-
-def test_balance_by_time_leaves_model_and_rng_alone() -> None:
-    model = nn.Sequential(
-        nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 512), nn.Linear(512, 8)), nn.Linear(8, 8)
-    )
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    torch.manual_seed(3)
-    expected_draw = torch.rand(1)
-    torch.manual_seed(3)
-    sizes = balance_by_time(model, torch.randn(64, 8, generator=torch.Generator()), 3)
-    assert sizes == [1, 1, 1]
-    assert torch.rand(1) == expected_draw
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert all(p.grad is None for p in model.parameters())
 
 
 def test_partition_over_speeds_and_cut_costs_is_optimal_on_random_costs() -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from deepjimu.balance import parse_balance, partition
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.comm import Comm, CommStats
 from deepjimu.config import RunConfig
@@ -39,7 +40,6 @@ from deepjimu.strategies.admm.health import readout_failed, solve_failed
 from deepjimu.strategies.admm.layers import LayerOp
 from deepjimu.strategies.admm.model import admm_layers, admm_maps, new_block, write_weights
 from deepjimu.strategies.admm.solver import Solver
-from deepjimu.strategies.partition import parse_balance, partition
 
 __all__ = ["AdmmStep", "PdADMM", "admm_maps"]
 
@@ -397,10 +397,7 @@ class PdADMM:
         """Layers lo..hi-1 from the model's current weights, and the solver that drives them;
         a scaled or unit start rescales the weights at the first start only."""
         if self.params is None:
-            self.params = AdmmParams(
-                rho=self.rho, nu=self.nu, bits=self.bits, tau=self.tau,
-                ridge=float(self.settings["ridge"]), momentum=float(self.settings["momentum"]),
-            )  # fmt: skip
+            self.params = AdmmParams.of(self.rho, self.nu, self.bits, self.tau, self.settings)
         self.params.memory = float(self.settings["memory"]) if batch else 0.0
         block = new_block(self.maps, self.ops, lo, hi, self.params)
         mode = auto_init(self.ops) if self.init_mode == "auto" else self.init_mode

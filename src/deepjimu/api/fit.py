@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from deepjimu.record.checkpoint import load_file
 from deepjimu.config import ConfigErrors, RunConfig, option_fields
 from deepjimu.data.tensors import samples_and_labels, save_tensors, tensors_file
 from deepjimu.errors import JimuError, one_line
 from deepjimu.launch import train
 from deepjimu.models import factory_spec
+from deepjimu.record.checkpoint import load_file
 from deepjimu.record.folder import check_new, latest_checkpoint, saved_config
 from deepjimu.worker import ModelFactory
 

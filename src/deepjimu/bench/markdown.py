@@ -8,6 +8,7 @@ from typing import Any
 from deepjimu.atomic import atomic_write_text
 from deepjimu.bench.results import Target, options_text, three_figures
 from deepjimu.bench.tune import Tuning
+from deepjimu.strategies.registry import ENTRIES
 from deepjimu.units import format_bytes
 
 __all__ = ["write_markdown"]
@@ -240,7 +241,10 @@ def _plot_lines(rows: list[dict[str, Any]], plots: list[Path]) -> list[str]:
     lines = ["", "## Plots", ""]
     for p in plots:
         lines += [f"### {_PLOT_TEXT.get(p.stem, p.stem)}", "", f"![{p.stem}]({p.name})", ""]
-    asked = any(r["strategy"] == "pipeline" and r["status"] != "skipped" for r in rows)
+    pipelined = {e.name for e in ENTRIES if e.traits.pipelined}
+    asked = any(r["strategy"] in pipelined and r["status"] != "skipped" for r in rows)
     if asked and not any(p.stem == "pipeline_bubble" for p in plots):
-        lines += ["No pipeline run finished, so there is no idle-fraction plot."]
+        lines += [
+            f"No {' or '.join(sorted(pipelined))} run finished, so there is no idle-fraction plot."
+        ]
     return lines

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from deepjimu.bench.flags import BENCH_FLAGS, Options, option_argv, slug
 from deepjimu.config import (
     ConfigErrors,
     RunConfig,
-    add_options,
     coerce,
     field_kind,
     flag_values,
@@ -23,58 +22,17 @@ from deepjimu.config import (
     option_fields,
 )
 from deepjimu.errors import JimuError
+from deepjimu.flags import add_options
+from deepjimu.validation import does_not_apply, validate
 
 __all__ = [
-    "BENCH_FLAGS",
     "Cell",
-    "Options",
-    "option_argv",
     "parse_list",
     "parse_workers",
     "plan",
     "split_variants",
     "train_config",
 ]
-
-# flags the bench sets itself for every run; --train-args must not repeat them
-BENCH_FLAGS = frozenset(
-    {
-        "strategy",
-        "workers",
-        "model",
-        "dataset",
-        "data_dir",
-        "seed",
-        "epochs",
-        "name",
-        "runs_dir",
-        "quiet",
-        "resume",
-    }
-)
-
-Options = tuple[tuple[str, str], ...]
-"""Varied ``jimu train`` options of a cell, as (field name, value text) pairs."""
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
-
-
-def option_argv(options: Options) -> list[str]:
-    """``jimu train`` flags for ``options``, e.g. ``(("lr", "0.01"),)`` -> ``["--lr", "0.01"]``.
-
-    A boolean option's text is ``true`` or ``false`` (``--quiet`` / ``--no-quiet``).
-    """
-    kinds = {f.name: field_kind(f) for f in option_fields()}
-    argv = []
-    for name, value in options:
-        flag = name.replace("_", "-")
-        if kinds[name] == "bool":
-            argv.append(f"--{flag}" if coerce(name, value, "flag") else f"--no-{flag}")
-        else:
-            argv += [f"--{flag}", value]
-    return argv
 
 
 @dataclass(frozen=True)
@@ -103,8 +61,8 @@ class Cell:
     @property
     def name(self) -> str:
         """The run folder name, e.g. ``ddp-w2-mlp-256x3`` or ``ddp-w2-mlp-256x3-lr0.01``."""
-        opts = "".join(f"-{k.replace('_', '-')}{_slug(v)}" for k, v in self.options)
-        return f"{self.strategy}-w{self.workers}-{_slug(self.model)}{opts}"
+        opts = "".join(f"-{k.replace('_', '-')}{slug(v)}" for k, v in self.options)
+        return f"{self.strategy}-w{self.workers}-{slug(self.model)}{opts}"
 
     @property
     def label(self) -> str:
@@ -233,8 +191,6 @@ def train_config(fixed: Options, base: dict[str, object]) -> RunConfig:
 
 def _problems(cfg: RunConfig) -> list[str] | None:
     """What ``jimu train`` would refuse in ``cfg`` (the same validation); None when it is valid."""
-    from deepjimu.validation import validate  # it loads the registries, and with them torch
-
     try:
         validate(cfg)
     except ConfigErrors as e:
@@ -274,8 +230,6 @@ def plan(
         >>> [c.label for c in plan(RunConfig(), ["local"], [1, 2], ["mlp:16x1"]) if c.skip]
         ['local x2 mlp:16x1']
     """
-    from deepjimu.validation import does_not_apply
-
     checked: list[tuple[Cell, list[str] | None]] = []
     plain_ok: dict[tuple[str, str], bool] = {}
     fixed = [k for k in (given_options(base) if fixed is None else fixed) if k not in BENCH_FLAGS]

@@ -17,18 +17,12 @@ from typing import Any
 
 from deepjimu.bench.results import Target, three_figures
 from deepjimu.errors import JimuError
-from deepjimu.report import accuracy_limits, finite_number, read_events, save_figures
+from deepjimu.record.read import finite_number, read_events
+from deepjimu.report import accuracy_limits, save_figures
+from deepjimu.strategies.registry import ENTRIES, entry_traits
 
-__all__ = ["STRATEGY_COLORS", "Style", "figures", "styles", "write_plots"]
+__all__ = ["Style", "figures", "styles", "write_plots"]
 
-# tab10's first five: one colour per strategy, whatever else a bench runs
-STRATEGY_COLORS = {
-    "local": "#1f77b4",
-    "ddp": "#ff7f0e",
-    "model-parallel": "#2ca02c",
-    "pipeline": "#d62728",
-    "admm": "#9467bd",
-}
 _SPARE_COLORS = ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 _MARKERS = "osD^vP*Xh<>p"
 _FILLS = ("full", "none", "left", "bottom")
@@ -51,10 +45,10 @@ class Style:
 
 
 def _strategy_color(strategy: str) -> str:
-    """A strategy's colour: the table's, else one fixed by its name (crc32, not Python's
-    salted hash, so it is the same in every process)."""
-    spare = _SPARE_COLORS[zlib.crc32(strategy.encode()) % len(_SPARE_COLORS)]
-    return STRATEGY_COLORS.get(strategy, spare)
+    """A strategy's colour: its registry entry's, else one fixed by its name (crc32, not
+    Python's salted hash, so it is the same in every process)."""
+    own = {e.name: e.color for e in ENTRIES}.get(strategy)
+    return own or _SPARE_COLORS[zlib.crc32(strategy.encode()) % len(_SPARE_COLORS)]
 
 
 def _shade(color: str, workers: int) -> tuple[float, float, float]:
@@ -382,7 +376,7 @@ def _bubble(rows: list[dict[str, Any]], many: bool, title: str) -> Any:
     y = [2 * i for i in range(len(rows))]
     measured = _values(rows, "idle_frac", 100)
     theory = _values(rows, "bubble_theory", 100)
-    color = _strategy_color("pipeline")
+    color = _strategy_color(rows[0]["strategy"])
     for offset, values, label, c in (
         (-0.4, measured, "measured idle fraction", color),
         (0.4, theory, "GPipe bubble (n-1)/(m+n-1)", "0.6"),
@@ -433,7 +427,7 @@ def figures(rows: list[dict[str, Any]], title: str, target: Target) -> dict[str,
         "time_to_target": _target(ok, style, many, target, title),
         "comm_memory": _comm_memory(ok, style, many, title),
     }
-    pipes = [r for r in ok if r["strategy"] == "pipeline"]
+    pipes = [r for r in ok if entry_traits(r["strategy"]).pipelined]
     if pipes:
         out["pipeline_bubble"] = _bubble(pipes, many, title)
     return {k: v for k, v in out.items() if v is not None}

@@ -11,7 +11,8 @@ from typing import Any
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.errors import JimuError
-from deepjimu.report import read_events, train_time_to
+from deepjimu.record.read import read_events, train_time_to
+from deepjimu.strategies.registry import reference
 
 __all__ = [
     "COLUMNS",
@@ -167,7 +168,7 @@ def add_speedups(rows: list[dict[str, Any]]) -> None:
             continue
         opts = row.get("options") or ""
         base = _baseline(rows, row["strategy"], row["model"], opts) or _baseline(
-            rows, "local", row["model"], opts
+            rows, reference(), row["model"], opts
         )
         if base is not None:
             row["speedup"] = row["samples_per_s"] / base["samples_per_s"]

@@ -15,7 +15,12 @@ from typing import Any
 from deepjimu.bench.matrix import Cell
 from deepjimu.clocks import CLOCKS
 from deepjimu.errors import JimuError
-from deepjimu.report import finite_number, read_config, read_events, read_summary, train_time_to
+from deepjimu.record.read import (
+    finite_number,
+    read_events,
+    read_summary,
+    train_time_to,
+)
 
 __all__ = ["Outcome", "error_line", "measure", "run_cell", "train_command"]
 
@@ -129,7 +134,6 @@ def measure(run_dir: Path, target_acc: float | None = None) -> dict[str, Any]:
     summary = read_summary(run_dir)
     if summary is None:
         raise JimuError(f"{Path(run_dir) / 'summary.json'} does not exist")
-    config = read_config(run_dir)
     samples = finite_number(summary.get("samples")) or 0.0
     bytes_sent = finite_number(summary.get("bytes_sent"))
     if bytes_sent is None:
@@ -149,7 +153,7 @@ def measure(run_dir: Path, target_acc: float | None = None) -> dict[str, Any]:
         "bytes_per_sample": bytes_sent / samples if samples else None,
         "peak_mem_mb": max((m for m in mems if finite_number(m) is not None), default=None),
         "idle_frac": _figure(summary, events, "idle_frac"),
-        "bubble_theory": _bubble_theory(summary, events, config),
+        "bubble_theory": _figure(summary, events, "bubble_theory"),
     }
 
 
@@ -159,21 +163,3 @@ def _figure(summary: dict[str, Any], events: list[dict[str, Any]], key: str) -> 
         return finite_number(summary[key])
     values = [v for e in events if (v := finite_number(e.get(key))) is not None]
     return sum(values) / len(values) if values else None
-
-
-def _bubble_theory(
-    summary: dict[str, Any], events: list[dict[str, Any]], config: dict[str, Any]
-) -> float | None:
-    """The logged pipeline bubble, else (n-1)/(v m + n-1) from the run's config (pipeline only)."""
-    logged = _figure(summary, events, "bubble_theory")
-    if logged is not None or summary.get("strategy") != "pipeline":
-        return logged
-    from deepjimu.options import PipelineOptions
-    from deepjimu.strategies.model_parallel import bubble_fraction
-    from deepjimu.strategies.pipeline import PipelineStrategy
-
-    n, m = summary.get("workers"), config.get("microbatches")
-    if isinstance(n, int) and isinstance(m, int) and n >= 1 and m >= 1:
-        cfg = PipelineOptions(schedule=config.get("schedule", "gpipe"))
-        return bubble_fraction(n, m, PipelineStrategy.chunks(cfg))
-    return None

@@ -19,6 +19,8 @@ from deepjimu.bench.matrix import Cell, Options
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.options import narrow
+from deepjimu.strategies import get_strategy
+from deepjimu.strategies.registry import entry
 
 __all__ = ["Trial", "Tuning", "format_value", "tune_group", "tuned_keys"]
 
@@ -59,14 +61,11 @@ def format_value(v: Any) -> str:
 
 def tuned_keys(strategies: Sequence[str], base: RunConfig, trials: int) -> set[str]:
     """Every option that ``--tune`` sets for these strategies (they must not be given)."""
-    from deepjimu.strategies import get_strategy
-
     keys: set[str] = set()
     for s in strategies:
         try:
-            kind = get_strategy(s)
-            space = kind.tune_space(
-                narrow(dataclasses.replace(base, strategy=s), kind.options), trials
+            space = get_strategy(s).tune_space(
+                narrow(dataclasses.replace(base, strategy=s), entry(s).options), trials
             )
         except JimuError:
             continue  # an unknown strategy: the matrix plan names it, one line per configuration
@@ -89,8 +88,6 @@ def tune_group(
         trials: the number of trials.
         run_trial: runs ``cell`` with the extra options; returns (status, error, val_acc).
     """
-    from deepjimu.strategies import get_strategy
-
     runnable = [c for c in cells if not c.skip]
     if not runnable:
         return None
@@ -98,8 +95,8 @@ def tune_group(
     tuning = Tuning(cell.strategy, cell.model, cell.options, cell.workers)
     try:
         cfg = dataclasses.replace(base, strategy=cell.strategy, model=cell.model)
-        kind = get_strategy(cell.strategy)
-        space = kind.tune_space(narrow(cfg, kind.options), trials)
+        own = narrow(cfg, entry(cell.strategy).options)
+        space = get_strategy(cell.strategy).tune_space(own, trials)
     except JimuError as e:
         tuning.trials.append(Trial((), "failed", None, str(e)))
         return tuning

@@ -23,8 +23,8 @@ from torch.distributed.algorithms.model_averaging import utils as averaging_util
 from deepjimu.comm import Comm, nbytes
 from deepjimu.compress.base import HookState, allreduce_hook
 from deepjimu.compress.qsgd import QsgdState, qsgd_hook
-from deepjimu.options.compress import CompressSpec
 from deepjimu.compress.topk import TopkState, topk_hook
+from deepjimu.options.compress import CompressSpec
 
 __all__ = ["Averaging", "Hook", "LocalSGDState", "PowerSGDHookState", "comm_hook", "local_sgd_hook"]
 

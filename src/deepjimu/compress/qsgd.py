@@ -20,21 +20,9 @@ from torch import Tensor
 
 from deepjimu.comm import Comm
 from deepjimu.compress.base import HookState, counted_all_gather, counted_allreduce
+from deepjimu.compress.payload import CHUNK, qsgd_slot
 
-__all__ = ["CHUNK", "QsgdState", "qsgd_decode", "qsgd_encode", "qsgd_hook", "qsgd_payload_bytes"]
-
-CHUNK = 512  # entries per norm: QSGD's bucket size d
-
-
-def _slot(bits: int) -> int:
-    """Wire bits per code: 2, 4 or 8 (so that a byte holds a whole number of codes)."""
-    return 2 if bits <= 2 else 4 if bits <= 4 else 8
-
-
-def qsgd_payload_bytes(n: int, bits: int) -> int:
-    """Bytes of the payload of a vector of ``n`` entries: packed codes, then one float32 norm per chunk."""
-    chunks = -(-n // CHUNK)
-    return chunks * CHUNK * _slot(bits) // 8 + 4 * chunks
+__all__ = ["QsgdState", "qsgd_decode", "qsgd_encode", "qsgd_hook"]
 
 
 def qsgd_encode(v: Tensor, bits: int, generator: torch.Generator) -> Tensor:
@@ -42,7 +30,7 @@ def qsgd_encode(v: Tensor, bits: int, generator: torch.Generator) -> Tensor:
 
     Returns:
         the payload: packed codes, then the chunks' norms, as one byte tensor of
-        :func:`qsgd_payload_bytes` bytes.
+        :func:`~deepjimu.compress.payload.qsgd_payload_bytes` bytes.
 
     Example:
         >>> v = torch.tensor([0.5, -0.25, 0.0])
@@ -58,7 +46,7 @@ def qsgd_encode(v: Tensor, bits: int, generator: torch.Generator) -> Tensor:
     levels = scaled.add_(torch.rand(scaled.shape, generator=generator, device=v.device)).floor_()
     levels.clamp_(max=s)  # |v_i| = ||v|| may round a hair above s
     codes = levels.copysign_(x).add_(s).to(torch.uint8).view(-1)
-    slot = _slot(bits)
+    slot = qsgd_slot(bits)
     if slot < 8:
         shifts = torch.arange(0, 8, slot, dtype=torch.uint8, device=v.device)
         codes = (codes.view(-1, 8 // slot) << shifts).sum(dim=1, dtype=torch.uint8)
@@ -69,7 +57,7 @@ def qsgd_decode(payload: Tensor, n: int, bits: int) -> Tensor:
     """The float32 vector of ``n`` entries that ``payload`` (from :func:`qsgd_encode`) stands for."""
     s = 2 ** (bits - 1) - 1
     chunks = -(-n // CHUNK)
-    slot = _slot(bits)
+    slot = qsgd_slot(bits)
     codes, norms = payload[: chunks * CHUNK * slot // 8], payload[chunks * CHUNK * slot // 8 :]
     if slot < 8:
         shifts = torch.arange(0, 8, slot, dtype=torch.uint8, device=payload.device)

@@ -1,19 +1,14 @@
-"""ddp's ``--sync-plan``: measure what the planner needs, make the plan, and apply it each step with gradient hooks.
+"""ddp's ``--sync-plan``, applied: each tensor's method run every step by gradient hooks.
 
-The planner is pure (:mod:`deepjimu.cost.sync`); here are the two collective parts:
+The planner is pure (:mod:`deepjimu.cost.sync`) and what it needs is measured by
+:mod:`deepjimu.measure.sync` (the ddp strategy asks its run's measurer); here is the executor:
 
-- :func:`make_plan` describes every parameter tensor (Linear weights: input rows per rank;
-  sparse embeddings: rows a step touches, measured on this rank's first batches), times
-  the rebuild of sufficient factors, fits all-reduce, reduce-scatter and all-gather to
-  latency + bytes / bandwidth over the run's group (the probe's own timing,
-  :mod:`deepjimu.compress.probe`, at the sizes the plan needs) and times its all-gathers at
-  their own sizes, then plans;
 - :class:`SyncExecutor` replaces DDP for a plan other than all-reduce everywhere: a hook
   on every parameter starts its method's first collective as soon as autograd has
   accumulated its gradient (so the messages overlap the rest of the backward pass), and
   :meth:`SyncExecutor.finish` completes them in the order they started (every rank starts
   the same collectives in the same order, as gloo needs) and writes the averaged gradient.
-  Small dense tensors to all-reduce (``plan.sync.fused``) wait for the end of the backward
+  Small dense tensors to all-reduce (:func:`~deepjimu.compress.payload.fuses`) wait for the end of the backward
   pass and go in one all-reduce, as torch's DDP buckets them.
   Each payload is counted where it is handed to its collective, by the rules of
   :mod:`deepjimu.compress.base`: all-reduce sent = received = its bytes; all-gather sent
@@ -23,10 +18,8 @@ The planner is pure (:mod:`deepjimu.cost.sync`); here are the two collective par
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,28 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from deepjimu.comm import Comm, nbytes
-from deepjimu.compress.probe import _measure_links, _time_messages, fit_alpha_beta
-from deepjimu.cost.cluster import probed_cluster
-from deepjimu.cost.sync import (
-    COUNT_BYTES,
-    SyncEntry,
-    TensorInfo,
-    applicable,
-    fused,
-    method_messages,
-    plan_sync,
-)
+from deepjimu.compress.payload import COUNT_BYTES, fuses
 
-__all__ = [
-    "SyncExecutor",
-    "SyncPlan",
-    "make_plan",
-    "sparse_all_reduce",
-    "sparse_embeddings",
-    "tensor_infos",
-]
+__all__ = ["SyncExecutor", "linear_weights", "sparse_all_reduce", "sparse_embeddings"]
 
-_LINKS = ["all_reduce", "reduce_scatter", "all_gather"]
 # torch 2.13 renamed these two (the old names deprecated there); older versions have only those
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -77,129 +52,13 @@ def sparse_embeddings(model: nn.Module) -> dict[str, nn.Module]:
     }
 
 
-def _linears(model: nn.Module) -> dict[str, nn.Linear]:
+def linear_weights(model: nn.Module) -> dict[str, nn.Linear]:
+    """Parameter name -> module of every Linear weight (whose gradient sufficient factors can rebuild)."""
     return {
         f"{name}.weight" if name else "weight": m
         for name, m in model.named_modules()
         if isinstance(m, nn.Linear)
     }
-
-
-def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # bookkeeping: not counted
-    return [float(v) for v in t.tolist()]
-
-
-def tensor_infos(
-    model: nn.Module, batches: Sequence[tuple[Tensor, Tensor]], rows: int, device: torch.device
-) -> list[TensorInfo]:
-    """Collective: every parameter as the planner sees it, the same on every rank.
-
-    A Linear weight's ``rows`` is ``rows`` (the most batch rows a rank takes in a step)
-    times the input rows per sample it saw on ``batches[0]`` (1 for flat inputs); a sparse
-    embedding's, the rows the gradient touched, the busiest rank's per batch, averaged over
-    ``batches`` (this rank's first ones; the gradients are dropped). The rebuild of a
-    Linear's sufficient factors is timed here (the slowest rank's median of 5).
-    """
-    linears, embeddings = _linears(model), sparse_embeddings(model)
-    per_sample: dict[str, float] = {}
-
-    def seen(name: str, m: nn.Linear) -> Callable[..., None]:
-        def hook(_m: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
-            per_sample.setdefault(name, inputs[0].numel() / m.in_features / len(batches[0][1]))
-
-        return hook
-
-    handles = [m.register_forward_hook(seen(n, m)) for n, m in linears.items()]
-    touched: dict[str, list[float]] = {n: [] for n in embeddings}
-    named = dict(model.named_parameters())
-    for x, y in batches:
-        model.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x.to(device)), y.to(device)).backward()
-        for n in embeddings:
-            g = named[n].grad
-            touched[n].append(float(g.coalesce()._nnz()) if g is not None and g.is_sparse else 0.0)
-    model.zero_grad(set_to_none=True)
-    for h in handles:
-        h.remove()
-    world = dist.get_world_size()
-    native = sparse_all_reduce()
-    names = sorted(touched)
-    maxima = _max_over_ranks([v for n in names for v in touched[n]], device)
-    k = len(batches)
-    sparse_rows = {n: statistics.mean(maxima[i * k : (i + 1) * k]) for i, n in enumerate(names)}
-    infos = []
-    for name, p in model.named_parameters():
-        if name in embeddings:
-            touched_rows = sparse_rows[name]
-            infos.append(
-                TensorInfo(name, tuple(p.shape), "embedding", rows=touched_rows, native=native)
-            )
-        elif name in linears and name in per_sample:
-            k_rows = rows * per_sample[name]
-            infos.append(TensorInfo(name, tuple(p.shape), "linear", rows=k_rows))
-        else:
-            infos.append(TensorInfo(name, tuple(p.shape)))
-    rebuild = [_time_rebuild(t, world, device) if t.kind == "linear" else 0.0 for t in infos]
-    rebuild = _max_over_ranks(rebuild, device)
-    return [
-        replace(t, rebuild_s=s) if t.kind == "linear" else t
-        for t, s in zip(infos, rebuild, strict=True)
-    ]
-
-
-def _time_rebuild(t: TensorInfo, world: int, device: torch.device, reps: int = 5) -> float:
-    """Median seconds of adding the other ranks' factors to a gradient of ``t``'s shape."""
-    out_dim, in_dim = t.shape
-    k = max(1, round(t.rows)) * (world - 1)
-    grad = torch.zeros(out_dim, in_dim, device=device)
-    g, a = torch.randn(k, out_dim, device=device), torch.randn(k, in_dim, device=device)
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        torch.addmm(grad, g.T, a)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
-
-
-@dataclass
-class SyncPlan:
-    """What :func:`make_plan` found: the plan's entries and the figures it came from."""
-
-    entries: list[SyncEntry]
-    links: dict[str, Any]
-    measured: dict[str, float]
-
-
-def make_plan(
-    model: nn.Module,
-    batches: Sequence[tuple[Tensor, Tensor]],
-    rows: int,
-    plan: str,
-    device: torch.device,
-    max_op_s: float = 0.25,
-) -> SyncPlan:
-    """Collective: describe the tensors (:func:`tensor_infos`), probe the link at the sizes
-    the plan's messages take, and plan (:func:`deepjimu.cost.sync.plan_sync`).
-
-    Every rank returns the same plan: every figure is the slowest rank's.
-    """
-    infos = tensor_infos(model, batches, rows, device)
-    world = dist.get_world_size()
-    msgs = [m for t in infos for method in applicable(t) for m in method_messages(t, method, world)]
-    largest = max(b for _, b in msgs)
-    points = _measure_links(device, max_op_s, _LINKS, largest)
-    links = {k: fit_alpha_beta([n for n, _ in v], [s for _, s in v]) for k, v in points.items()}
-    cluster = probed_cluster(links, world, str(device))
-    measured = _time_messages(msgs, device)
-    entries = plan_sync(infos, plan, cluster, world, measured)
-    fits = {
-        k: {"alpha_s": f.alpha_s, "beta_s_per_byte": f.beta_s_per_byte} for k, f in links.items()
-    }
-    return SyncPlan(entries, fits, measured)
 
 
 class SyncExecutor:
@@ -241,15 +100,14 @@ class SyncExecutor:
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t, 0, group=group)
-        linears = _linears(model)
+        linears = linear_weights(model)
         embeddings = sparse_embeddings(model)
         for name, p in model.named_parameters():
             method = methods.get(name, "allreduce")
             if method == "sfb":
                 m = linears[name]
                 m.register_forward_hook(self._capture(name, m))
-            kind = "embedding" if name in embeddings else "dense"
-            if method == "allreduce" and fused(TensorInfo(name, tuple(p.shape), kind)):
+            if method == "allreduce" and fuses(name in embeddings, p.numel()):
                 p.register_post_accumulate_grad_hook(self._fused.append)  # type: ignore[arg-type]
             else:
                 p.register_post_accumulate_grad_hook(self._ready(name, method))

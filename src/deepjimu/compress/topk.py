@@ -17,13 +17,9 @@ from torch import Tensor
 
 from deepjimu.comm import Comm
 from deepjimu.compress.base import HookState, counted_all_gather, counted_allreduce
+from deepjimu.compress.payload import topk_k
 
-__all__ = ["TopkState", "topk_decode", "topk_encode", "topk_hook", "topk_indices", "topk_k"]
-
-
-def topk_k(n: int, ratio: float) -> int:
-    """Entries sent of a tensor of ``n``: ``ceil(ratio * n)``, at least 1."""
-    return max(1, math.ceil(ratio * n))
+__all__ = ["TopkState", "topk_decode", "topk_encode", "topk_hook", "topk_indices"]
 
 
 def topk_indices(a: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:

@@ -1,7 +1,7 @@
 """The machines a plan is made for: devices, links, and ring costs of the collectives over them.
 
 Pure: no torch, no process group. A :class:`Cluster` comes from a TOML file
-(:func:`read_cluster`, examples in ``examples/clusters/``) or from a probe's measured links
+(:func:`deepjimu.cost.cluster_file.read_cluster`, examples in ``examples/clusters/``) or from a probe's measured links
 (:func:`links_from_probe`). Ranks are placed node by node: rank r runs on node
 ``r // ranks_per_node``, so p ranks span more than one node once p > ``ranks_per_node``.
 
@@ -16,31 +16,15 @@ alpha + n / B seconds:
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from deepjimu.errors import JimuError
 
-from deepjimu.errors import JimuError, one_line
+__all__ = ["PRECISIONS", "Cluster", "Device", "Link", "links_from_probe", "probed_cluster"]
 
-__all__ = [
-    "PRECISIONS",
-    "Cluster",
-    "Device",
-    "Link",
-    "cluster_to_dict",
-    "links_from_probe",
-    "probed_cluster",
-    "read_cluster",
-]
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 """The matmul precisions a device's peak may be given for (``--precision``'s values)."""
@@ -110,7 +94,7 @@ class Cluster:
 
     ``cores_per_node``: for CPU clusters, the cores a node's ranks share (None for GPUs).
     ``collectives``: per-hop links a probe measured per collective (keys as
-    :attr:`deepjimu.compress.probe.Probe.links`); one overrides ``intra`` for its
+    :attr:`deepjimu.cost.probe.Probe.links`); one overrides ``intra`` for its
     collective. ``source``: ``"probe"`` or the TOML path, for printing. ``action_s``: per
     split-model strategy (``pipeline``, ``model-parallel``), the seconds its runtime adds to
     each forward or backward action, solved from a probe's step of that strategy.
@@ -329,7 +313,7 @@ class Cluster:
 
 
 class _AlphaBeta(Protocol):
-    """A fit t(n) = alpha + beta n, as :class:`deepjimu.compress.probe.LinkFit`."""
+    """A fit t(n) = alpha + beta n, as :class:`deepjimu.cost.probe.LinkFit`."""
 
     @property
     def alpha_s(self) -> float: ...
@@ -360,7 +344,7 @@ def links_from_probe(links: Mapping[str, _AlphaBeta], world: int) -> dict[str, L
             neither an all-reduce nor an all-gather.
 
     Example:
-        >>> from deepjimu.compress.probe import LinkFit
+        >>> from deepjimu.cost.probe import LinkFit
         >>> hop = links_from_probe({"all_gather": LinkFit(3e-4, 1e-9)}, world=4)["all_gather"]
         >>> round(hop.alpha_s * 1e6, 6), round(hop.bytes_per_s / 1e9, 6)  # us, GB/s
         (100.0, 3.0)
@@ -389,137 +373,6 @@ def links_from_probe(links: Mapping[str, _AlphaBeta], world: int) -> dict[str, L
     return out
 
 
-# units of the TOML file -> SI
-_TERA = 1e12
-_GIGA = 1e9
-_MICRO = 1e-6
-
-_TOP_KEYS = (
-    "name", "nodes", "ranks_per_node", "cores_per_node", "device", "intra", "inter", "speeds",
-)  # fmt: skip
-_DEVICE_KEYS = ("name", "memory_gb", "efficiency", "speed", "tflops")
-_LINK_KEYS = ("latency_us", "bandwidth_gbit")
-
-
-class _File:
-    """One cluster file's checks; every failure is one :class:`JimuError` line naming it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, message: str) -> JimuError:
-        return JimuError(f"{self.path}: {message}")
-
-    def table(
-        self,
-        raw: dict[str, Any],
-        key: str,
-        label: str,
-        known: tuple[str, ...],
-        what: str = "key",
-    ) -> Any:
-        """``raw[key]`` as a table with only ``known`` keys; None when absent."""
-        value = raw.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise self.fail(f"{label} must be a table ([{label}]) ({label}: {value!r})")
-        self.known_keys(value, f"[{label}]", known, what)
-        return value
-
-    def known_keys(
-        self, table: dict[str, Any], where: str, known: tuple[str, ...], what: str = "key"
-    ) -> None:
-        for key in table:
-            if key not in known:
-                raise self.fail(f"unknown {what} {key!r} in {where} (known: {', '.join(known)})")
-
-    def get(self, table: dict[str, Any], key: str, label: str, want: str) -> Any:
-        if key not in table:
-            raise self.fail(f"{label} is missing (expected {want})")
-        return table[key]
-
-    def text(self, table: dict[str, Any], key: str, label: str) -> str:
-        value = self.get(table, key, label, "text")
-        if not isinstance(value, str):
-            raise self.fail(f"{label} must be text ({label}: {value!r})")
-        return value
-
-    def whole(self, table: dict[str, Any], key: str, label: str) -> int:
-        want = "a positive whole number"
-        value = self.get(table, key, label, want)
-        # bool is an int in Python; `nodes = true` is a mistake, not 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(f"{label} must be {want} ({label}: {value!r})")
-        return value
-
-    def speeds(self, table: dict[str, Any]) -> tuple[float, ...]:
-        """``speeds``, if given: a list of numbers in (0, 1] (their count is the cluster's
-        to check)."""
-        value = table.get("speeds", [])
-        if not isinstance(value, list):
-            raise self.fail(f"speeds must be a list of numbers in (0, 1] (speeds: {value!r})")
-        return tuple(
-            self.number({"v": v}, "v", f"speeds[{i}]", at_most_one=True)
-            for i, v in enumerate(value)
-        )
-
-    def number(
-        self,
-        table: dict[str, Any],
-        key: str,
-        label: str,
-        default: float | None = None,
-        zero_ok: bool = False,
-        at_most_one: bool = False,
-    ) -> float:
-        if zero_ok:
-            want = "a number >= 0"
-        elif at_most_one:
-            want = "a number in (0, 1]"
-        else:
-            want = "a positive number"
-        value = (
-            table.get(key, default) if default is not None else self.get(table, key, label, want)
-        )
-        ok = (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and (value >= 0 if zero_ok else value > 0)
-            and (value <= 1 or not at_most_one)
-        )
-        if not ok:
-            raise self.fail(f"{label} must be {want} ({label}: {value!r})")
-        return float(value)
-
-    def link(self, raw: dict[str, Any], key: str) -> Link | None:
-        t = self.table(raw, key, key, _LINK_KEYS)
-        if t is None:
-            return None
-        alpha = self.number(t, "latency_us", f"{key}.latency_us", zero_ok=True) * _MICRO
-        gbit = self.number(t, "bandwidth_gbit", f"{key}.bandwidth_gbit")
-        return Link(alpha_s=alpha, bytes_per_s=gbit * _GIGA / 8)
-
-    def device(self, raw: dict[str, Any]) -> Device:
-        t = self.table(raw, "device", "device", _DEVICE_KEYS)
-        if t is None:
-            raise self.fail("device is missing (expected a [device] table)")
-        tflops = self.table(t, "tflops", "device.tflops", PRECISIONS, "precision")
-        if not tflops:
-            raise self.fail(
-                f"device.tflops is missing (expected a [device.tflops] table with "
-                f"one or more of {', '.join(PRECISIONS)})"
-            )
-        return Device(
-            name=self.text(t, "name", "device.name"),
-            flops={k: self.number(tflops, k, f"device.tflops.{k}") * _TERA for k in tflops},
-            memory_bytes=round(self.number(t, "memory_gb", "device.memory_gb") * _GIGA),
-            efficiency=self.number(t, "efficiency", "device.efficiency", 0.6, at_most_one=True),
-            speed=self.number(t, "speed", "device.speed", 1.0),
-        )
-
-
 def probed_cluster(
     links: Mapping[str, _AlphaBeta], world: int, device: str, cores: int | None = None
 ) -> Cluster:
@@ -545,84 +398,3 @@ def probed_cluster(
         collectives=hops,
         source="probe",
     )
-
-
-def read_cluster(path: str | Path) -> Cluster:
-    """Read a cluster TOML file (units: tflops, memory_gb = 1e9 bytes, latency_us,
-    bandwidth_gbit = 1e9 bit/s) into a :class:`Cluster` in SI units.
-
-    Required: ``name``, ``nodes``, ``ranks_per_node``, ``[device]`` (``name``,
-    ``memory_gb``, ``[device.tflops]`` with one or more of fp32, tf32, bf16) and
-    ``[intra]`` (``latency_us``, ``bandwidth_gbit``); ``[inter]`` too when nodes > 1.
-    Optional: ``cores_per_node`` (CPU clusters), ``device.efficiency`` (0.6),
-    ``device.speed`` (1), ``speeds`` (one factor in (0, 1] per rank: a mixed cluster whose
-    rank r computes at ``speeds[r]`` of the device's rate).
-
-    Args:
-        path: the TOML file.
-
-    Returns:
-        The cluster, with ``source`` the path.
-
-    Raises:
-        JimuError: one line naming the file, the field, the bad value and what is expected:
-            missing or unreadable file, bad TOML, unknown key, wrong type, a number out of
-            range, a missing field or table.
-
-    Example:
-        >>> read_cluster("examples/clusters/h100-node.toml").world
-        8
-    """
-    p = Path(path)
-    try:
-        raw = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise JimuError(f"cluster file {p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise JimuError(f"cluster file {p} cannot be read: {one_line(e)}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise JimuError(f"cluster file {p} is not valid TOML: {one_line(e)}") from None
-    f = _File(p)
-    f.known_keys(raw, "the top level", _TOP_KEYS)
-    name = f.text(raw, "name", "name")
-    nodes = f.whole(raw, "nodes", "nodes")
-    ranks_per_node = f.whole(raw, "ranks_per_node", "ranks_per_node")
-    cores = f.whole(raw, "cores_per_node", "cores_per_node") if "cores_per_node" in raw else None
-    device = f.device(raw)
-    intra = f.link(raw, "intra")
-    if intra is None:
-        raise f.fail("intra is missing (expected an [intra] table: the link inside a node)")
-    # inter missing for nodes > 1: Cluster says so, naming this file as its source
-    return Cluster(
-        name=name,
-        nodes=nodes,
-        ranks_per_node=ranks_per_node,
-        device=device,
-        intra=intra,
-        inter=f.link(raw, "inter"),
-        cores_per_node=cores,
-        source=str(p),
-        speeds=f.speeds(raw),
-    )
-
-
-def cluster_to_dict(c: Cluster) -> dict[str, Any]:
-    """The cluster as JSON-able values in SI units (FLOP/s, bytes, seconds, bytes/s), with
-    ``world`` added, for plan.json. An infinite bandwidth (a probe link whose time did not
-    grow with size) becomes None: JSON has no infinity.
-
-    Example:
-        >>> c = read_cluster("examples/clusters/h100-node.toml")
-        >>> d = cluster_to_dict(c)
-        >>> d["world"], d["intra"]["bytes_per_s"]
-        (8, 450000000000.0)
-    """
-    return {**_finite(dataclasses.asdict(c)), "world": c.world}
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -36,15 +36,24 @@ worth more approximation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from deepjimu.compress.probe import Probe
-from deepjimu.errors import JimuError
 from deepjimu.cost.cluster import probed_cluster
 from deepjimu.cost.ddp import message_s
 from deepjimu.cost.ddp import messages as step_messages
+from deepjimu.cost.probe import Probe, format_probe, write_probe
+from deepjimu.errors import JimuError
 from deepjimu.units import format_bytes
 
-__all__ = ["CANDIDATES", "PROBED", "TIE", "CostModel", "Prediction", "format_predictions"]
+__all__ = [
+    "CANDIDATES",
+    "PROBED",
+    "TIE",
+    "CostModel",
+    "Prediction",
+    "format_predictions",
+    "save_choice",
+]
 
 CANDIDATES = ("none", "fp16", "bf16", "qsgd:8", "powersgd:4")
 PROBED = (*CANDIDATES, "topk:0.01")
@@ -64,7 +73,7 @@ class Prediction:
 
 
 class CostModel:
-    """Predicts the step time of each ``--compress`` option from a :class:`~deepjimu.compress.probe.Probe`.
+    """Predicts the step time of each ``--compress`` option from a :class:`~deepjimu.cost.probe.Probe`.
 
     Pure: no measurement, no communication, so it can be checked on made-up probes.
 
@@ -148,3 +157,10 @@ def format_predictions(predictions: list[Prediction], choice: str) -> str:
         f"within {TIE:.0%} of it, the less lossy option)"
     )
     return "\n".join(lines)
+
+
+def save_choice(probe: Probe, choice: str, predictions: list[Prediction], path: Path) -> str:
+    """Write ``probe`` with the cost model's ``predictions`` and ``choice`` to ``path``
+    (``probe.json``, atomically); the probe's table and the predictions', as printed."""
+    write_probe(probe, path, predictions, choice)
+    return f"{format_probe(probe)}\n{format_predictions(predictions, choice)}"

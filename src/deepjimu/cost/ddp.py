@@ -15,10 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from deepjimu.compress.qsgd import qsgd_payload_bytes
-from deepjimu.options.compress import parse_compress
-from deepjimu.compress.topk import topk_k
+from deepjimu.compress.payload import qsgd_payload_bytes, topk_k
 from deepjimu.cost.cluster import Cluster
+from deepjimu.options.compress import parse_compress
 
 __all__ = ["BUCKET", "FIRST_BUCKET", "GRAD_BYTES", "buckets_of", "message_s", "messages"]
 

@@ -4,7 +4,7 @@ Pure: no torch, no process group. For every parameter tensor (n float32 entries,
 the methods and the messages one rank hands to collectives per step are:
 
 - ``allreduce``: a ring all-reduce of 4n bytes (a sparse gradient is made dense first);
-  tensors under :data:`FUSE_BYTES` travel together, as torch's DDP buckets them, in one
+  tensors under :data:`~deepjimu.compress.payload.FUSE_BYTES` travel together, as torch's DDP buckets them, in one
   all-reduce at the end of the backward pass. Each is priced at its marginal cost, its
   bytes' share of that message's time beyond the latency; the latency is paid once per
   step by the plan, whichever tensors share the message (:attr:`Option.shared_s`). So a
@@ -50,9 +50,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from deepjimu.errors import JimuError
+from deepjimu.compress.payload import COUNT_BYTES, FUSE_BYTES, fuses
 from deepjimu.cost.cluster import Cluster
 from deepjimu.cost.ddp import message_s
+from deepjimu.errors import JimuError
 from deepjimu.units import format_bytes
 
 __all__ = [
@@ -79,10 +80,6 @@ PLANS = ("auto", *METHODS)
 
 KINDS = ("dense", "linear", "embedding")
 _F32 = 4
-FUSE_BYTES = 1 << 20
-"""All-reduced tensors smaller than this (DDP's first bucket) go in one fused all-reduce."""
-COUNT_BYTES = 8
-"""One rank's int64 row count, all-gathered first by the sparse method (by hand or gloo's)."""
 _INDEX = 8  # one int64 row index (sparse, the backend's own all-reduce)
 
 
@@ -157,6 +154,16 @@ class SyncEntry:
     options: dict[str, Option] = field(default_factory=dict)
 
 
+@dataclass
+class SyncPlan:
+    """A plan as :func:`deepjimu.measure.sync.make_plan` made it: its entries and the figures
+    it came from (the fitted links, the messages timed at their own sizes)."""
+
+    entries: list[SyncEntry]
+    links: dict[str, Any]
+    measured: dict[str, float]
+
+
 def applicable(t: TensorInfo) -> tuple[str, ...]:
     """The methods that can synchronise ``t``: all-reduce and the sharded server always,
     sufficient factors for Linear weights, sparse rows for sparse embedding weights.
@@ -211,8 +218,9 @@ def _collective_s(
 
 
 def fused(t: TensorInfo) -> bool:
-    """Whether an all-reduce of ``t`` goes in the fused message (dense, under :data:`FUSE_BYTES`)."""
-    return t.kind != "embedding" and _F32 * t.numel < FUSE_BYTES
+    """Whether an all-reduce of ``t`` goes in the fused message (the executor's rule,
+    :func:`deepjimu.compress.payload.fuses`)."""
+    return fuses(t.kind == "embedding", t.numel)
 
 
 def price(

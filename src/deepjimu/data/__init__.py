@@ -17,6 +17,7 @@ from deepjimu.data import (  # noqa: F401
 from deepjimu.data.base import (
     DataOptions,
     DataSplits,
+    GraphData,
     RawData,
     dataset_family,
     dataset_names,
@@ -24,19 +25,10 @@ from deepjimu.data.base import (
     load_dataset,
     register_dataset,
 )
-from deepjimu.data.graph import GRAPH_DATASETS, GraphData
+from deepjimu.data.graph import GRAPH_DATASETS
 from deepjimu.data.tensors import save_tensors
 
 __all__ = [
-    "GRAPH_DATASETS",
-    "DataOptions",
-    "DataSplits",
-    "GraphData",
-    "RawData",
-    "dataset_family",
-    "dataset_names",
-    "datasets_of",
-    "load_dataset",
-    "register_dataset",
-    "save_tensors",
-]
+    "GRAPH_DATASETS", "DataOptions", "DataSplits", "GraphData", "RawData", "dataset_family",
+    "dataset_names", "datasets_of", "load_dataset", "register_dataset", "save_tensors",
+]  # fmt: skip

@@ -7,22 +7,22 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from deepjimu.balance import shard_counts
 from deepjimu.choices import Family, GraphFeatures, Split
 from deepjimu.errors import JimuError
-
-if TYPE_CHECKING:
-    from deepjimu.data.graph import GraphData
+from deepjimu.models import parse_spec
 
 __all__ = [
     "DataOptions",
     "DataSplits",
+    "GraphData",
     "RawData",
     "dataset_family",
     "dataset_names",
@@ -65,8 +65,6 @@ class DataOptions:
     @classmethod
     def from_config(cls, cfg: object) -> DataOptions:
         """Take the data fields of a :class:`~deepjimu.config.RunConfig`."""
-        from deepjimu.models import parse_spec
-
         classes = getattr(cfg, "classes", None)
         return cls(
             data_dir=Path(cfg.data_dir),  # type: ignore[attr-defined]
@@ -89,6 +87,35 @@ class DataOptions:
             sbm_degree=cfg.sbm_degree,  # type: ignore[attr-defined]
             sbm_homophily=cfg.sbm_homophily,  # type: ignore[attr-defined]
             node_level=parse_spec(cfg.model).needs_graph,  # type: ignore[attr-defined]
+        )
+
+
+@dataclass
+class GraphData:
+    """The whole graph at node level, for models that propagate over it themselves (gcn).
+
+    ``x``: the node features ``[N, F]`` (row-normalised if asked); ``adj``: ``A_hat`` as a
+    sparse CSR tensor ``[N, N]``; ``y``: labels ``[N]`` (-1: none); ``*_idx``: the node
+    indices of each split, the same nodes as the feature rows of the split.
+    """
+
+    x: Tensor
+    adj: Tensor
+    y: Tensor
+    train_idx: Tensor
+    val_idx: Tensor
+    test_idx: Tensor
+
+    def to(self, device: torch.device | str) -> GraphData:
+        """All tensors moved to ``device``."""
+        return replace(
+            self,
+            x=self.x.to(device),
+            adj=self.adj.to(device),
+            y=self.y.to(device),
+            train_idx=self.train_idx.to(device),
+            val_idx=self.val_idx.to(device),
+            test_idx=self.test_idx.to(device),
         )
 
 
@@ -184,8 +211,6 @@ class DataSplits:
         with quiet_csr():
             values = torch.load(path, mmap=True, weights_only=True)
         if values["graph"] is not None:
-            from deepjimu.data.graph import GraphData
-
             values["graph"] = GraphData(**values["graph"])
         return cls(**values)
 
@@ -209,39 +234,6 @@ def quiet_csr() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
         yield
-
-
-def shard_sizes(n: int, weights: Sequence[float]) -> list[int]:
-    """Rows of each rank when ``n`` rows are shared in proportion to ``weights``: the
-    largest-remainder rounding, every rank at least one row.
-
-    Example:
-        >>> shard_sizes(10, [1.0, 0.25])
-        [8, 2]
-    """
-    total = sum(weights)
-    exact = [n * w / total for w in weights]
-    sizes = [max(1, int(e)) for e in exact]
-    order = sorted(range(len(weights)), key=lambda r: exact[r] - int(exact[r]), reverse=True)
-    for r in order[: max(0, n - sum(sizes))]:
-        sizes[r] += 1
-    while sum(sizes) > n:  # the floor of one row took more than there are
-        big = max(range(len(sizes)), key=lambda r: sizes[r])
-        sizes[big] -= 1
-    return sizes
-
-
-def shard_counts(n: int, world: int, weights: Sequence[float] | None = None) -> list[int]:
-    """Training rows of each rank's :meth:`DataSplits.shard` of ``n`` rows: ``rank::world``
-    (even), or in proportion to ``weights`` (:func:`shard_sizes`).
-
-    Example:
-        >>> shard_counts(5, 2), shard_counts(5, 2, [1.0, 0.25])
-        ([3, 2], [4, 1])
-    """
-    if weights is None:
-        return [len(range(r, n, world)) for r in range(world)]
-    return shard_sizes(n, weights)
 
 
 Loader = Callable[[DataOptions], RawData]

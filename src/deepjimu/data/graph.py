@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.choices import Family, GraphFeatures
-from deepjimu.data.base import DataOptions, RawData, quiet_csr, register_dataset
+from deepjimu.data.base import DataOptions, GraphData, RawData, quiet_csr, register_dataset
 from deepjimu.memory import peak_memory_mb
 
 __all__ = [
     "GRAPH_DATASETS",
     "Graph",
-    "GraphData",
     "graph_rows",
     "hop_features",
     "normalized_adjacency",
@@ -54,35 +53,6 @@ class Graph:
     train_idx: Tensor
     val_idx: Tensor
     test_idx: Tensor
-
-
-@dataclass
-class GraphData:
-    """The whole graph at node level, for models that propagate over it themselves (gcn).
-
-    ``x``: the node features ``[N, F]`` (row-normalised if asked); ``adj``: ``A_hat`` as a
-    sparse CSR tensor ``[N, N]``; ``y``: labels ``[N]`` (-1: none); ``*_idx``: the node
-    indices of each split, the same nodes as the feature rows of the split.
-    """
-
-    x: Tensor
-    adj: Tensor
-    y: Tensor
-    train_idx: Tensor
-    val_idx: Tensor
-    test_idx: Tensor
-
-    def to(self, device: torch.device | str) -> GraphData:
-        """All tensors moved to ``device``."""
-        return replace(
-            self,
-            x=self.x.to(device),
-            adj=self.adj.to(device),
-            y=self.y.to(device),
-            train_idx=self.train_idx.to(device),
-            val_idx=self.val_idx.to(device),
-            test_idx=self.test_idx.to(device),
-        )
 
 
 def undirected_edges(src: Tensor, dst: Tensor, n: int) -> Tensor:

@@ -5,12 +5,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["WorkAssignment", "decomposition_cost"]
+from deepjimu.choices import KfacMethod
+
+__all__ = ["WorkAssignment", "decomposition_cost", "packed_numel"]
 
 
 def decomposition_cost(n_a: int, n_g: int) -> float:
     """Cost of decomposing a layer's n_a x n_a factor A and n_g x n_g factor G: ~ n^3 each."""
     return float(n_a**3 + n_g**3)
+
+
+def packed_numel(method: KfacMethod, n_a: int, n_g: int) -> int:
+    """Entries of a layer's packed decomposition (what its inverse worker broadcasts) for
+    factors of sizes ``n_a`` and ``n_g``: eigenvectors and eigenvalues of both (eigen), or
+    the upper triangles of both damped inverses (inverse).
+
+    Example:
+        >>> packed_numel(KfacMethod.EIGEN, 2, 1), packed_numel(KfacMethod.INVERSE, 2, 1)
+        (8, 4)
+    """
+    if method == KfacMethod.EIGEN:
+        return n_a * n_a + n_a + n_g * n_g + n_g
+    return n_a * (n_a + 1) // 2 + n_g * (n_g + 1) // 2
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from deepjimu.choices import KfacMethod
+from deepjimu.kfac.assignment import packed_numel
 from deepjimu.kfac.factors import triu_pack, triu_unpack
 
 __all__ = ["METHODS", "Decomposition", "Eigen", "Inverse", "decompose", "kl_clip_scale"]
@@ -93,7 +94,7 @@ class Eigen(Decomposition):
 
     @classmethod
     def numel(cls, n_a: int, n_g: int) -> int:
-        return n_a * n_a + n_a + n_g * n_g + n_g
+        return packed_numel(KfacMethod.EIGEN, n_a, n_g)
 
     @classmethod
     def unpack(cls, flat: Tensor, n_a: int, n_g: int) -> Eigen:
@@ -124,7 +125,7 @@ class Inverse(Decomposition):
 
     @classmethod
     def numel(cls, n_a: int, n_g: int) -> int:
-        return n_a * (n_a + 1) // 2 + n_g * (n_g + 1) // 2
+        return packed_numel(KfacMethod.INVERSE, n_a, n_g)
 
     @classmethod
     def unpack(cls, flat: Tensor, n_a: int, n_g: int) -> Inverse:

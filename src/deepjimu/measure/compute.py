@@ -1,12 +1,11 @@
-"""Measure a model on this device: each block's forward and backward, a training step, pdADMM's phases.
+"""A model's work on this device for the planner: its blocks, a step, K-FAC's, pdADMM's phases, DDP's and the pipelining runtime's own work.
 
 The planning layer's predictors are pure; this module is where their compute figures
 come from when the cluster is the machine we run on (``jimu plan --cluster probe``).
 Every figure is the median of a few repeats after a warm-up, measured in this process
 with a given number of threads (a worker of ``P`` on ``C`` cores runs with ``C // P``,
 :func:`deepjimu.threads.plan_threads`), so a prediction for ``P`` workers uses what one
-of them really gets. FLOPs are counted by torch's own ``FlopCounterMode``, so a profile
-can be scaled to a device that is not here (:mod:`deepjimu.cost.profile`).
+of them really gets (the blocks and the step: :mod:`deepjimu.measure.blocks`).
 """
 
 from __future__ import annotations
@@ -15,199 +14,34 @@ import copy
 import dataclasses
 import math
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.nn.parallel import DistributedDataParallel
 
+from deepjimu.choices import Optimizer
+from deepjimu.comm import Comm, CommStats
+from deepjimu.compress.hooks import comm_hook
 from deepjimu.config import RunConfig
-from deepjimu.cost.profile import AdmmTimes, BlockTimes, KfacTimes, Layer
+from deepjimu.cost.profile import AdmmTimes, BlockTimes, KfacTimes
+from deepjimu.kfac.precondition import decompose
+from deepjimu.measure.blocks import block_times, plain_step, step_time, update_time, use_threads
+from deepjimu.measure.timing import median_s, timed_s
+from deepjimu.options.compress import parse_compress
+from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
+from deepjimu.strategies.admm.driver import Exchange, choose_readout, init_blocks_forward
+from deepjimu.strategies.admm.layers import ConvOp
+from deepjimu.strategies.admm.model import admm_layers, new_block
+from deepjimu.strategies.admm.settings import admm_settings
+from deepjimu.strategies.base import make_optimizer
 
-if TYPE_CHECKING:
-    from deepjimu.strategies.admm.blocks import LayerBlock
-    from deepjimu.strategies.admm.driver import Exchange
-
-__all__ = [
-    "MeasuredCompute",
-    "admm_times",
-    "block_times",
-    "kfac_times",
-    "layers_of",
-    "step_time",
-    "update_time",
-    "use_threads",
-]
-
-
-@contextmanager
-def use_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` inside the block, restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _timed_s(run: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call of ``run()`` (the device synchronised after it)."""
-    t0 = time.perf_counter()
-    run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
-
-
-def _median_s(run: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """Median seconds of ``run()`` over ``repeats`` calls after one warm-up call."""
-    _timed_s(run, device)
-    return statistics.median(_timed_s(run, device) for _ in range(repeats))
-
-
-def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
-    """Each block's size figures: forward FLOPs, parameters and activations, per sample.
-
-    Args:
-        model: the model's blocks (not changed).
-        sample: a batch of inputs (its first row is used).
-
-    Example:
-        >>> [l.params for l in layers_of(nn.Sequential(nn.Linear(4, 2)), torch.zeros(1, 4))]
-        [10]
-    """
-    from deepjimu.compress.sync import sparse_embeddings
-
-    out, x = [], sample[:1]
-    with torch.no_grad():
-        for i, block in enumerate(model):
-            rows: dict[str, float] = {}
-            kinds = {n: "embedding" for n in sparse_embeddings(block)}
-            hooks = []
-            for name, m in block.named_modules():
-                if isinstance(m, nn.Linear):
-                    weight = f"{name}.weight" if name else "weight"
-                    kinds[weight] = "linear"
-                    hooks.append(m.register_forward_hook(_rows_seen(rows, weight, m.in_features)))
-            for name in kinds:
-                if kinds[name] == "embedding":
-                    rows[name] = float(len(torch.unique(x[0])))
-            with FlopCounterMode(display=False) as counter:
-                y = block(x)
-            for h in hooks:
-                h.remove()
-            named = list(block.named_parameters())
-            out.append(
-                Layer(
-                    name=f"{i}:{type(block).__name__}",
-                    fwd_flops=float(counter.get_total_flops()),
-                    params=sum(p.numel() for _, p in named),
-                    in_elems=math.prod(x.shape[1:]),
-                    out_elems=math.prod(y.shape[1:]),
-                    shapes=tuple(tuple(p.shape) for _, p in named),
-                    kinds=tuple(kinds.get(n, "dense") for n, _ in named),
-                    rows=tuple(rows.get(n, 0.0) for n, _ in named),
-                )
-            )
-            x = y
-    return out
-
-
-def _rows_seen(rows: dict[str, float], name: str, width: int) -> Callable[..., None]:
-    """A forward hook that records a Linear's input rows per sample (1 for flat inputs)."""
-
-    def hook(_m: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
-        rows[name] = inputs[0].numel() / width
-
-    return hook
-
-
-def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes:
-    """Forward and backward seconds of each block on the rows of ``x``, one block at a time.
-
-    Profiles a copy (the model's weights and ``.grad`` stay untouched) under a forked RNG,
-    so profiling does not change what training does afterwards. A block's backward is
-    timed from its output's gradient (ones) to its input's and its parameters'.
-    """
-    probe = copy.deepcopy(model).to(x.device)
-    devices = [x.device] if x.device.type == "cuda" else []
-    fwd, bwd = [], []
-    with torch.random.fork_rng(devices=devices):
-        inp = x
-        for block in probe:
-            inp = inp.detach().requires_grad_(inp.is_floating_point())
-            with torch.no_grad():
-                out = block(inp)
-            ones = torch.ones_like(out)
-
-            def forward(b: nn.Module = block, i: Tensor = inp) -> None:
-                b(i)  # with autograd recording, as in training
-
-            def backward(b: nn.Module = block, i: Tensor = inp, g: Tensor = ones) -> None:
-                b(i).backward(g)
-
-            fwd.append(_median_s(forward, repeats, x.device))
-            both = _median_s(backward, repeats, x.device)
-            bwd.append(max(0.0, both - fwd[-1]))
-            inp = out
-    return BlockTimes(rows=len(x), threads=torch.get_num_threads(), fwd_s=fwd, bwd_s=bwd)
-
-
-def step_time(
-    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 15
-) -> float:
-    """Seconds of one plain training step (``local``'s) on ``x``: zero_grad, forward, loss,
-    backward and the optimizer's step, on a copy of ``model`` under a forked RNG."""
-    from deepjimu.strategies.base import make_optimizer
-
-    probe = copy.deepcopy(model).to(x.device)
-    optimizer = make_optimizer(probe.parameters(), cfg, probe)
-    devices = [x.device] if x.device.type == "cuda" else []
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(probe(x), y).backward()
-        optimizer.step()
-
-    with torch.random.fork_rng(devices=devices):
-        return _median_s(step, repeats, x.device)
-
-
-def update_time(
-    model: nn.Sequential, x: Tensor, cfg: RunConfig, first: int, count: int, repeats: int = 15
-) -> float:
-    """Seconds of one optimizer update of blocks ``first .. first + count - 1`` alone, as a
-    stage's rank runs it after its backward: zero_grad and the optimizer's step (Adam's and
-    SGD's cost is mostly per call and per tensor, so a stage's update is not its share of
-    the whole model's). Gradients come from one backward of the blocks on ``x``'s rows."""
-    from deepjimu.strategies.base import make_optimizer
-
-    probe = copy.deepcopy(model).to(x.device)
-    devices = [x.device] if x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        with torch.no_grad():
-            inp = probe[:first](x) if first else x
-        stage = probe[first : first + count]
-        params = list(stage.parameters())
-        if not params:
-            return 0.0
-        optimizer = make_optimizer(params, cfg)
-        out = stage(inp.detach().requires_grad_(inp.is_floating_point()))
-        out.backward(torch.ones_like(out))
-        grads = [p.grad for p in params]
-
-        def update() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            for p, g in zip(params, grads, strict=True):
-                p.grad = g
-            optimizer.step()
-
-        return _median_s(update, repeats, x.device)
+__all__ = ["MeasuredCompute", "admm_times", "ddp_step_time", "kfac_times", "pipeline_action_time"]
 
 
 def kfac_times(
@@ -217,26 +51,18 @@ def kfac_times(
     decomposes nothing, over ``cycles`` rounds of ``--kfac-inv-every`` steps after one
     (factor updates every ``--kfac-factor-every`` steps are in that mean), and each
     layer's decomposition of its running factors, timed apart."""
-    from deepjimu.choices import Optimizer
-    from deepjimu.kfac.precondition import decompose
-    from deepjimu.strategies.base import make_optimizer
-
     cfg = dataclasses.replace(cfg, optimizer=Optimizer.KFAC)
     probe = copy.deepcopy(model).to(x.device)
     optimizer = make_optimizer(probe.parameters(), cfg, probe)
+    step = plain_step(probe, optimizer, x, y)
     every = cfg.kfac_inv_every
     plain: list[float] = []
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         for i in range((cycles + 1) * every):
-            t0 = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(probe(x), y).backward()
-            optimizer.step()
-            if x.device.type == "cuda":
-                torch.cuda.synchronize(x.device)
+            seconds = timed_s(step, x.device)
             if i >= every and i % every:
-                plain.append(time.perf_counter() - t0)
+                plain.append(seconds)
         layers = optimizer.preconditioner.layers or []  # type: ignore[attr-defined]
         decompose_s = []
         for layer in layers:
@@ -244,7 +70,7 @@ def kfac_times(
             def once(a: Tensor = layer.A, g: Tensor = layer.G) -> None:
                 decompose(cfg.kfac_method, a, g, cfg.kfac_damping)
 
-            decompose_s.append(_median_s(once, 3, x.device))
+            decompose_s.append(median_s(once, 3, x.device))
     return KfacTimes(
         rows=len(x),
         threads=torch.get_num_threads(),
@@ -265,17 +91,11 @@ def admm_times(
     the readout that each log runs (``--admm-readout``); the extrapolation (``momentum``),
     one pass over the block, is shared over the layers by their (W, b) FLOP estimates.
     """
-    from deepjimu.comm import Comm, CommStats
-    from deepjimu.strategies.admm.driver import Exchange
-    from deepjimu.strategies.admm.layers import ConvOp
-    from deepjimu.strategies.admm.model import admm_layers, new_block
-    from deepjimu.strategies.admm.strategy import admm_params, admm_settings
-
     model = copy.deepcopy(model).to(x.device)
     _, maps, ops = admm_layers(model, tuple(x.shape[1:]), cg_max_iter=cfg.admm_cg_iters)
     L, n = len(maps), len(x)
     settings = admm_settings(cfg, ops, keep=False)
-    params = admm_params(cfg, settings)
+    params = AdmmParams.of(cfg.rho, cfg.nu, cfg.quantize, cfg.admm_tau, settings)
     block = new_block(maps, ops, 0, L, params)
     inputs = x if isinstance(ops[0], ConvOp) else x.flatten(1)
     ex = Exchange(Comm(CommStats()), cfg.quantize, x.device)
@@ -306,7 +126,6 @@ def _admm_start_s(
     block: LayerBlock, inputs: Tensor, y: Tensor, n: int, ex: Exchange, sweeps: int
 ) -> float:
     """Seconds of pdADMM's start on one worker: the forward chain, then ``sweeps`` backward sweeps."""
-    from deepjimu.strategies.admm.driver import init_blocks_forward
 
     def start() -> None:
         init_blocks_forward(block, inputs, n, ex, 0, 1)
@@ -314,7 +133,7 @@ def _admm_start_s(
             for _ in range(sweeps):
                 block.sweep_backward(y)
 
-    return _timed_s(start, inputs.device)
+    return timed_s(start, inputs.device)
 
 
 def _admm_phase_s(
@@ -329,8 +148,6 @@ def _admm_phase_s(
 ) -> tuple[list[list[float]], list[float], list[float]]:
     """Per iteration, the seconds of each layer's updates, of the extrapolation (0 without
     momentum) and of the readout (``--admm-readout``)."""
-    from deepjimu.strategies.admm.driver import choose_readout
-
     layers: list[list[float]] = []  # per iteration, each layer's seconds
     momentum: list[float] = []
     readout: list[float] = []
@@ -338,11 +155,11 @@ def _admm_phase_s(
         for _ in range(iterations):
             seconds = [0.0] * block.L
             for l, update in block.layer_updates(y):
-                seconds[l] += _timed_s(update, inputs.device)
+                seconds[l] += timed_s(update, inputs.device)
             layers.append(seconds)
-            momentum.append(_timed_s(block.extrapolate, inputs.device) if momentum_factor else 0.0)
+            momentum.append(timed_s(block.extrapolate, inputs.device) if momentum_factor else 0.0)
             readout.append(
-                _timed_s(
+                timed_s(
                     lambda: choose_readout(block, inputs, y, n, ex, 0, 1, readout_mode),
                     inputs.device,
                 )
@@ -360,8 +177,6 @@ def _share(total: float, weights: list[float], i: int) -> float:
 def solo_group() -> Iterator[None]:
     """A process group of this process alone (gloo), for timing DDP and the pipelining
     runtime without other ranks; one that exists already is used as it is."""
-    import torch.distributed as dist
-
     if dist.is_initialized():
         yield
         return
@@ -378,8 +193,6 @@ def ddp_step_time(
     """Seconds of one ``ddp`` step on ``x`` under torch's DDP over this process alone: the
     plain step plus DDP's own work (its buckets, the strategy's comm hook and the
     all-reduce call)."""
-    import torch.distributed as dist
-
     devices = [x.device] if x.device.type == "cuda" else []
     with solo_group(), torch.random.fork_rng(devices=devices):
         seconds = _ddp_steps(model, x, y, cfg, repeats)
@@ -391,12 +204,6 @@ def ddp_step_time(
 
 
 def _ddp_steps(model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int) -> float:
-    from torch.nn.parallel import DistributedDataParallel
-
-    from deepjimu.comm import Comm, CommStats
-    from deepjimu.compress.hooks import comm_hook
-    from deepjimu.options.compress import parse_compress
-    from deepjimu.strategies.base import make_optimizer
 
     ids = [x.device.index] if x.device.type == "cuda" else None
     ddp = DistributedDataParallel(copy.deepcopy(model).to(x.device), device_ids=ids)
@@ -412,7 +219,7 @@ def _ddp_steps(model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repea
 
     for _ in range(3):  # DDP rebuilds its buckets after the first step
         step()
-    return _median_s(step, repeats, x.device)
+    return median_s(step, repeats, x.device)
 
 
 def pipeline_action_time(
@@ -421,8 +228,6 @@ def pipeline_action_time(
     """Seconds the pipelining runtime adds to each forward or backward action: a GPipe
     schedule of the whole model as one stage over this process alone, with ``m``
     micro-batches of ``x``'s rows each, less the blocks' own forward and backward."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-
     probe = copy.deepcopy(model).to(x.device)
     devices = [x.device] if x.device.type == "cuda" else []
     with solo_group(), torch.random.fork_rng(devices=devices):
@@ -435,7 +240,7 @@ def pipeline_action_time(
             stage, m, loss_fn=lambda o, t: F.cross_entropy(o, t), scale_grads=False
         )
         xs, ys = x.repeat(m, *[1] * (x.dim() - 1)), y.repeat(m)
-        step = _median_s(lambda: schedule.step(xs, target=ys, losses=[]), repeats, x.device)
+        step = median_s(lambda: schedule.step(xs, target=ys, losses=[]), repeats, x.device)
     compute = sum(block_times(model, x).costs())
     return max(0.0, (step - m * compute) / (2 * m))
 
@@ -469,28 +274,28 @@ class MeasuredCompute:
 
     def blocks(self, rows: int, threads: int) -> BlockTimes:
         run = lambda: block_times(self.model, self._rows(rows)[0])  # noqa: E731
-        return self._once(("blocks", rows), threads, run)  # type: ignore[no-any-return]
+        return self._once((block_times, rows), threads, run)  # type: ignore[no-any-return]
 
     def step(self, rows: int, threads: int) -> float:
         run = lambda: step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once(("step", rows), threads, run)  # type: ignore[no-any-return]
+        return self._once((step_time, rows), threads, run)  # type: ignore[no-any-return]
 
     def update(self, first: int, count: int, threads: int) -> float:
         run = lambda: update_time(self.model, self._rows(1)[0], self.cfg, first, count)  # noqa: E731
-        return self._once(("update", first, count), threads, run)  # type: ignore[no-any-return]
+        return self._once((update_time, first, count), threads, run)  # type: ignore[no-any-return]
 
     def admm(self, rows: int, threads: int) -> AdmmTimes:
         run = lambda: admm_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once(("admm", rows), threads, run)  # type: ignore[no-any-return]
+        return self._once((admm_times, rows), threads, run)  # type: ignore[no-any-return]
 
     def kfac(self, rows: int, threads: int) -> KfacTimes:
         run = lambda: kfac_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once(("kfac", rows), threads, run)  # type: ignore[no-any-return]
+        return self._once((kfac_times, rows), threads, run)  # type: ignore[no-any-return]
 
     def ddp_step(self, rows: int, threads: int) -> float:
         run = lambda: ddp_step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once(("ddp", rows), threads, run)  # type: ignore[no-any-return]
+        return self._once((ddp_step_time, rows), threads, run)  # type: ignore[no-any-return]
 
     def pipeline_action(self, rows: int, m: int, threads: int) -> float:
         run = lambda: pipeline_action_time(self.model, *self._rows(rows), m)  # noqa: E731
-        return self._once(("pipeline", rows, m), threads, run)  # type: ignore[no-any-return]
+        return self._once((pipeline_action_time, rows, m), threads, run)  # type: ignore[no-any-return]

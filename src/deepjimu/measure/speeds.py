@@ -5,7 +5,7 @@ At the start of a run of several workers that may balance by speed (``--balance 
 run's own model on a few rows, in :data:`WINDOWS` windows of :data:`CALIBRATE_S` seconds
 (each spans several periods of a CPU quota, :mod:`deepjimu.emulate`). A rank's rate is its
 best window's, and its speed that rate over the fastest rank's (the fastest is 1.0).
-``auto`` balances by speed when the slowest is more than :data:`UNEVEN` slower than the
+``auto`` balances by speed when the slowest is more than :data:`~deepjimu.balance.UNEVEN` slower than the
 fastest, and splits evenly (the strategy's own split) otherwise.
 """
 
@@ -13,28 +13,23 @@ from __future__ import annotations
 
 import copy
 import json
-import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from deepjimu.atomic import atomic_write_text
-
-if TYPE_CHECKING:
-    from deepjimu.run import Run
+from deepjimu.balance import SPEED_BALANCES, chosen_balance
+from deepjimu.measure.timing import timed_s
+from deepjimu.run import Run
 
 __all__ = [
     "CALIBRATE_S",
     "SPEEDS_FILE",
-    "UNEVEN",
     "WINDOWS",
     "balance_speeds",
     "calibrate",
-    "chosen_balance",
 ]
 
 CALIBRATE_S = 0.25
@@ -42,12 +37,6 @@ CALIBRATE_S = 0.25
 
 WINDOWS = 2
 """Calibration windows; a rank's rate is its best window's."""
-
-UNEVEN = 1.1
-"""``auto`` balances by speed when the fastest rank is more than this many times the slowest."""
-
-SPEED_BALANCES = ("auto", "speed")
-"""``--balance`` values that measure the ranks' speeds."""
 
 
 def calibrate(
@@ -59,37 +48,21 @@ def calibrate(
     task that took the core for a moment slows only one."""
     probe = copy.deepcopy(model).to(x.device)
     devices = [x.device] if x.device.type == "cuda" else []
+
+    def step() -> None:
+        probe.zero_grad(set_to_none=True)
+        F.cross_entropy(probe(x), y).backward()
+
     best = 0.0
     with torch.random.fork_rng(devices=devices):
         F.cross_entropy(probe(x), y).backward()  # warm: allocations, kernels
         for _ in range(windows):
-            steps, t0 = 0, time.perf_counter()
-            while True:
-                probe.zero_grad(set_to_none=True)
-                F.cross_entropy(probe(x), y).backward()
-                if x.device.type == "cuda":
-                    torch.cuda.synchronize(x.device)
+            steps, elapsed = 0, 0.0
+            while elapsed < seconds:
+                elapsed += timed_s(step, x.device)
                 steps += 1
-                elapsed = time.perf_counter() - t0
-                if elapsed >= seconds:
-                    best = max(best, steps / elapsed)
-                    break
+            best = max(best, steps / elapsed)
     return best
-
-
-def chosen_balance(balance: str, speeds: Sequence[float] | None) -> str:
-    """What ``--balance`` means once the speeds are known: ``auto`` becomes ``speed`` when
-    they differ by more than :data:`UNEVEN`, else ``even``; other values stay.
-
-    Example:
-        >>> chosen_balance("auto", [1.0, 0.3]), chosen_balance("auto", [1.0, 0.95])
-        ('speed', 'even')
-    """
-    if balance != "auto":
-        return balance
-    if speeds is None or max(speeds) <= UNEVEN * min(speeds):
-        return "even"
-    return "speed"
 
 
 SPEEDS_FILE = "speeds.json"

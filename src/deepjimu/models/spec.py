@@ -10,6 +10,10 @@ import torch
 from torch import nn
 
 from deepjimu.errors import JimuError
+from deepjimu.models.cnn import cnn, lenet, resnet
+from deepjimu.models.embed import embed
+from deepjimu.models.gcn import gcn
+from deepjimu.models.mlp import mlp
 
 __all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_spec"]
 
@@ -134,11 +138,6 @@ def build_model(
     Raises:
         JimuError: bad spec, or a convolutional model on flat features.
     """
-    from deepjimu.models.cnn import cnn, lenet, resnet
-    from deepjimu.models.embed import embed
-    from deepjimu.models.gcn import gcn
-    from deepjimu.models.mlp import mlp
-
     ms = parse_spec(spec)
     if ms.kind == "factory":
         raise JimuError(

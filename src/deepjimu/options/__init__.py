@@ -1,31 +1,27 @@
-"""The options of a run: option groups (each with its own checks), the ``--compress`` spelling.
+"""The options of a run: groups that check their own values, composed for each strategy.
 
-No torch import here: ``--help`` is built before torch loads.
+``base`` (the group and its helpers), ``run`` (run, data), ``gradient`` (optimiser, K-FAC,
+pipeline, ddp sync), ``admm``, ``groups`` (the compositions, ``--help``'s order, checks
+between groups), ``compress`` (the ``--compress`` spelling). No torch import here.
 """
 
+from deepjimu.options.admm import AdmmGroup
+from deepjimu.options.base import Group, narrow
+from deepjimu.options.gradient import KfacGroup, OptimGroup, PipelineGroup, SyncGroup
 from deepjimu.options.groups import (
-    GRADIENT_STRATEGIES,
     GROUPS,
-    AdmmGroup,
     AdmmOptions,
-    DataGroup,
     DdpOptions,
     GradientOptions,
-    Group,
-    KfacGroup,
     LocalOptions,
-    OptimGroup,
-    PipelineGroup,
     PipelineOptions,
-    RunGroup,
-    SyncGroup,
     applies_of,
     group_of,
-    narrow,
 )
+from deepjimu.options.run import DataGroup, RunGroup
 
 __all__ = [
-    "GRADIENT_STRATEGIES", "GROUPS", "AdmmGroup", "AdmmOptions", "DataGroup", "DdpOptions",
-    "GradientOptions", "Group", "KfacGroup", "LocalOptions", "OptimGroup", "PipelineGroup",
-    "PipelineOptions", "RunGroup", "SyncGroup", "applies_of", "group_of", "narrow",
+    "GROUPS", "AdmmGroup", "AdmmOptions", "DataGroup", "DdpOptions", "GradientOptions",
+    "Group", "KfacGroup", "LocalOptions", "OptimGroup", "PipelineGroup", "PipelineOptions",
+    "RunGroup", "SyncGroup", "applies_of", "group_of", "narrow",
 ]  # fmt: skip

@@ -35,11 +35,6 @@ class CompressSpec:
         name = _PARAMS[self.kind]
         return f"{self.kind}:{getattr(self, name):g}"
 
-    @property
-    def gathers(self) -> bool:
-        """True when ranks exchange different index sets or scales, so an all-gather replaces the all-reduce."""
-        return self.kind in ("topk", "qsgd")
-
 
 def parse_compress(text: str) -> CompressSpec:
     """Parse a ``--compress`` value.

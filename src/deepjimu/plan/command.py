@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.atomic import atomic_write_text
+from deepjimu.bench.flags import MATRIX_DEFAULTS, train_flags
 from deepjimu.bench.matrix import (
-    BENCH_FLAGS,
     Cell,
     coerce,
     parse_list,
@@ -32,67 +32,19 @@ from deepjimu.bench.matrix import (
     train_config,
     train_options,
 )
-from deepjimu.config import RunConfig, add_options
+from deepjimu.bench.runner import measure, run_cell, train_command
+from deepjimu.config import RunConfig
+from deepjimu.cost.cluster_file import cluster_to_dict
+from deepjimu.cost.predict.replicated import sync_entries
+from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.errors import JimuError
+from deepjimu.options import SyncGroup
+from deepjimu.plan.setup import cluster_and_compute
+from deepjimu.strategies.registry import entry, predict
+from deepjimu.units import format_bytes
+from deepjimu.validation import validate
 
-__all__ = ["add_plan_arguments", "plan_from_args"]
-
-_DEFAULTS = {
-    "strategies": "local,ddp,model-parallel,pipeline,admm",
-    "workers": "1,2,3",
-    "models": "mlp:256x3",
-}
-
-
-def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``jimu plan`` options to ``p``."""
-    p.add_argument(
-        "--strategies", default=None, help=f"comma list (default: {_DEFAULTS['strategies']})"
-    )
-    p.add_argument("--workers", default=None, help="comma list of worker counts (default: 1,2,3)")
-    p.add_argument("--models", default=None, help="comma list of model specs (default: mlp:256x3)")
-    p.add_argument("--dataset", default="digits", help="dataset of every run (default: digits)")
-    p.add_argument("--data-dir", default="data", help="folder with dataset files (default: data)")
-    p.add_argument(
-        "--epochs", type=int, default=None, help="epochs of every run (default: each strategy's)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of every run (default: 0)")
-    p.add_argument(
-        "--cluster",
-        default="probe",
-        help="probe (measure this machine), a probe.json of jimu probe (its link; the model's "
-        "work measured here) or a cluster TOML file (see examples/clusters)",
-    )
-    p.add_argument(
-        "--out", default=None, help="folder for plan.json (default: plans/plan-YYYYmmdd-HHMMSS)"
-    )
-    p.add_argument(
-        "--check",
-        nargs="?",
-        type=int,
-        const=0,
-        default=None,
-        metavar="N",
-        help="run the N best predicted configurations for real (all without N) and print "
-        "predicted against measured",
-    )
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        metavar="R",
-        help="with --check, run each configuration R times, in R rounds over all of them, and "
-        "compare with the median (default: 1); the spread of a configuration's runs is what "
-        "the machine itself varies",
-    )
-    p.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds per checked run (default: 300)"
-    )
-    add_options(
-        p,
-        exclude=BENCH_FLAGS,
-        note="any jimu train option, for every configuration; a comma list is a matrix dimension",
-    )
+__all__ = ["plan_from_args"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +58,9 @@ class _Config:
 
 def _configs(args: argparse.Namespace) -> tuple[list[_Config], list[Cell]]:
     """The matrix of ``args``: the configurations to predict and the skipped cells."""
-    from deepjimu.bench import train_flags
-    from deepjimu.validation import validate
-
-    strategies = parse_list(args.strategies or _DEFAULTS["strategies"], "strategies")
-    workers = parse_workers(args.workers or _DEFAULTS["workers"])
-    models = parse_list(args.models or _DEFAULTS["models"], "models")
+    strategies = parse_list(args.strategies or MATRIX_DEFAULTS["strategies"], "strategies")
+    workers = parse_workers(args.workers or MATRIX_DEFAULTS["workers"])
+    models = parse_list(args.models or MATRIX_DEFAULTS["models"], "models")
     if args.epochs is not None and args.epochs < 1:
         raise JimuError(f"--epochs must be >= 1 (epochs: {args.epochs})")
     fixed, variants = split_variants(train_flags(args))
@@ -178,11 +127,6 @@ def plan_from_args(args: argparse.Namespace) -> Path:
 
 def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
     """Every configuration's row with its prediction (or why it has none)."""
-    from deepjimu.cost.cluster import cluster_to_dict
-    from deepjimu.cost.predict import predict, sync_entries
-    from deepjimu.plan.setup import cluster_and_compute
-    from deepjimu.cost.sync import format_plan, plan_to_dict
-
     rows = []
     made: dict[tuple[Any, ...], Any] = {}
     for c in configs:
@@ -202,7 +146,9 @@ def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[s
             row["predicted"] = predict(c.cfg, layers, train_size, compute, cluster).to_dict()
         except ValueError as e:
             row["predicted"], row["not_predicted"] = None, str(e)
-        if c.cfg.strategy == "ddp" and c.cfg.sync_plan != "allreduce" and row["predicted"]:
+        # a strategy that takes the gradient sync's options, with a sync plan: its plan too
+        planned = entry(c.cfg.strategy).takes(SyncGroup) and c.cfg.sync_plan != "allreduce"
+        if planned and row["predicted"]:
             p = c.cell.workers
             entries = sync_entries(c.cfg, layers, compute, cluster, p)
             row["sync_plan"] = plan_to_dict(entries, c.cfg.sync_plan, p)
@@ -218,8 +164,6 @@ def _label(r: dict[str, Any]) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     """The ranked predictions, fastest first."""
-    from deepjimu.units import format_bytes
-
     width = max([len(_label(r)) for r in rows] + [13])
     lines = [
         f"{'configuration':<{width}}{'samples/s':>12}{'step ms':>10}{'sent/sample':>13}{'state MB':>10}"
@@ -242,8 +186,6 @@ def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> N
 
     Rounds rather than a configuration's repeats back to back: a machine whose speed drifts
     over minutes then moves every configuration alike, not one of them."""
-    from deepjimu.bench.runner import measure, run_cell, train_command
-
     todo = [r for r in rows if r.get("predicted")]
     todo = todo[: args.check] if args.check else todo
     runs = out / "check"

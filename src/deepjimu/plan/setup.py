@@ -14,16 +14,33 @@ that link, with the model's work measured here.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from deepjimu.choices import Schedule
 from deepjimu.config import RunConfig
-from deepjimu.errors import JimuError
-from deepjimu.cost.cluster import Cluster, probed_cluster, read_cluster
+from deepjimu.cost.cluster import Cluster, Device, Link, probed_cluster
+from deepjimu.cost.cluster_file import read_cluster
+from deepjimu.cost.predict.replicated import ddp_comm
+from deepjimu.cost.predict.staged import staged_step
+from deepjimu.cost.probe import Probe, read_probe
 from deepjimu.cost.profile import AnalyticCompute, Compute, Layer
+from deepjimu.data import DataOptions, load_dataset
+from deepjimu.emulate import parse_speeds
+from deepjimu.errors import JimuError
+from deepjimu.kfac.layers import kfac_candidates
+from deepjimu.launch import probe
+from deepjimu.measure.blocks import layers_of
+from deepjimu.measure.compute import MeasuredCompute
+from deepjimu.models import build_model
+from deepjimu.strategies.admm.model import admm_layers
+from deepjimu.strategies.registry import entry
+from deepjimu.threads import available_cores
 
 __all__ = ["cluster_and_compute", "probe_cluster"]
 
@@ -33,13 +50,9 @@ def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any
     collective fits over that many real workers (written to ``out/probe-w<workers>``), its
     cores shared by the ranks. Also returns the probe (its ddp step of ``workers`` ranks
     stepping together, from which the sharing of the cores is measured)."""
-    from deepjimu.compress.probe import Probe
-    from deepjimu.launch import probe
-    from deepjimu.threads import available_cores
-
     probed = probe(
         dataclasses.replace(
-            cfg, strategy="ddp", workers=workers, runs_dir=str(out), name=f"probe-w{workers}",
+            cfg, workers=workers, runs_dir=str(out), name=f"probe-w{workers}",
             quiet=True, compress="none", given={}, emulate_speeds="", balance="even",
         )
     )  # fmt: skip
@@ -53,9 +66,6 @@ def _probe_file(path: Path, workers: int, cfg: RunConfig, made: dict[Any, Any]) 
     """The cluster of a ``probe.json`` that ``jimu probe`` wrote, wherever it ran (under
     torchrun across nodes too): its fitted collectives, this machine's cores (the model's
     work is measured here)."""
-    from deepjimu.compress.probe import read_probe
-    from deepjimu.threads import available_cores
-
     found = read_probe(path)
     if found.world < 2:
         raise JimuError(f"probe file {path} was measured on one worker: it holds no link")
@@ -73,10 +83,6 @@ def _probe_file(path: Path, workers: int, cfg: RunConfig, made: dict[Any, Any]) 
 
 def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
     """The model of ``cfg`` (built as a run builds it), its training data, and its blocks' sizes."""
-    from deepjimu.data import DataOptions, load_dataset
-    from deepjimu.models import build_model
-    from deepjimu.measure.compute import layers_of
-
     data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
     model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
     return model, data, layers_of(model, data.train_x[:1])
@@ -84,10 +90,6 @@ def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
 
 def _admm_flops(model: Any, feature_shape: tuple[int, ...], cfg: RunConfig) -> Any:
     """Per layer pdADMM FLOPs of an iteration and of the readout's refit, and output widths."""
-    import math
-
-    from deepjimu.strategies.admm.model import admm_layers
-
     ops = admm_layers(model, feature_shape, cg_max_iter=cfg.admm_cg_iters).ops
 
     def flops(n: int) -> tuple[list[float], list[float], list[int]]:
@@ -100,10 +102,6 @@ def _admm_flops(model: Any, feature_shape: tuple[int, ...], cfg: RunConfig) -> A
 
 def _factors(model: Any) -> list[tuple[int, int]]:
     """K-FAC's factor sizes (n_a, n_g) of each Linear and Conv2d layer, as ``kfac.layers`` sizes them."""
-    import torch
-
-    from deepjimu.kfac.layers import kfac_candidates
-
     out = []
     for _, m in kfac_candidates(model):
         w = m.weight
@@ -120,8 +118,6 @@ def cluster_and_compute(
     emulation slows the workers)."""
     cluster, compute, layers, n = _cluster_and_compute(cfg, cluster_arg, out, made, all_cfgs)
     if cfg.emulate_speeds:
-        from deepjimu.emulate import parse_speeds
-
         factors = parse_speeds(cfg.emulate_speeds)
         speeds = (*factors, *[1.0] * (cluster.world - len(factors)))
         cluster = dataclasses.replace(cluster, speeds=speeds)
@@ -173,35 +169,29 @@ def _cluster_and_compute(
 
 
 def _action_s(
-    cluster: Cluster, found: Any, cfg: RunConfig, own: Compute, layers: list[Layer]
+    cluster: Cluster, found: Probe, cfg: RunConfig, own: Compute, layers: list[Layer]
 ) -> dict[str, float]:
-    """:attr:`Cluster.action_s`: each split-model runtime's seconds per action on
-    ``cluster``, solved from the probe's step of that strategy itself
-    (:func:`deepjimu.compress.probe._time_staged`: ``pipeline``, GPipe with
-    :data:`~deepjimu.compress.probe.PIPELINE_M` micro-batches; ``model-parallel``, the
-    batch through the stages one after the other; the probed model cut into the stages the
-    probe reports) predicted by the very predictor of those runs
-    (:func:`~deepjimu.cost.predict.staged_step`, with ``own``, the probed model's compute
-    figures, and ``layers``, its blocks), by bisection for the one unknown, the runtime's
-    work per action (the predicted step grows with it). A strategy the probe timed no step
-    of (one rank, fewer blocks than ranks, a probe file of an earlier version) is left out."""
-    from deepjimu.compress.probe import PIPELINE_M
-    from deepjimu.cost.predict import staged_step
-
-    timed = {
-        "pipeline": (found.pipeline_step_s, found.pipeline_sizes, found.pipeline_rows, PIPELINE_M),
-        "model-parallel": (found.chain_step_s, found.chain_sizes, found.chain_rows, 1),
-    }
+    """:attr:`Cluster.action_s`: each split strategy's runtime's seconds per action on
+    ``cluster``, solved from the probe's step of that strategy itself (``found.steps``,
+    :meth:`~deepjimu.strategies.base.Strategy.probe_step`: the pipeline's GPipe of a few
+    micro-batches, the chain's batch through the stages one after the other; the probed
+    model cut into the stages the probe reports) predicted by the very predictor of those
+    runs (:func:`~deepjimu.cost.predict.staged.staged_step`, GPipe's order, with ``own``, the
+    probed model's compute figures, and ``layers``, its blocks), by bisection for the one
+    unknown, the runtime's work per action (the predicted step grows with it). A strategy
+    the probe timed no step of (one rank, fewer blocks than ranks, a probe file of an
+    earlier version) is left out."""
     out = {}
-    for kind, (target, sizes, rows, m) in timed.items():
-        if target is None or not sizes:
+    for name, timed in found.steps.items():
+        if not entry(name).traits.splits_model or not timed.sizes:
             continue
+        m = timed.microbatches
         probed = dataclasses.replace(
-            cfg, model=found.model, strategy=kind, schedule=Schedule.GPIPE, microbatches=m,
+            cfg, model=found.model, strategy=name, schedule=Schedule.GPIPE, microbatches=m,
             workers=found.world, balance="even", emulate_speeds="",
         )  # fmt: skip
-        staged = partial(staged_step, probed, layers, own, cluster, sizes, rows, m)
-        out[kind] = _solve_action(staged, target)
+        staged = partial(staged_step, probed, layers, own, cluster, timed.sizes, timed.rows, m)
+        out[name] = _solve_action(staged, timed.step_s)
     return out
 
 
@@ -223,27 +213,24 @@ def _solve_action(staged: Callable[[float], Any], target: float) -> float:
 
 
 def _ddp_sync(
-    cluster: Cluster, found: Any, cfg: RunConfig, layers: list[Layer]
+    cluster: Cluster, found: Probe, cfg: RunConfig, layers: list[Layer]
 ) -> dict[int, float]:
-    """:attr:`Cluster.ddp_sync_s` of ``cluster``: what the probe's ddp step over its own
-    group (``found.ddp_step_s``) took beyond the same step of its ranks stepping together
-    alone (``found.compute_s``, on the same cores at the same moment) and the all-reduce
-    of the probed model's buckets that the fitted links predict; empty where the probe
-    timed no such step (one rank, or a probe file of an earlier version)."""
-    from deepjimu.cost.predict import ddp_comm
-
-    if found.ddp_step_s is None:
+    """:attr:`Cluster.ddp_sync_s` of ``cluster``: what the probe's step of the data-parallel
+    strategy over its own group (``found.steps``, the one whose entry shards the data) took
+    beyond the same step of its ranks stepping together alone (``found.compute_s``, on the
+    same cores at the same moment) and the all-reduce of the probed model's buckets that
+    the fitted links predict; empty where the probe timed no such step (one rank, or a
+    probe file of an earlier version)."""
+    steps = [t for name, t in found.steps.items() if entry(name).traits.shards_data]
+    if not steps:
         return {}
     probed = dataclasses.replace(cfg, model=found.model, compress="none")
     comm_s, _ = ddp_comm(probed, layers, cluster, found.world)
-    return {found.world: max(0.0, found.ddp_step_s - found.compute_s - comm_s)}
+    return {found.world: max(0.0, steps[0].step_s - found.compute_s - comm_s)}
 
 
 def _alone() -> Cluster:
     """This machine for one worker: no link is used."""
-    from deepjimu.cost.cluster import Device, Link
-    from deepjimu.threads import available_cores
-
     return Cluster(
         name=f"this machine ({available_cores()} cores)",
         nodes=1,
@@ -273,8 +260,6 @@ def _model_figures(
         model, data, layers = _layers_and_data(cfg)
         compute: Compute
         if measured:
-            from deepjimu.measure.compute import MeasuredCompute
-
             compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)
         else:
             assert cluster is not None

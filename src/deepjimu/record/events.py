@@ -16,7 +16,7 @@ from deepjimu.clocks import CLOCKS
 from deepjimu.comm import sum_by_kind
 from deepjimu.counters import Counters
 from deepjimu.memory import peak_memory_mb
-from deepjimu.report import read_event_log
+from deepjimu.record.read import read_event_log
 
 __all__ = ["EventLog", "merge_event"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -13,17 +13,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.choices import Optimizer, Precision
+from deepjimu.choices import Optimizer
 from deepjimu.comm import Comm
-from deepjimu.config import DEFAULT_LR
 from deepjimu.data import DataSplits, GraphData
+from deepjimu.defaults import DEFAULT_LR
 from deepjimu.errors import JimuError
-from deepjimu.options import GradientOptions, KfacGroup, OptimGroup, RunGroup, narrow
+from deepjimu.kfac.optimizer import KFAC
+from deepjimu.kfac.preconditioner import KFACSettings
+from deepjimu.options import DdpOptions, GradientOptions, KfacGroup, OptimGroup, RunGroup, narrow
 from deepjimu.run import Run
+from deepjimu.strategies.registry import entry
 
 __all__ = [
     "FitResult",
     "GradientStrategy",
+    "ProbeStep",
     "Strategy",
     "accuracies",
     "count_correct",
@@ -33,6 +37,18 @@ __all__ = [
     "node_accuracies",
     "split_steps",
 ]
+
+
+@dataclass
+class ProbeStep:
+    """How the probe times a strategy's own step (:meth:`Strategy.probe_step`): the
+    strategy, not yet set up; once it is set up, the rows of the timed batch (``rows()``)
+    and what the probe's record keeps of it (``record()``: its stage sizes, the rows of a
+    micro-batch and the micro-batches per step, :class:`~deepjimu.cost.probe.TimedStep`)."""
+
+    strategy: GradientStrategy
+    rows: Callable[[], int]
+    record: Callable[[], tuple[list[int], int, int]]
 
 
 @dataclass
@@ -51,39 +67,36 @@ class Strategy(ABC):
     holds the trained weights (strategies that split the model gather it there), so
     evaluation, reports and checkpoints are the engine's, not the strategy's.
 
-    Class attributes tell the engine how to start and check a run:
-    ``default_workers`` / ``default_epochs``; ``splits_model`` (each worker owns
-    contiguous blocks, so workers <= blocks); ``shards_data`` (each worker loads only its
-    rows); ``needs_group`` (a process group even for one worker, as DDP wants);
-    ``max_workers`` (e.g. 1 for ``local``); ``precisions``: the ``--precision`` values it
-    supports (bf16 only where its compute runs under :meth:`Run.autocast` and its messages
-    do not depend on the activations' dtype); ``graph_models``: it trains models that take
-    the whole graph (``gcn``, fed from ``DataSplits.graph``).
-
-    ``options``: the option groups the strategy takes, composed into one frozen dataclass
-    (:mod:`deepjimu.options`); the strategy is handed only those (``self.cfg``), and its
-    class hooks (:meth:`problems`, :meth:`tune_space`) are called with them.
+    What the engine needs to know of a strategy before it runs (its traits: workers,
+    epochs, whether it splits the model or shards the data, its precisions) and the
+    option groups it takes are its registry entry's
+    (:mod:`deepjimu.strategies.registry`, found by :attr:`name`); the strategy is handed
+    only its groups' options (``self.cfg``), and its class hooks (:meth:`problems`,
+    :meth:`tune_space`, :meth:`probe_step`) are called with them.
     """
 
     name: ClassVar[str]
-    default_workers: ClassVar[int] = 1
-    default_epochs: ClassVar[int] = 30
-    splits_model: ClassVar[bool] = False
-    shards_data: ClassVar[bool] = False
-    needs_group: ClassVar[bool] = False
-    max_workers: ClassVar[int | None] = None
-    precisions: ClassVar[tuple[Precision, ...]] = (Precision.FP32, Precision.TF32)
-    graph_models: ClassVar[bool] = False
-    options: ClassVar[type[RunGroup]] = RunGroup
     cfg: RunGroup
 
     def __init__(self, cfg: RunGroup) -> None:
-        self.cfg = narrow(cfg, self.options)
+        self.cfg = narrow(cfg, entry(self.name).options)
 
     @classmethod
     def problems(cls, cfg: Any, n_blocks: int) -> list[str]:
-        """Strategy-specific config problems, one line each (checked before workers start)."""
+        """Strategy-specific config problems, one line each (checked before workers start,
+        on a config whose defaults are resolved: ``cfg.workers`` is set)."""
         return []
+
+    @classmethod
+    def probe_step(
+        cls, cfg: DdpOptions, world: int, data: DataSplits, n_blocks: int, rows: int
+    ) -> ProbeStep | None:
+        """What the probe times of this strategy on ``world`` ranks (its entry says
+        ``probed``): the strategy made from the probed run's options ``cfg`` (ddp's, whose
+        ``--compress auto`` and ``jimu probe`` it serves), on a model of ``n_blocks`` blocks
+        (0: not a Sequential), ``rows`` the probe's own rows per rank; None where it does
+        not run there."""
+        return None
 
     @classmethod
     def model_blocks(cls, model: nn.Sequential) -> int:
@@ -149,8 +162,6 @@ def make_optimizer(
     assert cfg.lr is not None, "config not resolved"
     opt: torch.optim.Optimizer
     if cfg.optimizer == Optimizer.KFAC:
-        from deepjimu.kfac import KFAC, KFACSettings
-
         assert model is not None, "kfac needs the model"
         assert isinstance(cfg, KfacGroup), "kfac needs its options"
         settings = KFACSettings.from_config(cfg)
@@ -256,7 +267,6 @@ class GradientStrategy(Strategy):
     a checkpoint holds; the loop, logging, divergence check and checkpoints live here.
     """
 
-    options: ClassVar[type[RunGroup]] = GradientOptions
     cfg: GradientOptions
 
     @classmethod

@@ -1,9 +1,9 @@
 """``ddp``: data parallel with torch DistributedDataParallel; compression and local SGD in its comm hook, or a per-tensor sync plan."""
 
+import dataclasses
 import json
 import math
 import time
-from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -12,20 +12,21 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.atomic import atomic_write_text
-from deepjimu.choices import Precision
+from deepjimu.balance import SPEED_BALANCES, shard_counts
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
-from deepjimu.options.compress import CompressSpec, parse_compress
 from deepjimu.compress.sync import SyncExecutor
+from deepjimu.cost.compress import CostModel, save_choice
+from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.data import DataSplits
-from deepjimu.data.base import shard_counts
 from deepjimu.models import parse_spec
-from deepjimu.options import DdpOptions, RunGroup
+from deepjimu.options import DdpOptions
+from deepjimu.options.compress import CompressSpec, parse_compress
 from deepjimu.run import Run
-from deepjimu.measure.speeds import SPEED_BALANCES
 from deepjimu.strategies.base import (
     FitResult,
     GradientStrategy,
+    ProbeStep,
     accuracies,
     count_correct,
     make_optimizer,
@@ -53,16 +54,26 @@ class DDPStrategy(GradientStrategy):
     """
 
     name = "ddp"
-    default_workers = 2
-    shards_data = True
-    options: ClassVar[type[RunGroup]] = DdpOptions
     cfg: DdpOptions
-    needs_group = True
-    precisions = tuple(Precision)
+
+    @classmethod
+    def probe_step(
+        cls, cfg: DdpOptions, world: int, data: DataSplits, n_blocks: int, rows: int
+    ) -> ProbeStep | None:
+        """A plain ddp step over the probed ranks, its all-reduce included, on the probe's
+        own ``rows`` a rank (so that it compares with the probe's step without
+        communication): no compressor, local SGD or sync plan, the run's optimizer. From it
+        the planner measures what a step's all-reduce costs beyond its fitted time."""
+        plain = dataclasses.replace(
+            cfg, strategy=cls.name, workers=world, quiet=True, compress="none", local_sgd=0,
+            sync_plan="allreduce",
+        )  # fmt: skip
+        return ProbeStep(cls(plain), lambda: rows, lambda: ([], rows, 1))
 
     @classmethod
     def problems(cls, cfg: DdpOptions, n_blocks: int) -> list[str]:
-        w = cfg.workers or cls.default_workers
+        w = cfg.workers
+        assert w is not None, "defaults not resolved"
         if cfg.batch_size < w:
             return [
                 f"batch-size must be >= workers for ddp (batch-size: {cfg.batch_size}, workers: {w})"
@@ -129,17 +140,14 @@ class DDPStrategy(GradientStrategy):
         self._all_steps = [0.0, 0]  # the same over the run
 
     def _choose(self, data: DataSplits, run: Run) -> CompressSpec:
-        """Collective: probe the link and this device, and let the cost model pick the option."""
-        from deepjimu.cost.compress import CostModel, format_predictions
-        from deepjimu.compress.probe import format_probe, measure, write_probe
-
-        probe = measure(self.model, data, self.cfg, run)
+        """Collective: probe the link and this device (the run's measurer), and let the cost
+        model pick the option."""
+        probe = run.measurer.probe(self.model, data, self.cfg, run)
         model = CostModel(probe)
         choice, predictions = model.choose()
         self.predictions = {p.option: p.step_s for p in predictions}
         if run.is_main:
-            write_probe(probe, run.out_dir / "probe.json", predictions, choice)
-            print(f"{format_probe(probe)}\n{format_predictions(predictions, choice)}", flush=True)
+            print(save_choice(probe, choice, predictions, run.out_dir / "probe.json"), flush=True)
         return parse_compress(choice)
 
     def _rows(self, data: DataSplits) -> int:
@@ -149,17 +157,15 @@ class DDPStrategy(GradientStrategy):
         return max(math.ceil(n / steps) for n in self._shards)
 
     def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor:
-        """Collective: measure, plan (``--sync-plan``), print and save the plan; its executor."""
-        from deepjimu.compress.sync import make_plan
-        from deepjimu.cost.sync import format_plan, plan_to_dict
-
+        """Collective: measure and plan (``--sync-plan``, the run's measurer), print and save
+        the plan; its executor."""
         rows = self._rows(data)
         # this rank's first rows, in batches of a step's size: what the plan measures
         batches = [
             (data.train_x[i : i + rows], data.train_y[i : i + rows])
             for i in range(0, min(len(data.train_y), 3 * rows), rows)
         ]
-        plan = make_plan(self.model, batches, rows, self.cfg.sync_plan, run.device)
+        plan = run.measurer.sync_plan(self.model, batches, rows, self.cfg.sync_plan, run)
         self.sync_plan = plan
         if run.is_main:
             out = {**plan_to_dict(plan.entries, self.cfg.sync_plan, run.world), "links": plan.links}

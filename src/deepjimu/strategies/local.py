@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.choices import Precision
 from deepjimu.data import DataSplits
-from deepjimu.options import LocalOptions, RunGroup
+from deepjimu.options import LocalOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy
 
@@ -26,10 +23,6 @@ class LocalStrategy(GradientStrategy):
     """
 
     name = "local"
-    max_workers = 1
-    precisions = tuple(Precision)
-    graph_models = True
-    options: ClassVar[type[RunGroup]] = LocalOptions
     cfg: LocalOptions
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:

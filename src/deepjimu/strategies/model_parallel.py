@@ -12,6 +12,8 @@ plan, per-rank optimizer, staged evaluation, gathering the model, idle-time book
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from typing import Any
 
@@ -19,21 +21,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deepjimu.balance import balance_problems, parse_balance, partition
+from deepjimu.choices import Optimizer
 from deepjimu.data import DataSplits
+from deepjimu.options import DdpOptions, GradientOptions
 from deepjimu.run import Run
-from deepjimu.strategies.base import GradientStrategy, make_optimizer
+from deepjimu.strategies.base import GradientStrategy, ProbeStep, make_optimizer
 from deepjimu.strategies.partition import (
     StagePlan,
     balance_by_size,
-    balance_by_time,
-    balance_problems,
     block_shapes,
     gather_model,
-    parse_balance,
     staged_metrics,
 )
 
-__all__ = ["ModelParallelStrategy", "bubble_fraction"]
+__all__ = ["ModelParallelStrategy", "bubble_fraction", "probed_options"]
 
 
 def bubble_fraction(n: int, m: int, v: int = 1) -> float:
@@ -51,6 +53,13 @@ def bubble_fraction(n: int, m: int, v: int = 1) -> float:
     return (n - 1) / (v * m + n - 1)
 
 
+def probed_options(cfg: DdpOptions, name: str, world: int) -> dict[str, Any]:
+    """The gradient options of the probed run ``cfg``, for strategy ``name`` on ``world``
+    ranks (quiet: the probe prints nothing of the strategies it times)."""
+    own = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GradientOptions)}
+    return {**own, "strategy": name, "workers": world, "quiet": True}
+
+
 class ModelParallelStrategy(GradientStrategy):
     """Blocks split over the workers as contiguous stages (``--balance``), one batch at a time.
 
@@ -60,8 +69,6 @@ class ModelParallelStrategy(GradientStrategy):
     """
 
     name = "model-parallel"
-    default_workers = 2
-    splits_model = True
 
     @classmethod
     def chunks(cls, cfg: Any) -> int:
@@ -70,8 +77,23 @@ class ModelParallelStrategy(GradientStrategy):
 
     @classmethod
     def problems(cls, cfg: Any, n_blocks: int) -> list[str]:
-        stages = (cfg.workers or cls.default_workers) * cls.chunks(cfg)
+        assert cfg.workers is not None, "defaults not resolved"
+        stages = cfg.workers * cls.chunks(cfg)
         return balance_problems(cfg.balance, n_blocks, stages)
+
+    @classmethod
+    def probe_step(
+        cls, cfg: DdpOptions, world: int, data: DataSplits, n_blocks: int, rows: int
+    ) -> ProbeStep | None:
+        """The chain's step over the probed ranks, one stage a rank, the model cut as the
+        run cuts it (its resolved ``--balance``), the largest batch of ``--batch-size`` rows
+        through the stages one after the other, with the run's optimizer (not K-FAC, which
+        it does not take); from it the planner solves a hand-off's cost beyond its send."""
+        if n_blocks < world or cfg.optimizer == Optimizer.KFAC:
+            return None
+        chain = cls(GradientOptions(**probed_options(cfg, cls.name, world)))
+        batch = math.ceil(data.train_size / chain.steps_per_epoch(data))
+        return ProbeStep(chain, lambda: batch, lambda: (list(chain.plan.sizes), batch, 1))
 
     # ---- setup ------------------------------------------------------------------------------
     def profile_rows(self, data: DataSplits) -> int:
@@ -92,7 +114,7 @@ class ModelParallelStrategy(GradientStrategy):
                 speeds = None
                 if how == "speed" and run.speeds is not None:
                     speeds = [run.speeds[s % run.world] for s in range(n)]
-                sizes = balance_by_time(model, sample, n, speeds=speeds)
+                sizes = partition(run.measurer.block_costs(model, sample), n, speeds)
             sizes = run.broadcast_object(sizes)
             how = "time" if how == "even" else how
         elif how == "size":

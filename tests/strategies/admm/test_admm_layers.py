@@ -10,10 +10,10 @@ from torch import nn
 
 from deepjimu.admm_math import updates as U
 from deepjimu.admm_math.conv import PSolver
+from deepjimu.balance import partition
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp, layer_ops
-from deepjimu.strategies.partition import partition
 
 DT = torch.float64
 

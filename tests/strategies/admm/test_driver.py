@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from deepjimu.balance import partition
 from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import (
@@ -17,7 +18,6 @@ from deepjimu.strategies.admm.driver import (
     init_blocks_forward,
     serial_iteration,
 )
-from deepjimu.strategies.partition import partition
 from distributed import run_world
 
 # every test here starts processes (workers, a CLI run) or trains whole runs

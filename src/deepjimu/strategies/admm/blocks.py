@@ -131,6 +131,17 @@ class AdmmParams:
     momentum: float = 0.0
     memory: float = 0.0
 
+    @classmethod
+    def of(
+        cls, rho: float, nu: float, bits: int, tau: float, chosen: Mapping[str, float]
+    ) -> AdmmParams:
+        """The parameters of a run (``jimu train``'s options or ``PdADMM``'s keywords) with
+        the model kind's ridge, momentum and memory ``chosen`` (:func:`auto_defaults`)."""
+        return cls(
+            rho=rho, nu=nu, bits=bits, tau=tau, ridge=float(chosen["ridge"]),
+            momentum=float(chosen["momentum"]), memory=float(chosen["memory"]),
+        )  # fmt: skip
+
 
 class LayerBlock:
     """Layers ``lo .. hi-1`` of an L-layer network (an MLP or a CNN): W, b, p, z, q, u, samples first.

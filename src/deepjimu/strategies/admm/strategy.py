@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import math
-import tempfile
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from deepjimu.admm_math.conv import PSolver
-from deepjimu.choices import Precision
+from deepjimu.balance import listed_balance, parse_balance, partition
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
-from deepjimu.models import build_model, parse_spec
-from deepjimu.options import AdmmGroup, AdmmOptions, RunGroup
+from deepjimu.options import AdmmOptions
 from deepjimu.run import Run
 from deepjimu.strategies.admm.blocks import (
-    MLP_DEFAULTS,
     AdmmParams,
-    auto_defaults,
     auto_init,
     auto_inner,
-    has_conv,
 )
 from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.health import (
@@ -33,58 +27,15 @@ from deepjimu.strategies.admm.health import (
     readout_failed,
     solve_failed,
 )
-from deepjimu.strategies.admm.kept import KeptBatches, kept_nbytes, kept_readout
+from deepjimu.strategies.admm.kept import KeptBatches, kept_readout
 from deepjimu.strategies.admm.layers import ConvOp, LayerOp
 from deepjimu.strategies.admm.model import admm_layers, admm_maps, new_block, write_weights
+from deepjimu.strategies.admm.settings import admm_settings, keeps, problems
 from deepjimu.strategies.admm.solver import Solver
-from deepjimu.strategies.admm.store import room
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
-from deepjimu.strategies.partition import (
-    StagePlan,
-    balance_problems,
-    block_shapes,
-    gather_model,
-    listed_balance,
-    parse_balance,
-    partition,
-    staged_metrics,
-)
-from deepjimu.units import format_bytes
+from deepjimu.strategies.partition import StagePlan, block_shapes, gather_model, staged_metrics
 
-__all__ = ["AdmmStrategy", "admm_params", "admm_settings"]
-
-
-def admm_settings(cfg: AdmmGroup, ops: Sequence[LayerOp], keep: bool) -> dict[str, float]:
-    """ridge, momentum, sweeps and memory of a run: the options left to their default take
-    the model kind's (``blocks.auto_defaults``); memory is 0 in full batch and for kept
-    mini-batches, which need no statistics of other batches."""
-    chosen = auto_defaults(ops, {k: getattr(cfg, f"admm_{k}") for k in MLP_DEFAULTS})
-    if not cfg.admm_batch or keep:
-        chosen["memory"] = 0.0
-    return chosen
-
-
-def admm_params(cfg: AdmmGroup, chosen: dict[str, float]) -> AdmmParams:
-    """The iteration's hyper-parameters of ``cfg`` with the :func:`admm_settings` ``chosen``."""
-    return AdmmParams(
-        rho=cfg.rho,
-        nu=cfg.nu,
-        bits=cfg.quantize,
-        tau=cfg.admm_tau,
-        ridge=chosen["ridge"],
-        momentum=chosen["momentum"],
-        memory=chosen["memory"],
-    )
-
-
-def _refusal(spec: str) -> str:
-    """The one line that says why admm cannot train a model that is neither mlp nor cnn."""
-    if parse_spec(spec).kind != "gcn":  # name the first block it cannot train
-        try:
-            admm_layers(build_model(spec, (1, 32, 32), 10), (1, 32, 32))
-        except JimuError as e:
-            return f"{e} (model {spec}: admm trains mlp:... and cnn:... models)"
-    return f"admm trains mlp:... and cnn:... models; model {spec!r} is not one"
+__all__ = ["AdmmStrategy"]
 
 
 class AdmmStrategy(Strategy):
@@ -98,7 +49,7 @@ class AdmmStrategy(Strategy):
     (to the right) with its neighbours each iteration; the duals u are kept in step on both
     sides. With ``--quantize 8|16`` every p and q lies on a grid (pdADMM-G-Q) and crosses the
     wire as integer codes. ``--admm-batch B`` trains on mini-batches, kept on disk between
-    visits (:meth:`_kept_epoch`; by default for MLPs where the disk has room, :meth:`_keeps`)
+    visits (:meth:`_kept_epoch`; by default for MLPs where the disk has room, :func:`~deepjimu.strategies.admm.settings.keeps`)
     or restarted at every visit (:meth:`_minibatch_epoch`); the default is the paper's full
     batch, where one epoch is one iteration over all N samples.
 
@@ -112,13 +63,6 @@ class AdmmStrategy(Strategy):
     """
 
     name = "admm"
-    default_workers = 2
-    default_epochs = 30
-    splits_model = True
-    # under bf16 only the products drop to bfloat16 (updates.py adds them to float32 terms),
-    # so every exchanged p and q is still float32
-    precisions = tuple(Precision)
-    options: ClassVar[type[RunGroup]] = AdmmOptions
     cfg: AdmmOptions
 
     @classmethod
@@ -141,48 +85,7 @@ class AdmmStrategy(Strategy):
 
     @classmethod
     def problems(cls, cfg: AdmmOptions, n_blocks: int) -> list[str]:
-        kind = parse_spec(cfg.model).kind
-        if kind not in ("mlp", "cnn", "factory"):  # a factory's: model_blocks checked it
-            return [_refusal(cfg.model)]
-        out = []
-        if kind == "cnn" and cfg.admm_batch and cfg.admm_memory:  # asked for (default: none)
-            # the statistics are those of dense layers on flat inputs (updates.WbStats)
-            out.append(
-                f"admm-memory works on MLPs only, not on conv layers yet "
-                f"(admm-memory: {cfg.admm_memory:g}, model: {cfg.model})"
-            )
-        # the readouts that refit need every sample's targets z, which mini-batches that
-        # restart (asked for, or auto's choice for CNNs and with --admm-memory: _keeps) lack
-        by_auto = _auto_restarts(cfg, cnn=kind == "cnn")
-        if cfg.admm_batch and cfg.admm_readout in ("last", "all"):
-            needs = f"admm-readout {cfg.admm_readout} needs every sample's targets z, which "
-            if cfg.admm_aux == "restart":
-                out.append(
-                    needs + "restarted mini-batches (admm-aux restart) hold for one visit only; "
-                    "they use the iterate's weights"
-                )
-            elif by_auto:
-                what = "conv layers" if kind == "cnn" else "admm-memory"
-                out.append(
-                    needs + f"mini-batches with {what} restart at every visit (model: {cfg.model})"
-                )
-        if cfg.admm_batch and cfg.admm_aux == "keep":
-            if kind == "cnn":  # the statistics are those of dense layers (updates.WbStats)
-                out.append(
-                    f"admm-aux keep works on MLPs only, not on conv layers yet (model: {cfg.model})"
-                )
-            if cfg.admm_memory:
-                out.append(
-                    f"admm-memory is for admm-aux restart: with keep every (W, b) step already "
-                    f"fits every sample (admm-memory: {cfg.admm_memory:g})"
-                )
-        out += balance_problems(cfg.balance, n_blocks, cfg.workers or cls.default_workers)
-        if kind == "cnn" and cfg.precision == "bf16":
-            # under autocast the convolutions would return bfloat16 feature maps to exchange
-            out.append(
-                f"admm trains CNNs in fp32 or tf32 only (precision: bf16, model: {cfg.model})"
-            )
-        return out
+        return problems(cfg, n_blocks)
 
     def data_device(self, device: torch.device) -> torch.device:
         # mini-batch mode streams batches to the device, so device memory does not grow with N
@@ -203,9 +106,11 @@ class AdmmStrategy(Strategy):
         # conv p-steps solved by CG: their iterations and cap hits go into the events
         self._cg = any(isinstance(op, ConvOp) and op.solver is PSolver.CG for op in ops)
         momentum = admm_settings(cfg, ops, keep=False)["momentum"]
-        keep = self._keeps(ops, lo, hi, momentum, len(data.train_y), run)
+        keep = keeps(self.cfg, ops, lo, hi, momentum, len(data.train_y), run)
         chosen = admm_settings(cfg, ops, keep)
-        self.block = new_block(maps, ops, lo, hi, admm_params(cfg, chosen))  # maps on run.device
+        self.block = new_block(
+            maps, ops, lo, hi, AdmmParams.of(cfg.rho, cfg.nu, cfg.quantize, cfg.admm_tau, chosen)
+        )  # maps on run.device
         self.exchange = Exchange(run.comm, cfg.quantize, run.device)
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
@@ -329,47 +234,6 @@ class AdmmStrategy(Strategy):
         finally:
             if self._kept is not None:
                 self._kept.close()
-
-    def _keeps(
-        self, ops: list[LayerOp], lo: int, hi: int, momentum: float, n: int, run: Run
-    ) -> bool:
-        """Collective: whether the mini-batches keep their auxiliary variables (``--admm-aux``).
-
-        ``auto`` keeps them for MLPs without ``--admm-memory`` (faster and more accurate than
-        restarting them: BENCHMARKS.md, section 5) where the disk holds them: the stores of
-        all ranks (:func:`kept_nbytes`) must fit in the room (``store.room``) of the
-        temporary folder of each, which is bounded by the available memory too where that
-        folder is a tmpfs. Where they do not, ``auto`` restarts them, and ``keep`` ends in
-        one line.
-        """
-        cfg = self.cfg
-        if not cfg.admm_batch or cfg.admm_aux == "restart":
-            return False
-        if _auto_restarts(cfg, cnn=has_conv(ops)):
-            return False
-        where = tempfile.gettempdir()
-        need = kept_nbytes(dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch)
-        shares = run.gather_objects((need, *room(where)))
-        total = sum(s[0] for s in shares)
-        limit, how = min((s[1], s[2]) for s in shares)
-        if total <= limit:
-            return True
-        text = (
-            f"keeping the auxiliary variables of {n} samples needs about {format_bytes(total)} "
-            f"under {where} ({how})"
-        )
-        if cfg.admm_aux == "keep":
-            raise JimuError(
-                f"admm-aux keep: {text}; set TMPDIR to a disk with room or use --admm-aux restart"
-            )
-        if cfg.admm_readout in ("last", "all"):  # the targets z of every sample are needed
-            raise JimuError(
-                f"admm-readout {cfg.admm_readout} needs kept mini-batches, and {text}; "
-                "set TMPDIR to a disk with room"
-            )
-        if run.is_main and not cfg.quiet:
-            print(f"admm: mini-batches restart their auxiliary variables: {text}")
-        return False
 
     def _epochs(
         self, x: Tensor, y: Tensor | None, data: DataSplits, start: int, steps: int,
@@ -558,12 +422,6 @@ class AdmmStrategy(Strategy):
         full = self.model if gather_model(self.blocks, self.plan, self.run) is not None else None
         state = self.solver.state_dict() | {"readout": self._readout_choice}
         self.run.save_checkpoint(step, done, full, state, {"samples": samples})
-
-
-def _auto_restarts(cfg: AdmmGroup, cnn: bool) -> bool:
-    """Whether ``--admm-aux auto`` restarts the mini-batches whatever the disk holds: for
-    CNNs (the kept statistics are those of dense layers) and with ``--admm-memory``."""
-    return cfg.admm_aux == "auto" and (cnn or cfg.admm_memory is not None)
 
 
 def _finite(v: Any) -> bool:

@@ -1,0 +1,111 @@
+"""The predictor of full-batch pdADMM: ranks solve their layers at once, then exchange p and q at each cut."""
+
+from __future__ import annotations
+
+from deepjimu.balance import listed_balance, parse_balance, partition
+from deepjimu.config import RunConfig
+from deepjimu.cost.cluster import Cluster
+from deepjimu.cost.predict.common import (
+    FLOAT,
+    Prediction,
+    balanced_speeds,
+    cut_after,
+    slowdown,
+    stage_starts,
+    threads_per_rank,
+    workers_of,
+)
+from deepjimu.cost.profile import Compute, Layer
+
+__all__ = ["layer_parallel"]
+
+
+def layer_parallel(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
+    """Full-batch pdADMM: ranks solve their layers at once, then exchange p and q at each cut
+    (its layers' work is pdADMM's own, ``compute.admm``: ``layers`` are not asked)."""
+    if cfg.admm_batch:
+        raise ValueError(
+            f"the planner predicts full-batch admm only (admm-batch: {cfg.admm_batch})"
+        )
+    assert cfg.workers is not None and cfg.epochs is not None
+    p = workers_of(cfg)
+    t = threads_per_rank(cluster, p)
+    a = compute.admm(train_size, t)
+    L = len(a.layer_s)
+    speeds, by_speed = balanced_speeds(cfg, cluster)
+    if listed_balance(cfg.balance):
+        sizes = parse_balance(cfg.balance, L, p)
+    else:
+        sizes = partition(a.costs, p, speeds if by_speed else None)
+    slow = slowdown(cluster, p)
+    ranks, chain_factor = _admm_rank_s(a.layer_s, sizes, speeds, slow)
+    exchange, chain, sent = _admm_traffic(cfg, train_size, a.widths, sizes, cluster)
+    # three synchronisations: the p and q exchanges, the readout's choice
+    iteration = max(ranks) + 2 * exchange + 3 * cluster.sync_penalty_s(p)
+    readout = (a.readout_s * chain_factor + chain) / cfg.eval_every
+    step = iteration + readout
+    # the start (a forward chain and the backward sweeps, rank after rank) once per run
+    start = a.start_s * chain_factor + chain
+    mem = max(
+        sum(train_size * (3 * a.widths[l]) * FLOAT for l in range(s, s + k))
+        for s, k in stage_starts(sizes)
+    )
+    return Prediction(
+        strategy=cfg.strategy,
+        workers=p,
+        step_s=step,
+        samples_per_s=cfg.epochs * train_size / (cfg.epochs * step + start),
+        bytes_per_sample=sent / train_size,
+        peak_mem_mb=mem / 1e6,
+        parts={
+            "compute_s": max(ranks),
+            "exchange_s": 2 * exchange,
+            "readout_s": readout,
+            "start_s": start,
+        },
+    )
+
+
+def _admm_rank_s(
+    layer_s: list[float], sizes: list[int], speeds: list[float], slow: float
+) -> tuple[list[float], float]:
+    """Each rank's seconds of an iteration's layers (at its speed, ``slow`` times slower for
+    sharing cores), and the factor that turns the one-process time of a chain over all
+    layers into that chain's time across the ranks."""
+    ranks = [
+        sum(layer_s[s : s + k]) * slow / v
+        for (s, k), v in zip(stage_starts(sizes), speeds, strict=True)
+    ]
+    # the readout and the start run rank after rank: each rank its layers, at its speed
+    total = sum(layer_s) or 1.0
+    chain_factor = sum(
+        sum(layer_s[s : s + k]) / total / v
+        for (s, k), v in zip(stage_starts(sizes), speeds, strict=True)
+    )
+    return ranks, chain_factor
+
+
+def _admm_traffic(
+    cfg: RunConfig, train_size: int, widths: list[int], sizes: list[int], cluster: Cluster
+) -> tuple[float, float, float]:
+    """Across the cuts between ranks: the seconds of one p (or q) exchange, of the readout's
+    forward chain, and the bytes sent per iteration (its share of the readout included)."""
+    rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
+    cuts = cut_after(sizes)
+    word = cfg.quantize / 8 if cfg.quantize else FLOAT
+    exchange = max(
+        (
+            cluster.p2p_s(int(train_size * widths[c] * word), rank_of[c], rank_of[c + 1])
+            for c in cuts
+        ),
+        default=0.0,
+    )
+    # the readout's forward chain (the plain and the refitted activations) runs rank after rank
+    chain = sum(
+        2 * cluster.p2p_s(train_size * widths[c] * FLOAT, rank_of[c], rank_of[c + 1]) for c in cuts
+    )
+    sent = sum(2 * train_size * widths[c] * word for c in cuts)
+    sent += sum(2 * train_size * widths[c] * FLOAT for c in cuts) / cfg.eval_every
+    return exchange, chain, sent

@@ -1,0 +1,123 @@
+"""What every predictor shares: the prediction record, the ranks' threads, speeds and shares of work, an epoch's batches."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from deepjimu.balance import chosen_balance, shard_sizes
+from deepjimu.config import RunConfig
+from deepjimu.cost.cluster import Cluster
+
+__all__ = [
+    "FLOAT",
+    "Prediction",
+    "balanced_speeds",
+    "cut_after",
+    "epoch_batches",
+    "row_shares",
+    "slowdown",
+    "stage_starts",
+    "state_mb",
+    "threads_per_rank",
+    "workers_of",
+]
+
+FLOAT = 4  # activations, gradients and admm's variables are float32
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One configuration's predicted figures.
+
+    ``step_s``: one training step (admm: one iteration, its share of the readout
+    included); ``samples_per_s``: training samples over training time, as ``jimu bench``;
+    ``bytes_per_sample``: bytes sent by all ranks per training sample; ``peak_mem_mb``: the
+    model state one worker holds (weights, gradients, optimizer state, activations; admm:
+    its variables), not the process's whole memory; ``parts``: the step's components.
+    """
+
+    strategy: str
+    workers: int
+    step_s: float
+    samples_per_s: float
+    bytes_per_sample: float
+    peak_mem_mb: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``predicted`` record of ``plan.json``."""
+        return {
+            "step_s": self.step_s,
+            "samples_per_s": self.samples_per_s,
+            "bytes_per_sample": self.bytes_per_sample,
+            "peak_mem_mb": self.peak_mem_mb,
+            "parts": self.parts,
+        }
+
+
+def workers_of(cfg: RunConfig) -> int:
+    """The run's worker count (a validated config has one)."""
+    assert cfg.workers is not None, "config not resolved"
+    return cfg.workers
+
+
+def threads_per_rank(cluster: Cluster, p: int) -> int:
+    """Threads of each of ``p`` ranks (:meth:`Cluster.threads_per_rank`; 1 on a GPU cluster)."""
+    return cluster.threads_per_rank(p) or 1
+
+
+def slowdown(cluster: Cluster, p: int, busy: float | None = None) -> float:
+    """How much slower each of ``p`` ranks computes when they run at once
+    (:meth:`Cluster.ranks_sharing_cores`); where only ``busy`` of them compute at a time on
+    average (a pipeline's bubbles), the slowdown in proportion."""
+    full = cluster.ranks_sharing_cores(p)
+    if busy is None:
+        return full
+    return 1.0 + (full - 1.0) * min(1.0, busy / p)
+
+
+def balanced_speeds(cfg: RunConfig, cluster: Cluster) -> tuple[list[float], bool]:
+    """The run's ranks' speeds (:meth:`Cluster.rank_speeds`) and whether the run balances
+    its work by them (``--balance`` resolved as the workers resolve it,
+    :func:`deepjimu.balance.chosen_balance`)."""
+    speeds = cluster.rank_speeds(workers_of(cfg))
+    return speeds, chosen_balance(str(cfg.balance), speeds) == "speed"
+
+
+def row_shares(rows: int, speeds: list[float], by_speed: bool) -> list[int]:
+    """Each rank's rows of a batch of ``rows``: in proportion to its speed (as the workers
+    shard by it, :func:`~deepjimu.data.base.shard_sizes`), or an equal share."""
+    return shard_sizes(rows, speeds) if by_speed else [math.ceil(rows / len(speeds))] * len(speeds)
+
+
+def epoch_batches(train_size: int, batch: int) -> list[tuple[int, int]]:
+    """(rows, count) of an epoch's batches: ceil(N / batch) nearly equal ones, as the
+    strategies cut an epoch (``strategies.base.split_steps``)."""
+    steps = math.ceil(train_size / batch)
+    small, extra = divmod(train_size, steps)
+    return [(small + 1, extra)] * bool(extra) + [(small, steps - extra)]
+
+
+def state_mb(cfg: RunConfig, params: int, rows: int, activations: int) -> float:
+    """Weights, gradients, optimizer state (Adam 2, SGD's momentum 1 copy) and the forward's
+    activations kept for the backward pass, in MB."""
+    copies = 2 + (2 if cfg.optimizer == "adam" else 1)
+    return (copies * params + 2 * rows * activations) * FLOAT / 1e6
+
+
+def cut_after(sizes: list[int]) -> list[int]:
+    """The block after which each stage ends (but the last)."""
+    out, at = [], 0
+    for s in sizes[:-1]:
+        at += s
+        out.append(at - 1)
+    return out
+
+
+def stage_starts(sizes: list[int]) -> list[tuple[int, int]]:
+    out, at = [], 0
+    for s in sizes:
+        out.append((at, s))
+        at += s
+    return out

@@ -1,0 +1,274 @@
+"""The strategies, one entry each: class, option groups, traits, predictor, probe, plot colour, family defaults.
+
+Adding a strategy is its module (or package) under ``strategies/`` plus its entry here;
+no other module of deepjimu names a strategy (``tests/test_house.py`` checks it): the
+engine, validation, the probe, the planner, the bench and its plots read what they need
+from the entry. No torch import here, so that ``--help`` stays light: the class is
+imported on first use (:meth:`Entry.load`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepjimu.applies import Applies, Takers
+from deepjimu.choices import Family, Precision
+from deepjimu.config import RunConfig
+from deepjimu.cost.cluster import Cluster
+from deepjimu.cost.predict.admm import layer_parallel
+from deepjimu.cost.predict.common import Prediction
+from deepjimu.cost.predict.replicated import data_parallel, one_process
+from deepjimu.cost.predict.staged import chain, pipelined
+from deepjimu.cost.profile import Compute, Layer
+from deepjimu.errors import JimuError
+from deepjimu.options import (
+    AdmmOptions,
+    DdpOptions,
+    GradientOptions,
+    Group,
+    LocalOptions,
+    PipelineOptions,
+    RunGroup,
+    SyncGroup,
+    applies_of,
+)
+
+__all__ = [
+    "ENTRIES",
+    "Entry",
+    "Predictor",
+    "Traits",
+    "applies",
+    "compressing",
+    "entry",
+    "entry_traits",
+    "family_rows",
+    "predict",
+    "reference",
+    "strategy_names",
+    "taking",
+]
+
+Predictor = Callable[[RunConfig, list[Layer], int, Compute, Cluster], Prediction]
+"""A strategy's predictor (:mod:`deepjimu.cost.predict`): one run's figures on a cluster,
+from the run's validated config, the model's blocks, the training-set size and the
+model's work on one rank."""
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the engine, validation and the planner need to know of a strategy.
+
+    ``default_workers`` / ``default_epochs``: used where the user gives none;
+    ``min_workers`` / ``max_workers``: e.g. 1 and 1 for one process (None: any);
+    ``splits_model``: each worker owns
+    contiguous blocks, so workers <= blocks; ``shards_data``: each worker loads only its
+    rows; ``needs_group``: a process group even for one worker (as DDP wants);
+    ``graph_models``: it trains models that take the whole graph (``gcn``);
+    ``precisions``: the ``--precision`` values it supports (bf16 only where its compute
+    runs under :meth:`~deepjimu.run.Run.autocast` and its messages do not depend on the
+    activations' dtype); ``reference``: the one-process run every speedup is measured
+    against where a strategy has no run of one worker itself; ``pipelined``: its steps run
+    micro-batches through a schedule (the bench plots its idle fraction against the
+    schedule's bubble).
+    """
+
+    default_workers: int = 1
+    default_epochs: int = 30
+    min_workers: int = 1
+    max_workers: int | None = None
+    splits_model: bool = False
+    shards_data: bool = False
+    needs_group: bool = False
+    graph_models: bool = False
+    precisions: tuple[Precision, ...] = (Precision.FP32, Precision.TF32)
+    reference: bool = False
+    pipelined: bool = False
+
+
+def _epochs(info: Mapping[str, Any]) -> str:
+    return "epoch"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One strategy.
+
+    ``cls``: ``"module:Class"`` of its :class:`~deepjimu.strategies.base.Strategy`;
+    ``options``: the option groups it takes, composed (:mod:`deepjimu.options`: it is
+    handed only those, and an option of a group applies only to the strategies that take
+    it); ``predict``: its predictor (None: the planner does not predict it); ``probed``:
+    the probe times its own step (its class's ``probe_step``, :mod:`deepjimu.measure.probe`);
+    ``color``: its colour in every plot (None: one fixed by its name); ``family_defaults``:
+    per data family, the options' defaults for this strategy over the family's row for all
+    (:mod:`deepjimu.defaults`); ``epoch_unit``: what one logged epoch of a run is, from its
+    saved options (``epoch``; ``iteration`` where an epoch is one full-batch iteration).
+    """
+
+    name: str
+    cls: str
+    options: type[RunGroup]
+    traits: Traits
+    predict: Predictor | None = None
+    probed: bool = False
+    color: str | None = None
+    family_defaults: Mapping[Family, Mapping[str, Any]] = field(default_factory=dict)
+    epoch_unit: Callable[[Mapping[str, Any]], str] = _epochs
+
+    def load(self) -> type[Any]:
+        """The strategy's class (its module imported now; typed by
+        :func:`deepjimu.strategies.get_strategy`)."""
+        module, name = self.cls.split(":")
+        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+    def takes(self, group: type[Group]) -> bool:
+        """Whether the strategy takes ``group``'s options."""
+        return issubclass(self.options, group)
+
+
+# colours: tab10's first five, one per strategy whatever else a bench runs
+ENTRIES: tuple[Entry, ...] = (
+    Entry(
+        "local",
+        "deepjimu.strategies.local:LocalStrategy",
+        LocalOptions,
+        Traits(max_workers=1, graph_models=True, precisions=tuple(Precision), reference=True),
+        predict=one_process,
+        color="#1f77b4",
+    ),
+    Entry(
+        "ddp",
+        "deepjimu.strategies.ddp:DDPStrategy",
+        DdpOptions,
+        Traits(default_workers=2, shards_data=True, needs_group=True, precisions=tuple(Precision)),
+        predict=data_parallel,
+        probed=True,
+        color="#ff7f0e",
+    ),
+    Entry(
+        "model-parallel",
+        "deepjimu.strategies.model_parallel:ModelParallelStrategy",
+        GradientOptions,
+        Traits(default_workers=2, splits_model=True),
+        predict=chain,
+        probed=True,
+        color="#2ca02c",
+    ),
+    Entry(
+        "pipeline",
+        "deepjimu.strategies.pipeline:PipelineStrategy",
+        PipelineOptions,
+        Traits(default_workers=2, min_workers=2, splits_model=True, pipelined=True),
+        predict=pipelined,
+        probed=True,
+        color="#d62728",
+    ),
+    Entry(
+        "admm",
+        "deepjimu.strategies.admm.strategy:AdmmStrategy",
+        AdmmOptions,
+        # every precision: under bf16 only the products drop to bfloat16 (updates.py adds
+        # them to float32 terms), so every exchanged p and q is still float32
+        Traits(default_workers=2, splits_model=True, precisions=tuple(Precision)),
+        predict=layer_parallel,
+        color="#9467bd",
+        # chosen on Cora's validation split only (issue 27; BENCHMARKS.md section 11): a
+        # ridge of 1, the middle of what held on Cora's random splits and label-scarce sbm
+        family_defaults={Family.GRAPH: {"model": "mlp:256x1", "epochs": 50, "admm_ridge": 1.0}},
+        # full batch, an epoch is one pdADMM iteration over every training sample
+        epoch_unit=lambda info: "epoch" if info.get("admm_batch") else "iteration",
+    ),
+)
+"""Every strategy, in the order of ``--help``, ``jimu bench`` and ``jimu plan``."""
+
+_BY_NAME = {e.name: e for e in ENTRIES}
+
+
+def strategy_names() -> list[str]:
+    """Registered strategy names, in registry order."""
+    return list(_BY_NAME)
+
+
+def entry(name: str) -> Entry:
+    """The entry of strategy ``name``.
+
+    Raises:
+        JimuError: no such strategy.
+    """
+    if name not in _BY_NAME:
+        raise JimuError(f"unknown strategy {name!r} (known: {', '.join(_BY_NAME)})")
+    return _BY_NAME[name]
+
+
+def entry_traits(name: str) -> Traits:
+    """The traits of strategy ``name`` (a name no entry has: the defaults')."""
+    return _BY_NAME[name].traits if name in _BY_NAME else Traits()
+
+
+def reference() -> str:
+    """The one-process strategy that speedups are measured against (``Traits.reference``)."""
+    return next(e.name for e in ENTRIES if e.traits.reference)
+
+
+def taking(group: type[Group]) -> tuple[str, ...]:
+    """The strategies that take ``group``'s options, in registry order."""
+    return tuple(e.name for e in ENTRIES if e.takes(group))
+
+
+def compressing() -> str:
+    """The strategy whose ``--compress`` the probe serves (``jimu probe``, ``--compress
+    auto``): the first that takes the gradient sync's options."""
+    return taking(SyncGroup)[0]
+
+
+def _named(takers: Takers) -> tuple[str, ...]:
+    """The strategies that :class:`~deepjimu.applies.Takers` describe, in registry order."""
+    return tuple(
+        e.name
+        for e in ENTRIES
+        if (takers.group is None or e.takes(takers.group))
+        and (takers.trait is None or takers.trait(e.traits))
+    )
+
+
+def applies(name: str) -> Applies:
+    """Where option ``name`` applies (:func:`deepjimu.options.applies_of`), the strategies
+    it applies to named.
+
+    Raises:
+        KeyError: no option group declares it.
+    """
+    return applies_of(name).resolved(_named)
+
+
+def family_rows() -> dict[str, Mapping[Family, Mapping[str, Any]]]:
+    """Each strategy's rows of the family defaults (:attr:`Entry.family_defaults`), by name."""
+    return {e.name: e.family_defaults for e in ENTRIES if e.family_defaults}
+
+
+def predict(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
+    """The prediction for ``cfg`` (a validated config) by its strategy's predictor.
+
+    Args:
+        cfg: the run (its ``strategy``, ``workers`` and the options its strategy reads).
+        layers: the model's blocks (:func:`deepjimu.measure.compute.layers_of`).
+        train_size: training samples per epoch.
+        compute: seconds of the model's work on one rank.
+        cluster: the ranks' links (and cores, on a CPU node).
+
+    Raises:
+        ValueError: a strategy or option the planner does not predict, or more workers
+            than the cluster has ranks.
+    """
+    assert cfg.workers is not None, "config not resolved"
+    if cfg.workers > cluster.world:
+        raise ValueError(f"{cfg.workers} workers on a cluster of {cluster.world} ranks")
+    predictor = entry(cfg.strategy).predict
+    if predictor is None:
+        raise ValueError(f"the planner does not predict strategy {cfg.strategy}")
+    return predictor(cfg, layers, train_size, compute, cluster)
