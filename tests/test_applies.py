@@ -26,7 +26,7 @@ from deepjimu.strategies.registry import applies
 from deepjimu.validation import validate
 
 GRAPHS = "graph data sets (citeseer, cora, pubmed, sbm)"
-GRADIENT = "strategies local, ddp, model-parallel, pipeline"
+GRADIENT = "strategies local, ddp, fsdp, tp, model-parallel, pipeline"
 
 
 def _given(run: dict[str, Any], options: dict[str, Any]) -> RunConfig:
@@ -150,7 +150,7 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
     (
         {"strategy": "local"},
         {"balance": "1,2"},
-        "--balance applies to strategies ddp, model-parallel, pipeline, admm; strategy local is not one",
+        "--balance applies to strategies ddp, fsdp, model-parallel, pipeline, admm; strategy local is not one",
     ),
     (
         {"strategy": "local"},

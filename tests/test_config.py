@@ -70,7 +70,7 @@ def test_validate_fills_strategy_defaults() -> None:
         ({"optimizer": "kfac", "kfac_factor_decay": 1.0}, "kfac-factor-decay must be in [0, 1)"),
         (
             {"strategy": "admm", "optimizer": "kfac"},
-            "--optimizer applies to strategies local, ddp, model-parallel, pipeline; "
+            "--optimizer applies to strategies local, ddp, fsdp, tp, model-parallel, pipeline; "
             "strategy admm is not one",
         ),
         (

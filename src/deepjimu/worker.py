@@ -392,9 +392,11 @@ def _train(
     strategy = strategy_cls(cfg)
     model = _model(cfg, data, model_factory)
     # each rank's speed, where the run may balance its work by it (--balance auto, speed)
-    sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
-    balance_speeds(model, *sample, run, resume, _time_shared(cfg, plan, device))
-    if entry(cfg.strategy).traits.shards_data:
+    traits = entry(cfg.strategy).traits
+    if traits.balances:
+        sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
+        balance_speeds(model, *sample, run, resume, _time_shared(cfg, plan, device))
+    if traits.shards_data:
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
     if resume is not None:

@@ -376,3 +376,31 @@ def test_stages_run_at_their_ranks_speed() -> None:
     )
     # stage 1's forward (10 ms) and backward (20 ms) take twice as long
     assert slow.step_s == pytest.approx(base.step_s + 0.030)
+
+
+def test_fsdp_is_ddps_step_with_each_blocks_gathers_and_reduce_scatter() -> None:
+    # two blocks of 10 parameters on 2 ranks: a shard is 5 floats (20 bytes); per block two
+    # all-gathers ((p-1) alpha + (p-1) 20 B / B each) and one reduce-scatter of 40 bytes
+    # ((p-1) alpha + (p-1)/p 40 B / B), against ddp's one all-reduce of the 80 bytes
+    lay = layers([10, 10], [4, 2])
+    compute, cluster = Fixed([0.001, 0.002], overhead=0.005), cpus(2, 2)
+    fsdp = predict(cfg("fsdp", 2), lay, 20, compute, cluster)
+    ddp = predict(cfg("ddp", 2), lay, 20, compute, cluster)
+    gathers = 2 * 2 * (1e-3 + 20e-6) + 2 * (1e-3 + 20e-6)
+    all_reduce = 2 * 1e-3 + 80e-6
+    assert fsdp.step_s - ddp.step_s == pytest.approx(gathers - all_reduce)
+    assert fsdp.bytes_per_sample > ddp.bytes_per_sample  # 1.5x the bytes of an all-reduce
+    assert fsdp.peak_mem_mb < ddp.peak_mem_mb
+
+
+def test_tp_halves_the_paired_blocks_and_pays_each_pairs_all_reduce() -> None:
+    # blocks 0 and 1 paired on 2 ranks: each rank does half their work on the whole batch of
+    # 10 rows, then all-reduces the row block's output (2 per row, float32) forward; the
+    # first pair's input is the data, so nothing backward
+    lay = layers([10, 10], [4, 2])
+    compute, cluster = Fixed([0.001, 0.002], overhead=0.005), cpus(2, 2)
+    local = predict(cfg("local", 1), lay, 10, compute, cpus(1, 2))
+    tp = predict(cfg("tp", 2), lay, 10, compute, cluster)
+    half = (3 * 10 * 0.001 + 3 * 10 * 0.002) / 2
+    assert tp.step_s == pytest.approx(local.step_s - half + 2 * 1e-3 + 80 / 1e6)
+    assert tp.bytes_per_sample == pytest.approx(2 * 80 / 10)  # both ranks, per sample

@@ -23,7 +23,7 @@ from deepjimu.strategies.registry import ENTRIES, entry_traits
 
 __all__ = ["Style", "figures", "styles", "write_plots"]
 
-_SPARE_COLORS = ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+_SPARE_COLORS = ("#7f7f7f", "#bcbd22", "#17becf")
 _MARKERS = "osD^vP*Xh<>p"
 _FILLS = ("full", "none", "left", "bottom")
 _HATCHES = ("//", "\\\\", "xx", "..", "++", "oo")

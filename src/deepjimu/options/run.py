@@ -93,7 +93,7 @@ class RunGroup(Group):
         "estimate, ddp equal shards), speed (that split weighted by each worker's measured "
         "speed); stages also: time, size or N,N,...",
         commas=True,
-        applies=Applies(strategies=Takers(trait=lambda t: t.max_workers != 1)),
+        applies=Applies(strategies=Takers(trait=lambda t: t.balances)),
     )
     emulate_speeds: str = option(
         "",

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deepjimu.balance import shard_counts
 from deepjimu.choices import Optimizer
 from deepjimu.comm import Comm
 from deepjimu.data import DataSplits, GraphData
@@ -25,6 +26,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.registry import entry
 
 __all__ = [
+    "DataParallel",
     "FitResult",
     "GradientStrategy",
     "ProbeStep",
@@ -203,13 +205,19 @@ def split_steps(order: Tensor, steps: int) -> list[Tensor]:
 
 @torch.no_grad()
 def count_correct(
-    model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096
+    model: nn.Module, x: Tensor, y: Tensor, batch: int = 4096, chunks: int | None = None
 ) -> tuple[int, float, int]:
-    """Correct predictions, summed cross-entropy and count of ``model`` on ``(x, y)``."""
+    """Correct predictions, summed cross-entropy and count of ``model`` on ``(x, y)``, in
+    batches of ``batch`` rows, or in exactly ``chunks`` nearly equal ones (some maybe
+    empty: a sharded model's ranks must run as many forwards as each other)."""
     was_training = model.training
     model.eval()
     correct, loss = 0, 0.0
-    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+    if chunks is None:
+        xs, ys = x.split(batch), y.split(batch)
+    else:
+        xs, ys = x.tensor_split(chunks), y.tensor_split(chunks)
+    for xb, yb in zip(xs, ys, strict=True):
         out = model(xb)
         correct += int((out.argmax(1) == yb).sum())
         loss += float(F.cross_entropy(out, yb, reduction="sum"))
@@ -358,3 +366,47 @@ class GradientStrategy(Strategy):
         run.close()
         run.save_checkpoint(step, cfg.epochs, self.full_model(run), self.rank_state())
         return FitResult(epochs=cfg.epochs, steps=step)
+
+
+class DataParallel(GradientStrategy):
+    """A gradient strategy whose ranks each train on their shard of every batch, the gradients
+    averaged over the ranks (``ddp``'s all-reduce, ``fsdp``'s reduce-scatter).
+
+    ``--batch-size`` is the global batch: every step, each rank takes about
+    ``batch_size / world`` of its shard (the worker's ``data.shard``, even or by the
+    ranks' speeds), so the hyper-parameters mean what they mean for ``local``.
+    """
+
+    def setup_shards(self, data: DataSplits, run: Run) -> None:
+        """Every rank's shard size, as the worker's ``data.shard`` cut it, so that each rank
+        knows the whole batch of every step."""
+        self._shards = shard_counts(data.train_size, run.world, run.speeds)
+        self._scales: list[float] = []
+
+    def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
+        """This rank's batches, and the weight of each one's mean loss: the ranks' gradients
+        are averaged, so a rank whose batch holds b of the step's B rows weighs its mean loss
+        by world * b / B, and the average is the gradient of the whole batch's mean loss,
+        shards even or not (speed-balanced shards differ)."""
+        out = super().batches(data, epoch, run)
+        steps = len(out)
+
+        def rows(n: int, i: int) -> int:  # the i-th of torch.tensor_split(n rows, steps)
+            return n // steps + (i < n % steps)
+
+        self._scales = [
+            run.world * len(y) / sum(rows(n, i) for n in self._shards)
+            for i, (_, y) in enumerate(out)
+        ]
+        self._scales.reverse()  # popped in step order
+        return out
+
+    def next_scale(self) -> float:
+        """The weight of this step's mean loss (:meth:`batches`; 1 outside an epoch)."""
+        return self._scales.pop() if self._scales else 1.0
+
+    def step_rows(self, data: DataSplits) -> int:
+        """The most batch rows any rank takes in one step (the i-th of torch.tensor_split
+        of its shard into the epoch's steps)."""
+        steps = self.steps_per_epoch(data)
+        return max(math.ceil(n / steps) for n in self._shards)

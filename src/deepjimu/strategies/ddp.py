@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.atomic import atomic_write_text
-from deepjimu.balance import SPEED_BALANCES, shard_counts
+from deepjimu.balance import SPEED_BALANCES
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.sync import SyncExecutor
@@ -24,8 +24,8 @@ from deepjimu.options import DdpOptions
 from deepjimu.options.compress import CompressSpec, parse_compress
 from deepjimu.run import Run
 from deepjimu.strategies.base import (
+    DataParallel,
     FitResult,
-    GradientStrategy,
     ProbeStep,
     accuracies,
     count_correct,
@@ -35,7 +35,7 @@ from deepjimu.strategies.base import (
 __all__ = ["DDPStrategy"]
 
 
-class DDPStrategy(GradientStrategy):
+class DDPStrategy(DataParallel):
     """Each rank trains a replica on its shard (rows ``rank::world``); gradients are averaged.
 
     ``--batch-size`` is the global batch: every step, each rank takes about
@@ -95,9 +95,7 @@ class DDPStrategy(GradientStrategy):
         assert cfg.epochs is not None, "config not resolved"
         self.run = run
         self.model = model.to(run.device)
-        # every rank's shard, as the worker's data.shard cut it, so that each rank knows the
-        # whole batch of every step
-        self._shards = shard_counts(data.train_size, run.world, run.speeds)
+        self.setup_shards(data, run)
         # warm-up default: a tenth of the run, at least the 2 steps DDP needs to settle its buckets
         tenth = max(2, math.ceil(self.steps_per_epoch(data) * cfg.epochs / 10))
         self.spec = parse_compress(cfg.compress)
@@ -135,7 +133,6 @@ class DDPStrategy(GradientStrategy):
         self.optimizer = make_optimizer(
             self.ddp.parameters(), cfg, self.model, run.comm, speeds=run.speeds
         )
-        self._scales: list[float] = []
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
 
@@ -150,16 +147,10 @@ class DDPStrategy(GradientStrategy):
             print(save_choice(probe, choice, predictions, run.out_dir / "probe.json"), flush=True)
         return parse_compress(choice)
 
-    def _rows(self, data: DataSplits) -> int:
-        """The most batch rows any rank takes in one step (the i-th of torch.tensor_split
-        of its shard into the epoch's steps)."""
-        steps = self.steps_per_epoch(data)
-        return max(math.ceil(n / steps) for n in self._shards)
-
     def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor:
         """Collective: measure and plan (``--sync-plan``, the run's measurer), print and save
         the plan; its executor."""
-        rows = self._rows(data)
+        rows = self.step_rows(data)
         # this rank's first rows, in batches of a step's size: what the plan measures
         batches = [
             (data.train_x[i : i + rows], data.train_y[i : i + rows])
@@ -176,30 +167,12 @@ class DDPStrategy(GradientStrategy):
         factor_rows = {e.name: math.ceil(e.rows) for e in plan.entries if e.method == "sfb"}
         return SyncExecutor(self.model, methods, run.comm, factor_rows)
 
-    def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
-        """This rank's batches, and the weight of each one's mean loss: the comm hook
-        averages the ranks' gradients, so a rank whose batch holds b of the step's B rows
-        weighs its mean loss by world * b / B, and the average is the gradient of the
-        whole batch's mean loss, shards even or not (speed-balanced shards differ)."""
-        out = super().batches(data, epoch, run)
-        steps = len(out)
-
-        def rows(n: int, i: int) -> int:  # the i-th of torch.tensor_split(n rows, steps)
-            return n // steps + (i < n % steps)
-
-        self._scales = [
-            run.world * len(y) / sum(rows(n, i) for n in self._shards)
-            for i, (_, y) in enumerate(out)
-        ]
-        self._scales.reverse()  # popped in step order
-        return out
-
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         with self.run.autocast():
             loss = F.cross_entropy(self.ddp(x), y)
-        scale = self._scales.pop() if self._scales else 1.0
+        scale = self.next_scale()
         # local SGD steps each replica on its own gradient between averagings: unweighted
         (loss if self.averaging is not None else loss * scale).backward()
         if self.sync is not None:

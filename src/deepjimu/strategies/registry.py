@@ -20,8 +20,9 @@ from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
 from deepjimu.cost.predict.admm import layer_parallel
 from deepjimu.cost.predict.common import Prediction
-from deepjimu.cost.predict.replicated import data_parallel, one_process
+from deepjimu.cost.predict.replicated import data_parallel, fully_sharded, one_process
 from deepjimu.cost.predict.staged import chain, pipelined
+from deepjimu.cost.predict.tensor import tensor_parallel
 from deepjimu.cost.profile import Compute, Layer
 from deepjimu.errors import JimuError
 from deepjimu.options import (
@@ -88,6 +89,13 @@ class Traits:
     reference: bool = False
     pipelined: bool = False
 
+    @property
+    def balances(self) -> bool:
+        """Whether ``--balance`` splits its work: the blocks of a split model or the rows of
+        sharded data (one process has nothing to split, and tensor parallelism cuts every
+        layer into equal parts)."""
+        return self.splits_model or self.shards_data
+
 
 def _epochs(info: Mapping[str, Any]) -> str:
     return "epoch"
@@ -129,7 +137,7 @@ class Entry:
         return issubclass(self.options, group)
 
 
-# colours: tab10's first five, one per strategy whatever else a bench runs
+# colours: tab10's, one per strategy whatever else a bench runs
 ENTRIES: tuple[Entry, ...] = (
     Entry(
         "local",
@@ -147,6 +155,22 @@ ENTRIES: tuple[Entry, ...] = (
         predict=data_parallel,
         probed=True,
         color="#ff7f0e",
+    ),
+    Entry(
+        "fsdp",
+        "deepjimu.strategies.fsdp:FSDPStrategy",
+        GradientOptions,
+        Traits(default_workers=2, shards_data=True, needs_group=True, precisions=tuple(Precision)),
+        predict=fully_sharded,
+        color="#8c564b",
+    ),
+    Entry(
+        "tp",
+        "deepjimu.strategies.tp:TensorParallelStrategy",
+        GradientOptions,
+        Traits(default_workers=2, needs_group=True),
+        predict=tensor_parallel,
+        color="#e377c2",
     ),
     Entry(
         "model-parallel",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 from deepjimu.choices import Optimizer
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
-from deepjimu.cost.ddp import buckets_of, message_s, messages
+from deepjimu.cost.ddp import GRAD_BYTES, buckets_of, message_s, messages
 from deepjimu.cost.predict.common import (
     FLOAT,
     Prediction,
@@ -24,7 +25,14 @@ from deepjimu.cost.profile import Compute, KfacTimes, Layer
 from deepjimu.cost.sync import SyncEntry, TensorInfo, plan_sync
 from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost, packed_numel
 
-__all__ = ["data_parallel", "ddp_comm", "one_process", "sync_entries"]
+__all__ = [
+    "data_parallel",
+    "ddp_comm",
+    "fsdp_comm",
+    "fully_sharded",
+    "one_process",
+    "sync_entries",
+]
 
 _Comm = Callable[[RunConfig, list[Layer], Cluster, int], tuple[float, int]]
 """A step's communication: (seconds, bytes one rank hands to collectives)."""
@@ -42,6 +50,33 @@ def ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> t
     shapes = [s for layer in layers for s in layer.param_shapes]
     msgs = messages(compress, buckets_of(shapes))
     return sum(message_s(cluster, c, b, p) for c, b in msgs), sum(b for _, b in msgs)
+
+
+def fsdp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
+    """Seconds and bytes (one rank's payload) of one fsdp step's collectives: per block, its
+    parameters' shards all-gathered before its forward and again before its backward, and
+    its gradients reduce-scattered (float32, ``ceil(n / p)`` entries a shard)."""
+    seconds, sent = 0.0, 0
+    for layer in layers:
+        shard = math.ceil(layer.params / p) * GRAD_BYTES
+        seconds += 2 * cluster.all_gather_s(shard, p) + cluster.reduce_scatter_s(p * shard, p)
+        sent += 2 * shard + p * shard
+    return seconds, sent
+
+
+def fully_sharded(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> Prediction:
+    """Fully sharded data parallel (``fsdp``): each rank's plain step on its share of each
+    batch, then each block's all-gathers and reduce-scatter (:func:`fsdp_comm`); a rank
+    holds 1/P of the weights, gradients and optimizer state, and one block whole at a time."""
+    p = workers_of(cfg)
+    out = _gradient(cfg, layers, train_size, compute, cluster, comm=fsdp_comm, plain=True)
+    params = sum(l.params for l in layers)
+    rows = math.ceil(cfg.batch_size / p)
+    sharded = state_mb(cfg, math.ceil(params / p), rows, sum(l.out_elems for l in layers))
+    whole = 2 * max((l.params for l in layers), default=0) * FLOAT / 1e6  # weights, grads
+    return dataclasses.replace(out, peak_mem_mb=sharded + whole)
 
 
 def sync_entries(
@@ -118,8 +153,10 @@ def _gradient(
     compute: Compute,
     cluster: Cluster,
     comm: _Comm | None,
+    plain: bool = False,
 ) -> Prediction:
-    """``local`` (``comm`` None) and ``ddp``: every rank steps on its share of each batch."""
+    """``local`` (``comm`` None), ``ddp`` and ``fsdp`` (``plain``: its ranks' steps are the
+    plain step, without DDP's buckets): every rank steps on its share of each batch."""
     p = workers_of(cfg)
     t = threads_per_rank(cluster, p)
     slow = slowdown(cluster, p)
@@ -128,7 +165,7 @@ def _gradient(
     def step_of(rows: int, t: int) -> float:
         # DDP adds work to the plain step: a ddp step measured below it is the noise of
         # two separate timings, and the plain step is the better figure
-        if comm is None:
+        if comm is None or plain:
             return compute.step(rows, t)
         return max(compute.ddp_step(rows, t), compute.step(rows, t))
 
@@ -146,7 +183,7 @@ def _gradient(
         else:
             step = c + comm_s
         if comm is not None:
-            step += cluster.sync_penalty_s(p) + cluster.ddp_sync_penalty_s(p)
+            step += cluster.sync_penalty_s(p) + (0.0 if plain else cluster.ddp_sync_penalty_s(p))
         epoch += count * step
         steps += count
         compute_s += count * c

@@ -1,0 +1,187 @@
+"""``fsdp``: fully sharded data parallel with torch's own FSDP2 (``fully_shard``, ZeRO-3).
+
+Every rank holds 1/world of each parameter, of its gradient and of the optimizer's state.
+Each block of the ``nn.Sequential`` is its own unit: its parameters are all-gathered just
+before its forward (and again before its backward), freed after, and its gradients
+reduce-scattered to their owners, so a rank's memory holds the shards and one block at a
+time, not the model. The data is sharded as ddp shards it (:class:`DataParallel`), so an
+update equals ``local``'s on the same global batch. Every all-gather and reduce-scatter is
+counted where FSDP hands it to the process group (:class:`CountedAllGather`,
+:class:`CountedReduceScatter`): an all-gather sends its shard and receives world of them, a
+reduce-scatter sends its input and receives its shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+# FSDP2 takes a custom collective through these interfaces (FSDPModule.set_custom_all_gather
+# and set_custom_reduce_scatter); torch keeps them in a private module, so they are imported
+# from there: FSDP itself counts no bytes
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+    DefaultAllGather,
+    DefaultReduceScatter,
+)
+
+from deepjimu.balance import SPEED_BALANCES
+from deepjimu.comm import Comm, CommStats, nbytes
+from deepjimu.data import DataSplits
+from deepjimu.options import GradientOptions
+from deepjimu.run import Run
+from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
+from deepjimu.strategies.sharding import (
+    load_optimizer_state,
+    optimizer_state,
+    shard_copy,
+    whole_model,
+)
+
+__all__ = ["CountedAllGather", "CountedReduceScatter", "FSDPStrategy"]
+
+
+class CountedAllGather(DefaultAllGather):
+    """FSDP's all-gather of a unit's shards, its payload counted: the shard sent, world
+    shards received (``comm`` may be swapped: evaluation's messages are bookkeeping)."""
+
+    def __init__(self, comm: Comm) -> None:
+        super().__init__()
+        self.comm = comm
+
+    def __call__(
+        self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> dist.Work | None:  # fmt: skip
+        self.comm.count(sent=nbytes(input_tensor), recv=nbytes(output_tensor))
+        return super().__call__(output_tensor, input_tensor, group, async_op)
+
+
+class CountedReduceScatter(DefaultReduceScatter):
+    """FSDP's reduce-scatter of a unit's gradients, its payload counted: the whole input
+    sent, this rank's shard received."""
+
+    def __init__(self, comm: Comm) -> None:
+        super().__init__()
+        self.comm = comm
+
+    def __call__(
+        self, output_tensor: Tensor, input_tensor: Tensor, group: dist.ProcessGroup,
+        op: Any, async_op: bool = False,
+    ) -> dist.Work:  # fmt: skip
+        self.comm.count(sent=nbytes(input_tensor), recv=nbytes(output_tensor))
+        return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+
+class FSDPStrategy(DataParallel):
+    """Fully sharded data parallel (ZeRO-3) with torch's FSDP2, one unit per block.
+
+    The training copy is sharded before any of it is allocated and takes the model's
+    weights; the engine's model is freed meanwhile and gets the whole weights back on rank
+    0 for each checkpoint and at the end (:mod:`deepjimu.strategies.sharding`), so rank 0
+    saves a plain ``nn.Sequential`` as for every strategy. Accuracies are measured by the
+    sharded model, every rank taking part.
+    """
+
+    name = "fsdp"
+    cfg: GradientOptions
+
+    @classmethod
+    def problems(cls, cfg: GradientOptions, n_blocks: int) -> list[str]:
+        assert cfg.workers is not None, "defaults not resolved"
+        if cfg.batch_size < cfg.workers:
+            return [
+                f"batch-size must be >= workers for fsdp (batch-size: {cfg.batch_size}, "
+                f"workers: {cfg.workers})"
+            ]
+        if cfg.balance not in (*SPEED_BALANCES, "even"):
+            return [
+                f"fsdp splits each batch over the workers: --balance auto, even or speed "
+                f"(balance: {cfg.balance})"
+            ]
+        return []
+
+    def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
+        self.run, self.model = run, model
+        self.setup_shards(data, run)
+        self.sharded = self._shard(model, run)  # the engine's model freed meanwhile
+        self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg)
+
+    @contextlib.contextmanager
+    def _uncounted(self) -> Iterator[None]:
+        """Inside the block the sharded model's collectives go uncounted: evaluation is
+        bookkeeping, as every other strategy's (whose evaluation sends nothing)."""
+        for c in self._comms:
+            c.comm = Comm(CommStats())
+        try:
+            yield
+        finally:
+            for c in self._comms:
+                c.comm = self.run.comm
+
+    def _shard(self, model: nn.Sequential, run: Run) -> nn.Module:
+        """The training copy (:func:`~deepjimu.strategies.sharding.shard_copy`): each block,
+        then the whole (the root holds what no block does), sharded over the ranks' mesh,
+        every unit's collectives counted."""
+        mesh = init_device_mesh(run.device.type, (run.world,))
+
+        def shard(m: nn.Module) -> None:
+            for unit in [*m.children(), m]:
+                fully_shard(unit, mesh=mesh)
+
+        sharded = shard_copy(model, shard, run.device)
+        self._comms: list[CountedAllGather | CountedReduceScatter] = []
+        for unit in [*sharded.children(), sharded]:
+            assert isinstance(unit, FSDPModule)
+            gather, scatter = CountedAllGather(run.comm), CountedReduceScatter(run.comm)
+            unit.set_custom_all_gather(gather)
+            unit.set_custom_reduce_scatter(scatter)
+            self._comms += [gather, scatter]
+        return sharded
+
+    def train_step(self, x: Tensor, y: Tensor) -> Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.run.autocast():
+            loss = F.cross_entropy(self.sharded(x), y)
+        (loss * self.next_scale()).backward()
+        self.optimizer.step()
+        self.run.synchronize()
+        return loss
+
+    def evaluate(self, data: DataSplits, run: Run) -> dict[str, float | None]:
+        """Collective: accuracies by the sharded model, every rank running the same number of
+        forwards (its training shard in as many chunks as the largest shard needs; the
+        validation and test splits, whole on every rank); only rank 0 reports them."""
+        chunks = max(1, -(-max(self._shards) // 4096))
+        with self._uncounted():
+            return self._accuracies(data, run, chunks)
+
+    def _accuracies(self, data: DataSplits, run: Run, chunks: int) -> dict[str, float | None]:
+        correct, _, n = count_correct(self.sharded, data.train_x, data.train_y, chunks=chunks)
+        totals = torch.tensor([correct, n], dtype=torch.float64, device=run.device)
+        dist.all_reduce(totals)  # bookkeeping: not counted
+        out: dict[str, float | None] = {"train_acc": float(totals[0] / totals[1])}
+        for split in ("val", "test"):
+            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+            if len(y):
+                out[f"{split}_acc"] = count_correct(self.sharded, x, y)[0] / len(y)
+        return out if run.is_main else {}
+
+    def rank_state(self) -> dict[str, Any]:
+        """This rank's shard of the optimizer's state."""
+        return {"optimizer": optimizer_state(self.optimizer)}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        load_optimizer_state(self.optimizer, state["optimizer"])
+
+    def full_model(self, run: Run) -> nn.Module | None:
+        """Collective: the whole trained model on rank 0, gathered from the shards into the
+        engine's ``nn.Sequential``."""
+        return whole_model(self.sharded, self.model, run.is_main, run.device)

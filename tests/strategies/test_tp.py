@@ -1,0 +1,123 @@
+"""tp: Megatron's Linear pairs with torch's tensor parallel on gloo ranks equal one process, count their all-reduces, resume exactly."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.data import DataOptions, load_dataset
+from deepjimu.errors import JimuError
+from deepjimu.launch import train
+from deepjimu.models import build_model
+from deepjimu.run import Run
+from deepjimu.strategies.tp import TensorParallelStrategy, tp_plan
+from deepjimu.validation import validate
+from distributed import run_world
+
+
+class _Recording(TensorParallelStrategy):
+    """tp that keeps every batch it trains on."""
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def batches(self, data: Any, epoch: int, run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = super().batches(data, epoch, run)
+        self.seen = [*getattr(self, "seen", []), *out]
+        return out
+
+
+def _tp(rank: int, world: int, tmp: str, model_spec: str) -> dict[str, Any]:
+    """tp in float64; rank 0 replays the same batches in one process."""
+    cfg = validate(
+        RunConfig(
+            strategy="tp", workers=world, quiet=True, runs_dir=tmp, name="t", epochs=2,
+            optimizer="adam", lr=0.01, batch_size=50, model=model_spec,
+        )
+    )  # fmt: skip
+    run = Run(cfg, Path(tmp) / "t", rank, world)
+    data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
+    data = dataclasses.replace(
+        data, train_x=data.train_x.double(), val_x=data.val_x.double(), test_x=data.test_x.double()
+    )
+    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed).double()
+    start = copy.deepcopy(model)
+    strategy = _Recording(cfg)
+    result = strategy.fit(model, data, run)
+    counted = run.gather_objects((run.stats.bytes_sent, run.stats.bytes_recv))
+    if rank != 0:
+        return {}
+    alone = start
+    optimizer = torch.optim.Adam(alone.parameters(), lr=0.01)
+    for x, y in strategy.seen:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(alone(x), y).backward()
+        optimizer.step()
+    return {
+        "tp": dict(model.named_parameters()),
+        "alone": dict(alone.named_parameters()),
+        "steps": result.steps,
+        "rows": [len(y) for _, y in strategy.seen],
+        "counted": counted,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("world", "width"), [(2, 32), (3, 33)])
+def test_tp_equals_one_process_and_counts_each_pairs_all_reduces(
+    tmp_path: Path, world: int, width: int
+) -> None:
+    out = run_world(_tp, world, str(tmp_path), f"mlp:{width}x3")[0]
+    for name, p in out["tp"].items():
+        torch.testing.assert_close(p, out["alone"][name], rtol=1e-9, atol=1e-10, msg=name)
+    # mlp:Wx3 is Linear 64-W, W-W, W-W, W-10: pairs (0, 1) and (2, 3). Each step all-reduces
+    # the row layers' outputs (W and 10 per row) and the second pair's input gradient (W per
+    # row; the first pair's input is the data): float64, sent and received
+    per_row = (width + 10 + width) * 8
+    total = sum(out["rows"]) * per_row
+    assert out["counted"] == [(total, total)] * world
+
+
+@pytest.mark.slow
+def test_a_resumed_tp_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    common = {"strategy": "tp", "workers": 2, "model": "mlp:32x3", "quiet": True,
+              "runs_dir": str(tmp_path)}  # fmt: skip
+    whole = train(RunConfig(epochs=4, name="full", **common))
+    train(RunConfig(epochs=2, name="part", **common))
+    resumed = train(RunConfig(epochs=4, resume=str(tmp_path / "part"), **common))
+    root = {n: tmp_path / n / "checkpoint" for n in ("full", "part")}
+    full, part = (
+        torch.load(r / (r / "latest").read_text().strip() / "model.pt", weights_only=True)
+        for r in root.values()
+    )
+    for k in full:
+        assert torch.equal(full[k], part[k]), k
+    local = train(RunConfig(**{**common, "strategy": "local", "workers": 1}, epochs=4, name="l"))
+    assert whole is not None and resumed is not None and local is not None
+    assert resumed["test_acc"] == whole["test_acc"]
+    assert abs(whole["test_acc"] - local["test_acc"]) <= 0.01  # tp is local's update
+    events = [json.loads(x) for x in (tmp_path / "part" / "events.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in events] == [1, 2, 3, 4]
+
+
+def test_the_plan_pairs_linear_layers_and_names_what_it_cannot_split() -> None:
+    plan = tp_plan(build_model("mlp:16x2", (4,), 3))
+    assert [type(s).__name__ for s in plan.values()] == ["ColwiseParallel", "RowwiseParallel"]
+    with pytest.raises(JimuError, match=r"module 0\.1 is Tanh"):
+        tp_plan(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 2)))
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy="tp", workers=2, model="cnn:8"))
+    assert str(e.value) == "tp splits mlp:... models into Linear pairs; model cnn:8 is not one"
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy="tp", workers=3, model="mlp:32x3"))
+    assert str(e.value) == (
+        "tp cuts each pair's hidden width into workers equal parts: widths 32, 32 and "
+        "workers 3 (model: mlp:32x3)"
+    )
