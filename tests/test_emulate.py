@@ -103,7 +103,7 @@ def _comm_group(
     worker's environment pointing at it, and ``write`` in place of the kernel's files."""
     (folder / COMM).mkdir()
     (folder / COMM / "tasks").write_text("")
-    monkeypatch.setattr("deepjimu.emulate._write", write)
+    monkeypatch.setattr("deepjimu.emulate.write", write)
     monkeypatch.setenv(ENV, str(folder))
 
 

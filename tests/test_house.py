@@ -20,8 +20,8 @@ PACKAGE = SRC / "deepjimu"
 
 # bottom to top; a module may import only modules of its own layer or of a layer below
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("errors", "units", "clocks", "atomic", "comm", "counters", "precision",
-                    "memory", "threads", "choices", "leave", "bookkeeping", "emulate",
+    ("foundation", ("errors", "units", "clocks", "atomic", "comm", "counters", "precision", "cgroups",
+                    "memory", "threads", "choices", "leave", "bookkeeping", "emulate", "budget",
                     "launchers")),
     ("options", ("applies", "defaults", "options", "config", "balance")),
     ("components", ("data", "models", "compress", "admm_math", "kfac")),
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("strategies", ("strategies",)),
     ("measure", ("measure",)),
     ("validation", ("validation", "flags", "worker", "summary")),
-    ("launch", ("launch",)),
+    ("launch", ("launch", "preflight")),
     ("commands", ("bench", "plan", "report", "api", "sbatch")),
     ("cli", ("arguments", "cli", "__main__", "")),
 )  # fmt: skip

@@ -370,11 +370,10 @@ def _umask() -> int:
 def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from deepjimu import launch
-    from deepjimu.memory import WORKER_BYTES
+    from deepjimu import preflight
     from deepjimu.threads import plan_threads
 
-    monkeypatch.setattr(launch, "available_memory", lambda: 3 * WORKER_BYTES)
+    monkeypatch.setattr(preflight, "available_memory", lambda: 900 * 2**20)
     cfg = RunConfig(
         strategy="ddp", workers=3, epochs=1, quiet=True, runs_dir=str(tmp_path), name="m"
     )
@@ -382,8 +381,8 @@ def test_more_workers_than_the_memory_holds_are_refused_before_any_starts(
         train(cfg, plan_threads(3, cores=2, busy=0))
     assert re.fullmatch(
         r"3 workers need about 9\d\d\.\d MB of memory \(3\d\d\.\d MB each: a process with torch "
-        r"loaded, the data and the model\), more than 80% of the 900\.0 MB available; give "
-        r"--workers 2 or fewer",
+        r"loaded, the data and its part of the model\), more than 80% of the 900\.0 MB "
+        r"available; give --workers 2 or fewer",
         str(e.value),
     ), str(e.value)
     assert not (tmp_path / "m").exists(), "refused before the run folder exists"

@@ -24,9 +24,9 @@ import contextlib
 import os
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from deepjimu.cgroups import Controller, find_controller, join, remove_groups, write
 from deepjimu.errors import JimuError
 
 __all__ = [
@@ -100,46 +100,13 @@ def _fmt(f: float) -> str:
     return f"{f:g}"
 
 
-@dataclass(frozen=True)
-class CpuController:
-    """Where the cpu controller is mounted, and its cgroup version (1 or 2)."""
-
-    root: Path
-    version: int
+CpuController = Controller
+"""Where the cpu controller is mounted, and its cgroup version (1 or 2)."""
 
 
-def find_cpu_controller(mounts: str | None = None) -> CpuController | None:
-    """The cpu controller's mount, from ``/proc/self/mounts`` (or ``mounts``' text).
-
-    A v1 hierarchy with the ``cpu`` option wins; else a v2 (``cgroup2``) mount whose
-    ``cgroup.controllers`` lists ``cpu``. None where neither is mounted.
-
-    Example:
-        >>> find_cpu_controller("cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0")
-        CpuController(root=PosixPath('/sys/fs/cgroup/cpu'), version=1)
-    """
-    if mounts is None:
-        try:
-            mounts = Path("/proc/self/mounts").read_text()
-        except OSError:
-            return None
-    v2 = None
-    for line in mounts.splitlines():
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        _, where, kind, options = parts[:4]
-        if kind == "cgroup" and "cpu" in options.split(","):
-            return CpuController(Path(where), 1)
-        if kind == "cgroup2" and v2 is None:
-            with contextlib.suppress(OSError):
-                if "cpu" in (Path(where) / "cgroup.controllers").read_text().split():
-                    v2 = CpuController(Path(where), 2)
-    return v2
-
-
-def _write(path: Path, text: str) -> None:
-    path.write_text(text)
+def find_cpu_controller(mounts: str | None = None) -> Controller | None:
+    """The cpu controller's mount (:func:`deepjimu.cgroups.find_controller`)."""
+    return find_controller("cpu", mounts)
 
 
 def _create(
@@ -149,10 +116,10 @@ def _create(
         # the parent must hand the cpu controller down to its children
         control = controller.root / "cgroup.subtree_control"
         if "cpu" not in control.read_text().split():
-            _write(control, "+cpu")
+            write(control, "+cpu")
     folder.mkdir()
     if controller.version == 2:
-        _write(folder / "cgroup.subtree_control", "+cpu")
+        write(folder / "cgroup.subtree_control", "+cpu")
     else:
         (folder / COMM).mkdir()  # no quota: the process groups' threads (free_comm_threads)
     for rank, factor in enumerate(factors):
@@ -160,25 +127,10 @@ def _create(
         group.mkdir()
         quota = max(1000, round(factor * threads * PERIOD_US))  # the kernel's floor: 1 ms
         if controller.version == 1:
-            _write(group / "cpu.cfs_period_us", str(PERIOD_US))
-            _write(group / "cpu.cfs_quota_us", str(quota))
+            write(group / "cpu.cfs_period_us", str(PERIOD_US))
+            write(group / "cpu.cfs_quota_us", str(quota))
         else:
-            _write(group / "cpu.max", f"{quota} {PERIOD_US}")
-
-
-def _remove(controller: CpuController, folder: Path) -> None:
-    """Remove the groups (their processes have ended; any left go back to the root)."""
-    if not folder.exists():
-        return
-    for group in sorted(p for p in folder.iterdir() if p.is_dir()):
-        with contextlib.suppress(OSError):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    _write(controller.root / "cgroup.procs", pid)
-        with contextlib.suppress(OSError):
-            group.rmdir()
-    with contextlib.suppress(OSError):
-        folder.rmdir()
+            write(group / "cpu.max", f"{quota} {PERIOD_US}")
 
 
 @contextlib.contextmanager
@@ -201,7 +153,7 @@ def speed_groups(
     try:
         _create(controller, folder, factors, threads)
     except OSError as e:
-        _remove(controller, folder)
+        remove_groups(controller, folder)
         why = "run as root" if isinstance(e, PermissionError) else "check the cgroup mount"
         raise JimuError(
             f"--emulate-speeds cannot create CPU cgroups under {controller.root} "
@@ -210,7 +162,7 @@ def speed_groups(
     try:
         yield {ENV: str(folder)}
     finally:
-        _remove(controller, folder)
+        remove_groups(controller, folder)
 
 
 def join_own_group(rank: int) -> None:
@@ -219,14 +171,12 @@ def join_own_group(rank: int) -> None:
     folder = os.environ.get(ENV)
     if not folder:
         return
-    procs = Path(folder) / f"rank{rank}" / "cgroup.procs"
-    try:
-        _write(procs, str(os.getpid()))
-    except OSError as e:
+    error = join(folder, rank)
+    if error is not None:
         raise JimuError(
-            f"--emulate-speeds: worker {rank} cannot join its CPU cgroup {procs.parent} "
-            f"({e.strerror or e})"
-        ) from None
+            f"--emulate-speeds: worker {rank} cannot join its CPU cgroup "
+            f"{Path(folder) / f'rank{rank}'} ({error.strerror or error})"
+        )
 
 
 def thread_ids() -> set[int]:
@@ -244,7 +194,7 @@ def free_comm_threads(before: set[int]) -> None:
         return
     for tid in sorted(thread_ids() - before):
         try:
-            _write(tasks, str(tid))
+            write(tasks, str(tid))
         except ProcessLookupError:  # a thread that has ended since
             continue
         except OSError as e:

@@ -17,17 +17,14 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from deepjimu.atomic import atomic_write_text, space_error
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.emulate import parse_speeds, speed_groups
 from deepjimu.errors import Interrupted, JimuError, signals_interrupt
 from deepjimu.launchers import Launcher, Placement, placement
-from deepjimu.memory import available_memory, check_workers_fit, worker_bytes
-from deepjimu.models import build_model
 from deepjimu.precision import check_precision
+from deepjimu.preflight import Budget, budget_groups, check_machine, with_budget_peaks
 from deepjimu.record.folder import (
     MORE_ROOM,
     check_new,
@@ -131,7 +128,7 @@ def _start(
         check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
         # read (and download) the data once here, so bad files fail before any worker starts
         data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-        _check_machine(cfg, plan, data, model)
+        need = check_machine(cfg, plan, data, model)
         out_dir = run_dir_of(cfg, job)
         with contextlib.ExitStack() as held:
             if cfg.emulate_speeds:  # refused here, before the run folder, without root
@@ -139,12 +136,15 @@ def _start(
                 held.enter_context(
                     scoped_env(held.enter_context(speed_groups(factors, plan.threads)))
                 )
+            budget = budget_groups(cfg, held)
             held.enter_context(lock_run_dir(out_dir))
             if not cfg.resume and not requeued(out_dir):
                 check_new(out_dir)
             claim_for_job(out_dir)
             try:
-                return _run_workers(cfg, out_dir, plan, job, data, model_factory)
+                return _run_workers(
+                    cfg, out_dir, plan, job, data, model_factory, Budget(budget, need)
+                )
             except Interrupted as e:
                 raise Interrupted(e.signum, stopped_line(e.signum, out_dir)) from None
 
@@ -160,6 +160,14 @@ def _join(
     claims the run folder: :func:`deepjimu.worker.worker_main`)."""
     given = joined_config(cfg, place)
     cfg = validate(given, _model(model_factory))
+    if cfg.memory_limit and pick_device(cfg, place.local_rank, place.local_world).type != "cuda":
+        # the memory groups are made by the launcher of every worker (on a GPU each caps its
+        # own allocator)
+        raise JimuError(
+            f"--memory-limit on a CPU runs under jimu's own launcher (jimu train --workers N), "
+            f"not under {place.command}; give the launcher's own limit (sbatch --mem-per-cpu, "
+            f"a cgroup) instead"
+        )
     _say_defaults(given, cfg, place.rank, job)
     if cfg.resume:
         check_resume(cfg)
@@ -201,37 +209,6 @@ def joined_config(cfg: RunConfig, place: Placement) -> RunConfig:
     return dataclasses.replace(cfg, workers=world)
 
 
-def _check_machine(
-    cfg: RunConfig, plan: ThreadPlan, data: DataSplits, model: nn.Module | None
-) -> None:
-    """Before any worker starts: refuse more workers than the memory holds, and say once
-    when they outnumber the cores (they run, each slower).
-
-    The memory a worker takes is estimated (:func:`deepjimu.memory.worker_bytes`) from the
-    data and the model: the factory's (``model``), else ``cfg.model``'s, built on the meta
-    device (shapes without memory).
-
-    Raises:
-        JimuError: the workers would take more than their share of the available memory.
-    """
-    assert cfg.workers is not None
-    if cfg.workers > plan.cores:
-        print(
-            f"warning: {cfg.workers} workers on {plan.cores} core{'s' if plan.cores > 1 else ''} "
-            f"take turns on them, each slower than alone; --workers {plan.cores} gives each "
-            "worker a core",
-            file=sys.stderr,
-            flush=True,
-        )
-    if model is None:
-        with torch.device("meta"):
-            model = build_model(cfg.model, data.feature_shape, data.num_classes)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    splits = (data.train_x, data.train_y, data.val_x, data.val_y, data.test_x, data.test_y)
-    data_bytes = sum(t.numel() * t.element_size() for t in splits)
-    check_workers_fit(cfg.workers, worker_bytes(model_bytes, data_bytes), available_memory())
-
-
 def _model(model_factory: ModelFactory | None) -> nn.Sequential | None:
     """The factory's model, for validation to check (its blocks, what the strategy trains)."""
     return model_factory() if model_factory is not None else None
@@ -244,26 +221,32 @@ def _run_workers(
     job: str,
     data: DataSplits,
     model_factory: ModelFactory | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, Any] | None:
     assert cfg.workers is not None
+    budget = budget or Budget()
     cfg_dict = {**cfg.to_dict(), "download": False}
     # an earlier run's errors (a failed run leaves them; a new run may reuse its name)
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
     (out_dir / _ERRORS_LOG).unlink(missing_ok=True)
     if not cfg.quiet:
         print(f"threads: {plan.describe()}", flush=True)
-    # in this process only where nothing sets it apart (--emulate-speeds: a cgroup of its own)
+    # in this process only where nothing sets it apart (--emulate-speeds, --memory-limit:
+    # a cgroup of its own)
     if (
         cfg.workers == 1
         and not cfg.max_restarts
         and not cfg.emulate_speeds
+        and budget.groups is None
         and plan.matches(os.environ)
     ):
         return worker_main(cfg_dict, str(out_dir), False, plan, job, model_factory, data)
     summary = _launch_local(
-        cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job, data, model_factory
+        cfg_dict, cfg.workers, cfg.max_restarts, out_dir, plan, job, data, model_factory, budget
     )
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # errors of attempts that restarted
+    if summary is not None and budget.groups is not None:
+        summary = with_budget_peaks(summary, budget.groups, cfg.workers, out_dir)
     return summary
 
 
@@ -276,6 +259,7 @@ def _launch_local(
     job: str,
     data: DataSplits,
     model_factory: ModelFactory | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, Any] | None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -312,7 +296,7 @@ def _launch_local(
             )
     except ChildFailedError as e:
         _end_bar_line(cfg_dict, out_dir)
-        raise JimuError(_failure_line(out_dir, e, workers)) from None
+        raise JimuError(_failure_line(out_dir, e, workers, budget)) from None
     except SignalException as e:  # the agent has stopped every worker
         _end_bar_line(cfg_dict, out_dir)
         shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # each says only: interrupted
@@ -342,18 +326,23 @@ def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:
         print(file=sys.stderr, flush=True)
 
 
-def _failure_line(out_dir: Path, err: Exception, workers: int = 2) -> str:
+def _failure_line(
+    out_dir: Path, err: Exception, workers: int = 2, budget: Budget | None = None
+) -> str:
     """One line naming the worker whose failure caused the others' and its error (a run of
     one worker reports a user error as it is: there is no other worker to tell it from).
 
     Peers of a failed worker fail next with connection errors, so the cause is, in order:
-    the run folder removed under the run; a user error (JimuError) that a worker reported;
+    the run folder removed under the run; a worker that passed its memory budget (the
+    kernel's out-of-memory killer, read from its group's counter); a user error (JimuError)
+    that a worker reported;
     a worker that died without reporting (killed by a signal, out of memory, or unable to
     write its record: a full disk); else the earliest reported error. The records are
     removed; their tracebacks go to ``worker-errors.log`` where the disk has room.
     """
     if not out_dir.is_dir():  # nothing to read, and nothing to write back into it
         return f"run folder {out_dir} was removed while the run was going; start the run again"
+    memory = budget.line(workers, out_dir) if budget is not None else None
     found = []
     for f in error_dir(out_dir).glob("rank*.json"):
         try:
@@ -364,14 +353,18 @@ def _failure_line(out_dir: Path, err: Exception, workers: int = 2) -> str:
     last = max((r.get("attempt", 0) for r in found), default=0)
     records = {r["rank"]: r for r in found if r.get("attempt", 0) == last}
     log: Path | None = None
-    if records:
-        text = "\n".join(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))
+    if records or memory:  # the folder says why the run stopped
+        text = "\n".join(
+            [memory or "", *(f"--- rank {k}\n{r['traceback']}" for k, r in sorted(records.items()))]
+        ).lstrip("\n")
         try:
             atomic_write_text(out_dir / _ERRORS_LOG, text)
             log = out_dir / _ERRORS_LOG
         except (OSError, JimuError):  # the line below says what matters
             pass
     shutil.rmtree(error_dir(out_dir), ignore_errors=True)
+    if memory is not None:
+        return memory
     users = sorted((r for r in records.values() if r["user_error"]), key=lambda r: r["time"])
     if users:
         line = _first_line(users[0]["message"])

@@ -1,32 +1,51 @@
-"""Memory: this process's peak, the machine's available memory, and whether N workers fit in it (a leaf module: the data layer, the run and the launcher use it)."""
+"""Memory: this process's peak, the machine's available memory, and whether a run's workers fit their limits (a leaf module: the data layer, the run and the launcher use it)."""
 
 from __future__ import annotations
 
 import resource
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from deepjimu.budget import memory_limit_bytes
 from deepjimu.errors import JimuError
 from deepjimu.units import format_bytes
 
 __all__ = [
+    "MARGIN",
     "WORKERS_SHARE",
-    "WORKER_BYTES",
+    "Limit",
     "available_memory",
-    "check_workers_fit",
+    "cap_allocator",
+    "check_fit",
+    "out_of_memory",
     "peak_memory_mb",
-    "worker_bytes",
 ]
 
-# what a worker process takes before its model and data: the interpreter, torch and gloo.
-# Measured with /proc/<pid>/smaps_rollup on ddp workers of `jimu train --dataset digits`
-# (torch 2 on CPU, 2 and 8 workers): 255-285 MB Pss each (345-395 MB Rss, of which about
-# 100 MB are library pages every worker shares), so 300 MB with the start-up's peak
-WORKER_BYTES = 300 * 2**20
 # the share of the available memory a run's workers may take: the rest is the launcher's,
 # the system's and the page cache's, since a machine filled to the last page swaps or
 # lets the out-of-memory killer end a worker
 WORKERS_SHARE = 0.8
+
+MARGIN = 1.3
+"""A worker is refused its budget before it starts only where its predicted peak passes
+the budget by more than this factor: the predictions' worst error measured (issue 46's
+bound: 30%); nearer the budget the run starts, and the budget itself stops it."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A memory limit: its bytes, what sets it (one line's words), whether the run's
+    workers share it (the machine's memory, a job's cgroup) or each has it (a budget), and
+    whether it counts a worker's training state alone (``--memory-limit``: the process's
+    start-up is charged before the worker joins its group; a GPU's allocator), not the
+    whole process."""
+
+    bytes: int
+    what: str
+    shared: bool
+    state_only: bool = False
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -47,39 +66,69 @@ def available_memory() -> int | None:
         return None
 
 
-def worker_bytes(model_bytes: int, data_bytes: int) -> int:
-    """An estimate of one worker's memory: :data:`WORKER_BYTES`, the data set it loads
-    whole, and its model four times over (weights, gradients, and the optimizer's state:
-    two tensors per weight for Adam; DDP's gradient buckets take the place of one).
-    """
-    return WORKER_BYTES + data_bytes + 4 * model_bytes
-
-
-def check_workers_fit(workers: int, per_worker: int, available: int | None) -> None:
-    """Refuse ``workers`` processes of ``per_worker`` bytes each where they would take more
-    than :data:`WORKERS_SHARE` of the ``available`` memory (None: unknown, not checked).
+def check_fit(
+    peaks: Sequence[int], limits: Sequence[Limit], states: Sequence[int] | None = None
+) -> None:
+    """Refuse workers of predicted ``peaks`` (bytes, one per worker; ``states``: their
+    training state alone, default the peaks) where they do not fit ``limits``: a worker
+    whose figure passes its own limit by more than :data:`MARGIN`, or workers that together
+    would take more than :data:`WORKERS_SHARE` of a shared one.
 
     Raises:
-        JimuError: one line with the estimate, the memory available and the most workers
-            that fit.
+        JimuError: one line with the prediction, the limit and what would fit.
 
     Example:
-        >>> check_workers_fit(64, 300 * 2**20, 16 * 2**30)
+        >>> check_fit([300 * 2**20] * 64, [Limit(16 * 2**30, "the 16.0 GB available", True)])
         Traceback (most recent call last):
         ...
         deepjimu.errors.JimuError: 64 workers need about 18.8 GB of memory (300.0 MB each: ...
     """
-    if available is None:
+    if not peaks:
         return
-    room = int(WORKERS_SHARE * available)
-    need = workers * per_worker
-    if need <= room:
-        return
-    fit = room // per_worker
-    todo = f"give --workers {fit} or fewer" if fit else "free memory first"
-    them = "1 worker needs" if workers == 1 else f"{workers} workers need"
-    raise JimuError(
-        f"{them} about {format_bytes(need)} of memory ({format_bytes(per_worker)} "
-        f"each: a process with torch loaded, the data and the model), more than "
-        f"{WORKERS_SHARE:.0%} of the {format_bytes(available)} available; {todo}"
-    )
+    largest = max(peaks)
+    for limit in sorted(limits, key=lambda x: x.shared):
+        figures = list(states if states is not None and limit.state_only else peaks)
+        worst = max(range(len(figures)), key=figures.__getitem__)
+        if not limit.shared and figures[worst] > MARGIN * limit.bytes:
+            counted = "" if limit.state_only else " and the process"
+            raise JimuError(
+                f"worker {worst} needs about {format_bytes(figures[worst])} of memory (predicted:"
+                f" its part of the model, its optimizer state and activations{counted}), "
+                f"more than {limit.what} by over the predictions' {MARGIN - 1:.0%} margin; give "
+                "a larger budget, or a strategy or worker count that puts less on each worker "
+                "(jimu plan --memory-limit shows which fit)"
+            )
+        room = int(WORKERS_SHARE * limit.bytes)
+        if not limit.shared or sum(peaks) <= room:
+            continue
+        same = len(set(peaks)) == 1
+        fit = room // largest if same else 0
+        todo = f"give --workers {fit} or fewer" if fit else "free memory first"
+        them = "1 worker needs" if len(peaks) == 1 else f"{len(peaks)} workers need"
+        each = "" if len(peaks) == 1 else " each" if same else " the largest"
+        raise JimuError(
+            f"{them} about {format_bytes(sum(peaks))} of memory ({format_bytes(largest)}"
+            f"{each}: a process with torch loaded, the data and its part of the model), more "
+            f"than {WORKERS_SHARE:.0%} of {limit.what}; {todo}"
+        )
+
+
+def cap_allocator(limit: str, device: torch.device) -> None:
+    """``--memory-limit`` on a GPU: cap this process's CUDA allocator at ``limit``."""
+    budget = memory_limit_bytes(limit)
+    if budget is not None and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+
+
+def out_of_memory(limit: str, device: torch.device, e: Exception) -> JimuError:
+    """A device's allocator out of memory (``e``), in one line with the budget and peak."""
+    peak = format_bytes(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else "-"
+    if limit:
+        return JimuError(
+            f"passed its memory budget of {format_bytes(memory_limit_bytes(limit))} on "
+            f"{device} (--memory-limit; its allocator's peak: {peak}); give a larger budget, "
+            "or a strategy or worker count that puts less on each worker"
+        )
+    first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+    return JimuError(f"{device} ran out of memory (its allocator's peak: {peak}): {first}")

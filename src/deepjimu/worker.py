@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from deepjimu.atomic import atomic_write_text, no_space, space_error
+from deepjimu.budget import join_memory_group
 from deepjimu.choices import Device
 from deepjimu.config import RunConfig
 from deepjimu.cost.compress import CostModel, save_choice
@@ -29,6 +30,7 @@ from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.measure.measurer import ThisMachine
 from deepjimu.measure.probe import measure
 from deepjimu.measure.speeds import balance_speeds
+from deepjimu.memory import cap_allocator, out_of_memory
 from deepjimu.models import build_model
 from deepjimu.options import DdpOptions, narrow
 from deepjimu.precision import matmul_precision
@@ -219,12 +221,14 @@ def _work(
     data: Prepared = None,
 ) -> dict[str, Any] | None:
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    join_own_group(rank)  # --emulate-speeds: this worker's CPU quota, before any work
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", 1)
+    join_own_group(rank)  # --emulate-speeds: this worker's CPU quota, before any work
+    join_memory_group(local_rank)  # --memory-limit on a CPU: this worker's memory cgroup
     attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     plan = plan or plan_threads(local_world, cfg.threads, cfg.omp_wait)
     torch.set_num_threads(plan.threads)
     device = pick_device(cfg, local_rank, local_world)
+    cap_allocator(cfg.memory_limit, device)  # --memory-limit on a GPU
     store = _join_group(cfg, rank, world, attempt, device)
     try:
         with contextlib.ExitStack() as held:
@@ -246,6 +250,8 @@ def _work(
                     return _train(
                         cfg, out_dir, rank, world, device, plan, resume, how, model_factory, data
                     )
+                except torch.OutOfMemoryError as e:
+                    raise out_of_memory(cfg.memory_limit, device, e) from None
                 except Exception as e:
                     problem = _folder_problem(out_dir, rank, e)
                     if problem is None:

@@ -390,7 +390,6 @@ def test_fsdp_is_ddps_step_with_each_blocks_gathers_and_reduce_scatter() -> None
     all_reduce = 2 * 1e-3 + 80e-6
     assert fsdp.step_s - ddp.step_s == pytest.approx(gathers - all_reduce)
     assert fsdp.bytes_per_sample > ddp.bytes_per_sample  # 1.5x the bytes of an all-reduce
-    assert fsdp.peak_mem_mb < ddp.peak_mem_mb
 
 
 def test_tp_halves_the_paired_blocks_and_pays_each_pairs_all_reduce() -> None:

@@ -42,7 +42,8 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
     """Each block's size figures: forward FLOPs, parameters and activations, per sample.
 
     Args:
-        model: the model's blocks (not changed).
+        model: the model's blocks (not changed); on the meta device, shapes alone are
+            counted and nothing is allocated.
         sample: a batch of inputs (its first row is used).
 
     Example:
@@ -50,6 +51,9 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
         [10]
     """
     out, x = [], sample[:1]
+    first = x  # an embedding's distinct ids are read from the real sample
+    if any(p.is_meta for p in model.parameters()):  # shapes alone: nothing is allocated
+        x = x.to("meta")
     with torch.no_grad():
         for i, block in enumerate(model):
             rows: dict[str, float] = {}
@@ -62,7 +66,8 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
                     hooks.append(m.register_forward_hook(_rows_seen(rows, weight, m.in_features)))
             for name in kinds:
                 if kinds[name] == "embedding":
-                    rows[name] = float(len(torch.unique(x[0])))
+                    ids = first if i == 0 else x
+                    rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
             with FlopCounterMode(display=False) as counter:
                 y = block(x)
             for h in hooks:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from deepjimu.applies import Applies, Takers
+from deepjimu.budget import limit_problems
 from deepjimu.choices import Device, Family, GraphFeatures, OmpWait, Precision, Split
 from deepjimu.emulate import speeds_problems
 from deepjimu.options.base import Group, checker, choice_problems, minimums, option
@@ -102,6 +103,13 @@ class RunGroup(Group):
         commas=True,
     )
 
+    memory_limit: str = option(
+        "",
+        "memory budget of each worker, e.g. 1.5G or 512M (K, M, G: powers of 1024): on a CPU "
+        "each worker runs in a memory cgroup of that size (root), on a GPU its CUDA allocator "
+        "is capped; a worker that passes it ends the run in one line",
+    )
+
     def problems(self) -> list[str]:
         problems = minimums(
             self,
@@ -114,6 +122,7 @@ class RunGroup(Group):
             problems.append(f"name must be a plain folder name (name: {self.name!r})")
         if self.workers is not None:
             problems += speeds_problems(self.emulate_speeds, self.workers)
+        problems += limit_problems(self.memory_limit)
         return [*problems, *choice_problems(self, RunGroup)]
 
 

@@ -33,14 +33,17 @@ from deepjimu.bench.matrix import (
     train_options,
 )
 from deepjimu.bench.runner import measure, run_cell, train_command
+from deepjimu.budget import memory_limit_bytes
 from deepjimu.config import RunConfig
+from deepjimu.cost.cluster import Cluster
 from deepjimu.cost.cluster_file import cluster_to_dict
 from deepjimu.cost.predict.replicated import sync_entries
+from deepjimu.cost.profile import Layer
 from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.errors import JimuError
 from deepjimu.options import SyncGroup
 from deepjimu.plan.setup import cluster_and_compute
-from deepjimu.strategies.registry import entry, predict
+from deepjimu.strategies.registry import entry, predict, rank_peaks
 from deepjimu.units import format_bytes
 from deepjimu.validation import validate
 
@@ -100,8 +103,14 @@ def plan_from_args(args: argparse.Namespace) -> Path:
     if (out / "plan.json").exists():
         raise JimuError(f"plan folder {out} already holds a plan.json; pick another --out")
     rows = _predict(configs, args.cluster, out)
-    # fastest first; configurations without a prediction last
-    rows.sort(key=lambda r: -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf)
+    # fastest first; configurations that do not fit after those that do, and those without
+    # a prediction last
+    rows.sort(
+        key=lambda r: (
+            "does_not_fit" in r,
+            -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf,
+        )
+    )
     print(_table(rows))
     for r in rows:
         if "_sync_table" in r:
@@ -146,6 +155,9 @@ def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[s
             row["predicted"] = predict(c.cfg, layers, train_size, compute, cluster).to_dict()
         except ValueError as e:
             row["predicted"], row["not_predicted"] = None, str(e)
+        short = _short_of_memory(c.cfg, layers, train_size, cluster)
+        if short is not None:
+            row["does_not_fit"] = {"needs_bytes": short[0], "has_bytes": short[1], "by": short[2]}
         # a strategy that takes the gradient sync's options, with a sync plan: its plan too
         planned = entry(c.cfg.strategy).takes(SyncGroup) and c.cfg.sync_plan != "allreduce"
         if planned and row["predicted"]:
@@ -157,6 +169,27 @@ def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[s
     return rows
 
 
+def _short_of_memory(
+    cfg: RunConfig, layers: list[Layer], train_size: int, cluster: Cluster
+) -> tuple[int, int, str] | None:
+    """(needs, has, what) where ``cfg``'s largest rank is predicted past its memory: the
+    cluster file's device memory (``memory_gb``), or ``--memory-limit`` (what it counts:
+    the training state, :func:`~deepjimu.strategies.registry.rank_peaks`); None where it fits."""
+    cuda = cluster.cores_per_node is None
+    state = max(rank_peaks(cfg, layers, train_size, 0, cuda, whole=False), default=0)
+    limits = []
+    if cuda and cluster.device.memory_bytes > 0:
+        limits.append((cluster.device.memory_bytes, f"{cluster.device.name}'s memory"))
+    budget = memory_limit_bytes(cfg.memory_limit)
+    if budget is not None:
+        limits.append((budget, "--memory-limit"))
+    over = [(has, what) for has, what in limits if state > has]
+    if not over:
+        return None
+    has, what = min(over)
+    return state, has, what
+
+
 def _label(r: dict[str, Any]) -> str:
     opts = "".join(f" {k.replace('_', '-')}={v}" for k, v in r["options"].items())
     return f"{r['strategy']} x{r['workers']} {r['model']}{opts}"
@@ -166,16 +199,23 @@ def _table(rows: list[dict[str, Any]]) -> str:
     """The ranked predictions, fastest first."""
     width = max([len(_label(r)) for r in rows] + [13])
     lines = [
-        f"{'configuration':<{width}}{'samples/s':>12}{'step ms':>10}{'sent/sample':>13}{'state MB':>10}"
+        f"{'configuration':<{width}}{'samples/s':>12}{'step ms':>10}{'sent/sample':>13}{'peak MB':>10}"
     ]
     for r in rows:
         p = r.get("predicted")
         if p is None:
             lines.append(f"{_label(r):<{width}}  not predicted: {r['not_predicted']}")
             continue
+        short = r.get("does_not_fit")
+        fits = (
+            f"  does not fit (needs {format_bytes(short['needs_bytes'])}, has "
+            f"{format_bytes(short['has_bytes'])}: {short['by']})"
+            if short
+            else ""
+        )
         lines.append(
             f"{_label(r):<{width}}{p['samples_per_s']:>12.0f}{p['step_s'] * 1e3:>10.2f}"
-            f"{format_bytes(p['bytes_per_sample']):>13}{p['peak_mem_mb']:>10.1f}"
+            f"{format_bytes(p['bytes_per_sample']):>13}{p['peak_mem_mb']:>10.1f}{fits}"
         )
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ that link, with the model's work measured here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -81,10 +82,13 @@ def _probe_file(path: Path, workers: int, cfg: RunConfig, made: dict[Any, Any]) 
     )
 
 
-def _layers_and_data(cfg: RunConfig) -> tuple[Any, Any, list[Layer]]:
-    """The model of ``cfg`` (built as a run builds it), its training data, and its blocks' sizes."""
+def _layers_and_data(cfg: RunConfig, shapes: bool = False) -> tuple[Any, Any, list[Layer]]:
+    """The model of ``cfg`` (built as a run builds it; with ``shapes``, on the meta device:
+    any model is sized on any machine, nothing allocated), its training data, and its
+    blocks' sizes."""
     data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
-    model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+    with torch.device("meta") if shapes else contextlib.nullcontext():
+        model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
     return model, data, layers_of(model, data.train_x[:1])
 
 
@@ -257,7 +261,8 @@ def _model_figures(
         cfg.quantize,
     )
     if key not in made:
-        model, data, layers = _layers_and_data(cfg)
+        # measured: the model runs here; on paper its shapes are enough
+        model, data, layers = _layers_and_data(cfg, shapes=not measured)
         compute: Compute
         if measured:
             compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)

@@ -9,6 +9,7 @@ imported on first use (:meth:`Entry.load`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,16 @@ from deepjimu.applies import Applies, Takers
 from deepjimu.choices import Family, Precision
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
+from deepjimu.cost.memory import (
+    BASE_BYTES,
+    MemoryModel,
+    admm_state,
+    fsdp_state,
+    replicated_state,
+    staged_state,
+    tensor_state,
+    worker_peak,
+)
 from deepjimu.cost.predict.admm import layer_parallel
 from deepjimu.cost.predict.common import Prediction
 from deepjimu.cost.predict.replicated import data_parallel, fully_sharded, one_process
@@ -48,6 +59,7 @@ __all__ = [
     "entry_traits",
     "family_rows",
     "predict",
+    "rank_peaks",
     "reference",
     "strategy_names",
     "taking",
@@ -74,7 +86,9 @@ class Traits:
     activations' dtype); ``reference``: the one-process run every speedup is measured
     against where a strategy has no run of one worker itself; ``pipelined``: its steps run
     micro-batches through a schedule (the bench plots its idle fraction against the
-    schedule's bubble).
+    schedule's bubble); ``base_mb``: what a CPU worker of it holds beyond
+    :data:`~deepjimu.cost.memory.BASE_BYTES` (its own modules, or the launcher's process it
+    runs in), measured as that constant was.
     """
 
     default_workers: int = 1
@@ -88,6 +102,7 @@ class Traits:
     precisions: tuple[Precision, ...] = (Precision.FP32, Precision.TF32)
     reference: bool = False
     pipelined: bool = False
+    base_mb: float = 0.0
 
     @property
     def balances(self) -> bool:
@@ -121,6 +136,7 @@ class Entry:
     options: type[RunGroup]
     traits: Traits
     predict: Predictor | None = None
+    memory: MemoryModel = replicated_state
     probed: bool = False
     color: str | None = None
     family_defaults: Mapping[Family, Mapping[str, Any]] = field(default_factory=dict)
@@ -143,7 +159,14 @@ ENTRIES: tuple[Entry, ...] = (
         "local",
         "deepjimu.strategies.local:LocalStrategy",
         LocalOptions,
-        Traits(max_workers=1, graph_models=True, precisions=tuple(Precision), reference=True),
+        # base: run in the launcher's process, which read the data set whole
+        Traits(
+            max_workers=1,
+            graph_models=True,
+            precisions=tuple(Precision),
+            reference=True,
+            base_mb=73,
+        ),
         predict=one_process,
         color="#1f77b4",
     ),
@@ -160,16 +183,25 @@ ENTRIES: tuple[Entry, ...] = (
         "fsdp",
         "deepjimu.strategies.fsdp:FSDPStrategy",
         GradientOptions,
-        Traits(default_workers=2, shards_data=True, needs_group=True, precisions=tuple(Precision)),
+        # base: torch.distributed.tensor and fsdp's modules (360 MB measured, as BASE_BYTES)
+        Traits(
+            default_workers=2,
+            shards_data=True,
+            needs_group=True,
+            precisions=tuple(Precision),
+            base_mb=45,
+        ),
         predict=fully_sharded,
+        memory=fsdp_state,
         color="#8c564b",
     ),
     Entry(
         "tp",
         "deepjimu.strategies.tp:TensorParallelStrategy",
         GradientOptions,
-        Traits(default_workers=2, needs_group=True),
+        Traits(default_workers=2, needs_group=True, base_mb=45),  # torch.distributed.tensor
         predict=tensor_parallel,
+        memory=tensor_state,
         color="#e377c2",
     ),
     Entry(
@@ -178,6 +210,7 @@ ENTRIES: tuple[Entry, ...] = (
         GradientOptions,
         Traits(default_workers=2, splits_model=True),
         predict=chain,
+        memory=staged_state,
         probed=True,
         color="#2ca02c",
     ),
@@ -185,8 +218,10 @@ ENTRIES: tuple[Entry, ...] = (
         "pipeline",
         "deepjimu.strategies.pipeline:PipelineStrategy",
         PipelineOptions,
-        Traits(default_workers=2, min_workers=2, splits_model=True, pipelined=True),
+        # base: torch.distributed.pipelining's modules (381 MB measured, as BASE_BYTES)
+        Traits(default_workers=2, min_workers=2, splits_model=True, pipelined=True, base_mb=67),
         predict=pipelined,
+        memory=staged_state,
         probed=True,
         color="#d62728",
     ),
@@ -198,6 +233,7 @@ ENTRIES: tuple[Entry, ...] = (
         # them to float32 terms), so every exchanged p and q is still float32
         Traits(default_workers=2, splits_model=True, precisions=tuple(Precision)),
         predict=layer_parallel,
+        memory=admm_state,
         color="#9467bd",
         # chosen on Cora's validation split only (issue 27; BENCHMARKS.md section 11): a
         # ridge of 1, the middle of what held on Cora's random splits and label-scarce sbm
@@ -295,4 +331,32 @@ def predict(
     predictor = entry(cfg.strategy).predict
     if predictor is None:
         raise ValueError(f"the planner does not predict strategy {cfg.strategy}")
-    return predictor(cfg, layers, train_size, compute, cluster)
+    out = predictor(cfg, layers, train_size, compute, cluster)
+    data = train_size * (layers[0].in_elems if layers else 0) * 4  # the training set's floats
+    cuda = cluster.cores_per_node is None  # a CPU node's cores are known, a GPU's not asked
+    peaks = rank_peaks(cfg, layers, train_size, data, cuda)
+    return dataclasses.replace(out, peak_mem_mb=max(peaks) / 1e6)
+
+
+def rank_peaks(
+    cfg: RunConfig,
+    layers: list[Layer],
+    train_size: int,
+    data_bytes: int,
+    cuda: bool,
+    whole: bool = True,
+) -> list[int]:
+    """Each rank's predicted peak memory in bytes (:mod:`deepjimu.cost.memory`): what
+    ``cfg``'s strategy puts on it, and on a CPU its runtime and, for the ``whole`` process
+    (not what ``--memory-limit`` counts), its base and the data it maps.
+
+    Example:
+        >>> from deepjimu.cost.profile import Layer
+        >>> cfg = RunConfig(strategy="ddp", workers=2, batch_size=2)
+        >>> rank_peaks(cfg, [Layer("0", 0.0, 10, 4, 2)], 100, 0, cuda=True)
+        [232, 232]
+    """
+    e = entry(cfg.strategy)
+    base = BASE_BYTES + e.traits.base_mb * 2**20
+    states = e.memory(cfg, layers, train_size)
+    return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]

@@ -48,17 +48,12 @@ def layer_parallel(
     step = iteration + readout
     # the start (a forward chain and the backward sweeps, rank after rank) once per run
     start = a.start_s * chain_factor + chain
-    mem = max(
-        sum(train_size * (3 * a.widths[l]) * FLOAT for l in range(s, s + k))
-        for s, k in stage_starts(sizes)
-    )
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
         step_s=step,
         samples_per_s=cfg.epochs * train_size / (cfg.epochs * step + start),
         bytes_per_sample=sent / train_size,
-        peak_mem_mb=mem / 1e6,
         parts={
             "compute_s": max(ranks),
             "exchange_s": 2 * exchange,

@@ -18,7 +18,6 @@ __all__ = [
     "row_shares",
     "slowdown",
     "stage_starts",
-    "state_mb",
     "threads_per_rank",
     "workers_of",
 ]
@@ -33,8 +32,8 @@ class Prediction:
     ``step_s``: one training step (admm: one iteration, its share of the readout
     included); ``samples_per_s``: training samples over training time, as ``jimu bench``;
     ``bytes_per_sample``: bytes sent by all ranks per training sample; ``peak_mem_mb``: the
-    model state one worker holds (weights, gradients, optimizer state, activations; admm:
-    its variables), not the process's whole memory; ``parts``: the step's components.
+    largest rank's predicted peak memory (``registry.rank_peaks``: its training state, and
+    on a CPU the process's base and data; filled in by ``registry.predict``); ``parts``: the step's components.
     """
 
     strategy: str
@@ -42,7 +41,7 @@ class Prediction:
     step_s: float
     samples_per_s: float
     bytes_per_sample: float
-    peak_mem_mb: float
+    peak_mem_mb: float = 0.0
     parts: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -97,13 +96,6 @@ def epoch_batches(train_size: int, batch: int) -> list[tuple[int, int]]:
     steps = math.ceil(train_size / batch)
     small, extra = divmod(train_size, steps)
     return [(small + 1, extra)] * bool(extra) + [(small, steps - extra)]
-
-
-def state_mb(cfg: RunConfig, params: int, rows: int, activations: int) -> float:
-    """Weights, gradients, optimizer state (Adam 2, SGD's momentum 1 copy) and the forward's
-    activations kept for the backward pass, in MB."""
-    copies = 2 + (2 if cfg.optimizer == "adam" else 1)
-    return (copies * params + 2 * rows * activations) * FLOAT / 1e6
 
 
 def cut_after(sizes: list[int]) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 
@@ -17,7 +16,6 @@ from deepjimu.cost.predict.common import (
     epoch_batches,
     row_shares,
     slowdown,
-    state_mb,
     threads_per_rank,
     workers_of,
 )
@@ -70,13 +68,7 @@ def fully_sharded(
     """Fully sharded data parallel (``fsdp``): each rank's plain step on its share of each
     batch, then each block's all-gathers and reduce-scatter (:func:`fsdp_comm`); a rank
     holds 1/P of the weights, gradients and optimizer state, and one block whole at a time."""
-    p = workers_of(cfg)
-    out = _gradient(cfg, layers, train_size, compute, cluster, comm=fsdp_comm, plain=True)
-    params = sum(l.params for l in layers)
-    rows = math.ceil(cfg.batch_size / p)
-    sharded = state_mb(cfg, math.ceil(params / p), rows, sum(l.out_elems for l in layers))
-    whole = 2 * max((l.params for l in layers), default=0) * FLOAT / 1e6  # weights, grads
-    return dataclasses.replace(out, peak_mem_mb=sharded + whole)
+    return _gradient(cfg, layers, train_size, compute, cluster, comm=fsdp_comm, plain=True)
 
 
 def sync_entries(
@@ -199,15 +191,12 @@ def _replicated(
     steps, a step's communication and the bytes one rank hands to it per step."""
     assert cfg.workers is not None
     p = workers_of(cfg)
-    params = sum(l.params for l in layers)
-    rows = math.ceil(cfg.batch_size / p)
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
         step_s=epoch / steps,
         samples_per_s=train_size / epoch,
         bytes_per_sample=p * sent * steps / train_size,
-        peak_mem_mb=state_mb(cfg, params, rows, sum(l.out_elems for l in layers)),
         parts={"compute_s": compute_s / steps, "comm_s": comm_s},
     )
 

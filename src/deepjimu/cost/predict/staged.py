@@ -15,7 +15,6 @@ from deepjimu.cost.predict.common import (
     epoch_batches,
     slowdown,
     stage_starts,
-    state_mb,
     threads_per_rank,
     workers_of,
 )
@@ -134,14 +133,12 @@ def chain(
         epoch += count * one.step_s
         steps += count
         sent += count * one.sent
-    params = max(sum(l.params for l in layers[a : a + s]) for a, s in stage_starts(sizes))
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
         step_s=epoch / steps,
         samples_per_s=train_size / epoch,
         bytes_per_sample=sent / train_size,
-        peak_mem_mb=state_mb(cfg, params, cfg.batch_size, max(l.out_elems for l in layers)),
         parts={"stages": float(p), **one.parts},
     )
 
@@ -165,13 +162,11 @@ def pipelined(
     if action is None:
         action = compute.pipeline_action(r, m, t)
     one = staged_step(cfg, layers, compute, cluster, sizes, r, m, action, str(cfg.schedule), chunks)
-    params = max(sum(l.params for l in layers[a : a + s]) for a, s in stage_starts(sizes))
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
         step_s=one.step_s,
         samples_per_s=train_size / (steps * one.step_s),
         bytes_per_sample=one.sent * steps / train_size,
-        peak_mem_mb=state_mb(cfg, params, r * m, max(l.out_elems for l in layers)),
         parts={"makespan_s": one.makespan_s, "bubble": one.bubble, **one.parts},
     )

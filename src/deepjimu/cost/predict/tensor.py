@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
 from deepjimu.cost.predict.common import (
@@ -11,7 +9,6 @@ from deepjimu.cost.predict.common import (
     Prediction,
     epoch_batches,
     slowdown,
-    state_mb,
     threads_per_rank,
     workers_of,
 )
@@ -52,15 +49,11 @@ def tensor_parallel(
         steps += count
         compute_s += count * c
         sent += count * (sum(messages) if p > 1 else 0)
-    params = sum(l.params for l in layers)
-    split = sum(layers[b].params for b in paired)
-    own = math.ceil(split / p) + params - split
     return Prediction(
         strategy=cfg.strategy,
         workers=p,
         step_s=epoch / steps,
         samples_per_s=train_size / epoch,
         bytes_per_sample=p * sent / train_size,
-        peak_mem_mb=state_mb(cfg, own, cfg.batch_size, sum(l.out_elems for l in layers)),
         parts={"compute_s": compute_s / steps},
     )

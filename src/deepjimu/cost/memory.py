@@ -1,0 +1,164 @@
+"""Each rank's memory, predicted from the model's shapes alone: what a strategy puts on each worker.
+
+A model's :class:`~deepjimu.cost.profile.Layer` list (sizes, no tensors: the model may be
+built on the meta device) and the run's options give each rank's *training state*: the
+weights, gradients and optimizer state it holds, the activations its backward pass keeps
+and a strategy's own buffers (DDP's gradient buckets, FSDP's unsharded block, a
+pipeline's micro-batches in flight, pdADMM's per-sample variables). One function per
+kind of split; the registry names which a strategy uses (``Entry.memory``). A worker's
+whole peak adds the process's base (:func:`worker_peak`): on a CPU the interpreter,
+torch and its data; on a GPU the allocator counts tensors only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from deepjimu.balance import listed_balance, parse_balance, partition
+from deepjimu.config import RunConfig
+from deepjimu.cost.profile import Layer
+
+__all__ = [
+    "BASE_BYTES",
+    "RUNTIME_BYTES",
+    "MemoryModel",
+    "admm_state",
+    "fsdp_state",
+    "replicated_state",
+    "staged_state",
+    "tensor_state",
+    "worker_peak",
+]
+
+FLOAT = 4
+
+BASE_BYTES = 235 * 2**20
+"""A CPU worker's resident memory when it starts: the interpreter and torch, loaded
+before it joins a ``--memory-limit`` group (which does not count it). With
+:data:`RUNTIME_BYTES`, the peak RSS of ``jimu train --model mlp:16x2 --epochs 1`` workers
+on digits (torch 2.13, CPU: 313-315 MB for ddp, model-parallel and admm); a strategy's own
+modules add to it (``Traits.base_mb``)."""
+
+RUNTIME_BYTES = 80 * 2**20
+"""What a CPU worker allocates once started beyond its model's state: its process group,
+data shard, threads and the allocator's arenas. Measured as the memory cgroup's usage of
+those workers under ``--memory-limit`` (78-127 MB, 78 once training)."""
+
+MemoryModel = Callable[[RunConfig, list[Layer], int], list[float]]
+"""Each rank's training state in bytes, from the run's config, the model's blocks and the
+training-set size."""
+
+
+def _optimizer_copies(cfg: RunConfig) -> int:
+    """Copies of the weights the optimizer keeps: Adam's two moments, SGD's momentum."""
+    return 2 if str(cfg.optimizer) == "adam" else 1
+
+
+def _workers(cfg: RunConfig) -> int:
+    assert cfg.workers is not None, "config not resolved"
+    return cfg.workers
+
+
+def _weights(cfg: RunConfig, params: float) -> float:
+    """Weights, gradients and optimizer state of ``params`` elements."""
+    return (2 + _optimizer_copies(cfg)) * params * FLOAT
+
+
+def _activations(rows: float, layers: Sequence[Layer]) -> float:
+    """What the backward pass keeps of ``layers``' forward on ``rows`` rows (each block's
+    input and output), and the gradient of the widest."""
+    kept = sum(l.in_elems + l.out_elems for l in layers)
+    widest = max((l.out_elems for l in layers), default=0)
+    return rows * (kept + widest) * FLOAT
+
+
+def replicated_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
+    """The whole model on every rank, each on its share of a batch (one process, ddp); with
+    several ranks DDP's gradient buckets hold one more copy of the gradients."""
+    p = _workers(cfg)
+    params = sum(l.params for l in layers)
+    buckets = params * FLOAT if p > 1 else 0
+    rows = math.ceil(cfg.batch_size / p)
+    return [_weights(cfg, params) + buckets + _activations(rows, layers)] * p
+
+
+def fsdp_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
+    """1/P of the weights, gradients and optimizer state; one block unsharded at a time
+    (its weights, and its gradients before the reduce-scatter) and the next one's weights
+    gathered ahead; the activations of a rank's share of the batch."""
+    p = _workers(cfg)
+    params = sum(l.params for l in layers)
+    blocks = sorted((l.params for l in layers), reverse=True)
+    whole = (2 * blocks[0] + (blocks[1] if len(blocks) > 1 else 0)) * FLOAT if blocks else 0
+    rows = math.ceil(cfg.batch_size / p)
+    return [_weights(cfg, math.ceil(params / p)) + whole + _activations(rows, layers)] * p
+
+
+def tensor_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
+    """Megatron's pairs: 1/P of each paired block, the unpaired ones whole; every rank on
+    the whole batch."""
+    p = _workers(cfg)
+    paired = [b for i in range(0, len(layers) - 1, 2) for b in (i, i + 1)]
+    split = sum(layers[b].params for b in paired)
+    own = math.ceil(split / p) + sum(l.params for l in layers) - split
+    return [_weights(cfg, own) + _activations(cfg.batch_size, layers)] * p
+
+
+def stage_sizes(cfg: RunConfig, layers: list[Layer], stages: int) -> list[int]:
+    """Blocks per stage as a split strategy cuts them, from the blocks' FLOPs (a listed
+    ``--balance`` as given; ``size`` by parameters)."""
+    if listed_balance(str(cfg.balance)):
+        return parse_balance(str(cfg.balance), len(layers), stages)
+    if cfg.balance == "size":
+        return partition([float(l.params) for l in layers], stages)
+    return partition([l.fwd_flops or float(l.params) or 1.0 for l in layers], stages)
+
+
+def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
+    """Each rank its stages' blocks (model-parallel, pipeline): their weights and the
+    activations of the rows in flight: the whole batch for a chain and for GPipe, which
+    keeps every micro-batch until its backward; under 1F1B a stage keeps at most as many
+    micro-batches as stages follow it."""
+    p = _workers(cfg)
+    sizes = stage_sizes(cfg, layers, min(p, len(layers)))
+    m = int(cfg.microbatches or 1)
+    out = [0.0] * p
+    start = 0
+    for s, k in enumerate(sizes):
+        own = layers[start : start + k]
+        start += k
+        rows = float(cfg.batch_size)
+        if m > 1 and str(cfg.schedule) != "gpipe":
+            rows = min(m, len(sizes) - s) * cfg.batch_size / m
+        out[s % p] += _weights(cfg, sum(l.params for l in own)) + _activations(rows, own)
+    return out
+
+
+def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
+    """pdADMM's blocks: per layer its weights and, for every training sample (or a
+    mini-batch's), its p, q, z and u (four floats a unit of its width)."""
+    p = _workers(cfg)
+    n = int(cfg.admm_batch or train_size)
+    costs = [l.fwd_flops or float(l.params) or 1.0 for l in layers]
+    sizes = (
+        parse_balance(str(cfg.balance), len(layers), p)
+        if listed_balance(str(cfg.balance))
+        else partition(costs, min(p, len(layers)))
+    )
+    out = [0.0] * p
+    start = 0
+    for r, k in enumerate(sizes):
+        own = layers[start : start + k]
+        start += k
+        out[r] = sum(2 * l.params * FLOAT + 4 * n * l.out_elems * FLOAT for l in own)
+    return out
+
+
+def worker_peak(state: float, base: float, data_bytes: int, cuda: bool, whole: bool) -> int:
+    """A worker's predicted peak: its training state; on a CPU its runtime
+    (:data:`RUNTIME_BYTES`) and, for the ``whole`` process (its RSS), the ``base`` it
+    started with and the data set it maps; a GPU's allocator counts tensors alone."""
+    if cuda:
+        return round(state)
+    return round(state + RUNTIME_BYTES + (base + data_bytes if whole else 0))

@@ -1,0 +1,94 @@
+"""Each rank's memory as its strategy puts it there, from shapes alone (deepjimu.cost.memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepjimu.config import RunConfig
+from deepjimu.cost.memory import (
+    BASE_BYTES,
+    RUNTIME_BYTES,
+    admm_state,
+    fsdp_state,
+    replicated_state,
+    staged_state,
+    tensor_state,
+)
+from deepjimu.cost.profile import Layer
+from deepjimu.strategies.registry import entry, rank_peaks
+
+# four Linear blocks of 1000 parameters, 10 wide, on 4-wide inputs; 8 rows a batch
+LAYERS = [Layer(f"{i}", 100.0, 1000, 4 if i == 0 else 10, 10) for i in range(4)]
+
+
+def cfg(strategy: str, workers: int, **kw: object) -> RunConfig:
+    return RunConfig(strategy=strategy, workers=workers, batch_size=8, **kw)  # type: ignore[arg-type]
+
+
+def acts(rows: float, layers: list[Layer]) -> float:
+    """Each block's input and output kept, and the widest output's gradient, in floats."""
+    return rows * (sum(l.in_elems + l.out_elems for l in layers) + 10) * 4
+
+
+def test_one_process_holds_weights_grads_and_adams_two_moments() -> None:
+    assert replicated_state(cfg("local", 1), LAYERS, 100) == [4 * 4000 * 4 + acts(8, LAYERS)]
+    sgd = replicated_state(cfg("local", 1, optimizer="sgd"), LAYERS, 100)
+    assert sgd == [3 * 4000 * 4 + acts(8, LAYERS)]
+
+
+def test_ddp_adds_its_buckets_and_halves_the_rows() -> None:
+    assert replicated_state(cfg("ddp", 2), LAYERS, 100) == [5 * 4000 * 4 + acts(4, LAYERS)] * 2
+
+
+def test_fsdp_holds_a_shard_and_two_blocks_whole() -> None:
+    out = fsdp_state(cfg("fsdp", 4), LAYERS, 100)
+    # 1/4 of the state, one block's weights and gradients, the next block's weights
+    assert out == [4 * 1000 * 4 + 3 * 1000 * 4 + acts(2, LAYERS)] * 4
+    assert out[0] < replicated_state(cfg("ddp", 4), LAYERS, 100)[0]
+
+
+def test_tp_splits_each_pair_and_keeps_the_whole_batch() -> None:
+    out = tensor_state(cfg("tp", 2), LAYERS, 100)
+    assert out == [4 * 2000 * 4 + acts(8, LAYERS)] * 2
+    # an odd block is whole on every rank
+    assert tensor_state(cfg("tp", 2), LAYERS[:3], 100) == [4 * 2000 * 4 + acts(8, LAYERS[:3])] * 2
+
+
+def test_a_split_model_puts_its_stages_blocks_on_each_rank() -> None:
+    out = staged_state(cfg("model-parallel", 2), LAYERS, 100)
+    assert out == [4 * 2000 * 4 + acts(8, LAYERS[:2]), 4 * 2000 * 4 + acts(8, LAYERS[2:])]
+    listed = staged_state(cfg("model-parallel", 2, balance="3,1"), LAYERS, 100)
+    assert listed[0] == 4 * 3000 * 4 + acts(8, LAYERS[:3])
+
+
+def test_1f1b_keeps_fewer_micro_batches_than_gpipe() -> None:
+    gpipe = staged_state(cfg("pipeline", 4, microbatches=8), LAYERS, 100)
+    ofob = staged_state(cfg("pipeline", 4, microbatches=8, schedule="1f1b"), LAYERS, 100)
+    # stage s keeps min(8, 4 - s) micro-batches of one row each under 1F1B, all 8 rows under GPipe
+    for s in range(4):
+        assert ofob[s] == 4 * 1000 * 4 + acts(min(8, 4 - s), LAYERS[s : s + 1])
+        assert gpipe[s] == 4 * 1000 * 4 + acts(8, LAYERS[s : s + 1])
+
+
+def test_admms_variables_grow_with_the_samples() -> None:
+    small = admm_state(cfg("admm", 2), LAYERS, 100)
+    large = admm_state(cfg("admm", 2), LAYERS, 1000)
+    # per layer: weights twice, p, q, z and u for every sample
+    assert small == [2 * (2 * 1000 * 4 + 4 * 100 * 10 * 4)] * 2
+    assert large[0] - small[0] == 2 * 4 * 900 * 10 * 4
+    assert admm_state(cfg("admm", 2, admm_batch=10), LAYERS, 1000) == admm_state(
+        cfg("admm", 2), LAYERS, 10
+    )
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "pipeline"])
+def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
+    c = cfg(strategy, 2)
+    state = entry(strategy).memory(c, LAYERS, 100)
+    base = BASE_BYTES + entry(strategy).traits.base_mb * 2**20
+    whole = rank_peaks(c, LAYERS, 100, 1234, cuda=False)
+    assert whole == [round(s + RUNTIME_BYTES + base + 1234) for s in state]
+    # what --memory-limit counts: the worker's own allocations once started
+    budget = rank_peaks(c, LAYERS, 100, 1234, cuda=False, whole=False)
+    assert budget == [round(s + RUNTIME_BYTES) for s in state]
+    assert rank_peaks(c, LAYERS, 100, 1234, cuda=True) == [round(s) for s in state]
