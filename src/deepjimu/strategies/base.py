@@ -153,8 +153,12 @@ def make_optimizer(
     model: nn.Module | None = None,
     comm: Comm | None = None,
     speeds: Sequence[float] | None = None,
+    foreach: bool | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer of ``cfg`` (Adam, SGD with momentum, or K-FAC-preconditioned SGD) over ``params``.
+
+    ``foreach``: torch's multi-tensor kernels (None: torch's choice, on a GPU), which need
+    every parameter of a group of one kind (all DTensors or none).
 
     ``kfac`` also needs its options (``cfg`` holds them: a strategy that takes the K-FAC
     group), the ``model`` whose layers it hooks and this rank's ``comm`` (its messages are
@@ -171,10 +175,14 @@ def make_optimizer(
             settings = dataclasses.replace(settings, speeds=tuple(speeds))
         opt = KFAC(params, model, cfg.lr, cfg.momentum, cfg.weight_decay, settings, comm)
     elif cfg.optimizer == Optimizer.ADAM:
-        opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=foreach)
     else:
         opt = torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            params,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            foreach=foreach,
         )
     if cfg.optimizer != Optimizer.SGD or cfg.momentum or cfg.weight_decay:
         # only SGD without momentum or decay takes sparse gradients (an embed model's) as

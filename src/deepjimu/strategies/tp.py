@@ -139,7 +139,9 @@ class TensorParallelStrategy(GradientStrategy):
                 layer.register_forward_hook(self._forward_all_reduce)
             elif name != first:
                 layer.register_full_backward_hook(self._backward_all_reduce)
-        self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg)
+        # the paired layers' parameters are DTensors, an unpaired last layer's plain tensors:
+        # torch's multi-tensor kernels (its default on a GPU) refuse such a mix
+        self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg, foreach=False)
 
     def _count(self, t: Tensor) -> None:
         if self._counting:
