@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from deepjimu.arguments import build_parser
 from deepjimu.choices import OmpWait
 from deepjimu.config import RunConfig, flag_values, read_toml
-from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.errors import Interrupted, JimuError, OutOfMemory, signals_interrupt
 from deepjimu.launchers import Placement, placement
 from deepjimu.leave import leave
 from deepjimu.record.folder import saved_config
@@ -43,8 +43,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``jimu``; returns the exit code (0 ok, 2 user error, 130 / 143 stopped by SIGINT /
-    SIGTERM)."""
+    """Run ``jimu``; returns the exit code (0 ok, 2 user error, 3 out of memory, 130 / 143
+    stopped by SIGINT / SIGTERM)."""
     place = None
     try:
         place = placement()  # torchrun, srun or mpirun started us: join their group
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except JimuError as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
-        return 2
+        return e.exit_code if isinstance(e, OutOfMemory) else 2
     except Interrupted as e:
         # the launcher signalled every worker: rank 0 alone says what is kept
         if place is None or place.rank == 0:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["Interrupted", "JimuError", "one_line", "signals_interrupt"]
+__all__ = ["Interrupted", "JimuError", "OutOfMemory", "one_line", "signals_interrupt"]
 
 
 class JimuError(Exception):
@@ -23,6 +23,14 @@ class JimuError(Exception):
         ...
         deepjimu.errors.JimuError: workers must be >= 1 (workers: 0)
     """
+
+
+class OutOfMemory(JimuError):
+    """A run that its memory cannot hold: refused before it started, or a worker that passed
+    its budget. The CLI exits with :attr:`exit_code` (3), so that ``jimu bench`` records
+    the configuration as "does not fit", a result, not a failure."""
+
+    exit_code = 3
 
 
 class Interrupted(KeyboardInterrupt):

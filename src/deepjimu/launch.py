@@ -21,7 +21,7 @@ from deepjimu.atomic import atomic_write_text, space_error
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.emulate import parse_speeds, speed_groups
-from deepjimu.errors import Interrupted, JimuError, signals_interrupt
+from deepjimu.errors import Interrupted, JimuError, OutOfMemory, signals_interrupt
 from deepjimu.launchers import Launcher, Placement, placement
 from deepjimu.precision import check_precision
 from deepjimu.preflight import Budget, budget_groups, check_machine, with_budget_peaks
@@ -296,7 +296,7 @@ def _launch_local(
             )
     except ChildFailedError as e:
         _end_bar_line(cfg_dict, out_dir)
-        raise JimuError(_failure_line(out_dir, e, workers, budget)) from None
+        raise _failure(out_dir, e, workers, budget) from None
     except SignalException as e:  # the agent has stopped every worker
         _end_bar_line(cfg_dict, out_dir)
         shutil.rmtree(error_dir(out_dir), ignore_errors=True)  # each says only: interrupted
@@ -324,6 +324,16 @@ def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:
     A worker that unwinds closes its bar, then writes its error record."""
     if not cfg_dict["quiet"] and not (error_dir(out_dir) / "rank0.json").exists():
         print(file=sys.stderr, flush=True)
+
+
+def _failure(out_dir: Path, err: Exception, workers: int, budget: Budget | None) -> JimuError:
+    """The error of a failed run (:func:`_failure_line`): :class:`OutOfMemory` where a
+    worker passed its memory (its group's counter, or the error it reported)."""
+    memory = budget is not None and budget.line(workers, out_dir) is not None
+    for f in error_dir(out_dir).glob("rank*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            memory = memory or bool(json.loads(f.read_text()).get("memory"))
+    return (OutOfMemory if memory else JimuError)(_failure_line(out_dir, err, workers, budget))
 
 
 def _failure_line(

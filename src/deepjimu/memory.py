@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from deepjimu.budget import memory_limit_bytes
-from deepjimu.errors import JimuError
+from deepjimu.errors import OutOfMemory
 from deepjimu.units import format_bytes
 
 __all__ = [
@@ -91,7 +91,7 @@ def check_fit(
         worst = max(range(len(figures)), key=figures.__getitem__)
         if not limit.shared and figures[worst] > MARGIN * limit.bytes:
             counted = "" if limit.state_only else " and the process"
-            raise JimuError(
+            raise OutOfMemory(
                 f"worker {worst} needs about {format_bytes(figures[worst])} of memory (predicted:"
                 f" its part of the model, its optimizer state and activations{counted}), "
                 f"more than {limit.what} by over the predictions' {MARGIN - 1:.0%} margin; give "
@@ -106,7 +106,7 @@ def check_fit(
         todo = f"give --workers {fit} or fewer" if fit else "free memory first"
         them = "1 worker needs" if len(peaks) == 1 else f"{len(peaks)} workers need"
         each = "" if len(peaks) == 1 else " each" if same else " the largest"
-        raise JimuError(
+        raise OutOfMemory(
             f"{them} about {format_bytes(sum(peaks))} of memory ({format_bytes(largest)}"
             f"{each}: a process with torch loaded, the data and its part of the model), more "
             f"than {WORKERS_SHARE:.0%} of {limit.what}; {todo}"
@@ -121,14 +121,14 @@ def cap_allocator(limit: str, device: torch.device) -> None:
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
 
 
-def out_of_memory(limit: str, device: torch.device, e: Exception) -> JimuError:
+def out_of_memory(limit: str, device: torch.device, e: Exception) -> OutOfMemory:
     """A device's allocator out of memory (``e``), in one line with the budget and peak."""
     peak = format_bytes(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else "-"
     if limit:
-        return JimuError(
+        return OutOfMemory(
             f"passed its memory budget of {format_bytes(memory_limit_bytes(limit))} on "
             f"{device} (--memory-limit; its allocator's peak: {peak}); give a larger budget, "
             "or a strategy or worker count that puts less on each worker"
         )
     first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-    return JimuError(f"{device} ran out of memory (its allocator's peak: {peak}): {first}")
+    return OutOfMemory(f"{device} ran out of memory (its allocator's peak: {peak}): {first}")

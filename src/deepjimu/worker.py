@@ -24,7 +24,7 @@ from deepjimu.config import RunConfig
 from deepjimu.cost.compress import CostModel, save_choice
 from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.emulate import free_comm_threads, join_own_group, parse_speeds, thread_ids
-from deepjimu.errors import Interrupted, JimuError, one_line, signals_interrupt
+from deepjimu.errors import Interrupted, JimuError, OutOfMemory, one_line, signals_interrupt
 from deepjimu.launchers import placement
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.measure.measurer import ThisMachine
@@ -169,6 +169,7 @@ def _report(folder: Path, rank: int, e: BaseException) -> None:
         "attempt": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
         "time": time.time(),
         "user_error": isinstance(e, JimuError),
+        "memory": isinstance(e, OutOfMemory),
         "message": str(e) if isinstance(e, JimuError) else f"{type(e).__name__}: {e}",
         "traceback": traceback.format_exc(),
     }
