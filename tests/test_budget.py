@@ -16,6 +16,7 @@ from deepjimu.budget import (
     group_limit,
     limit_problems,
     memory_groups,
+    oom_kills,
 )
 from deepjimu.cgroups import Controller, find_controller, own_group
 from deepjimu.errors import JimuError
@@ -128,7 +129,7 @@ def test_a_worker_past_its_budget_ends_the_run_in_one_line_and_one_within_it_run
     # mlp:2048x3 with Adam: about 245 MB predicted, within 30% of 200 MB so the run starts;
     # the workers reach 300-340 MB (measured), and the kernel ends one
     killed = _jimu(tmp_path, "small", "--memory-limit", "200M")
-    assert killed.returncode == 2  # a JimuError
+    assert killed.returncode == 3  # OutOfMemory
     line = killed.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
         r"error: worker [01] passed its memory budget of 200\.0 MB \(--memory-limit\) and the "
@@ -145,3 +146,23 @@ def test_a_worker_past_its_budget_ends_the_run_in_one_line_and_one_within_it_run
     assert summary["memory_limit_mb"] == 1024.0
     assert all(0 < p <= 1024 for p in summary["budget_peak_mb_per_rank"])
     assert {p.name for p in parent.glob("deepjimu-*")} == before  # the groups are gone
+
+
+def test_a_kill_counted_by_the_jobs_own_group_is_named_as_out_of_memory(tmp_path: Path) -> None:
+    from deepjimu.preflight import Budget
+
+    group = tmp_path / "job"
+    group.mkdir()
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert oom_kills(group) == 2 and oom_kills(tmp_path) is None
+    run = tmp_path / "run"
+    run.mkdir()
+    before = Budget(job=(group, 2))
+    assert before.line(2, run, killed=1) is None  # no kill since the run started
+    after = Budget(job=(group, 1))
+    assert after.line(2, run, killed=None) is None  # no worker was ended by SIGKILL
+    line = after.line(2, run, killed=1)
+    assert line is not None and line.startswith(
+        f"worker 1 was ended by the kernel's out-of-memory killer: the memory cgroup {group}"
+    )
+    assert line.endswith(f"ran out; {run} has no checkpoint yet")

@@ -24,7 +24,6 @@ so the data's pages are charged once, to the launcher's group, not to every work
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import uuid
 from collections.abc import Iterator
@@ -40,10 +39,12 @@ __all__ = [
     "MemoryGroups",
     "address_limit",
     "group_limit",
+    "job_group",
     "join_memory_group",
     "limit_problems",
     "memory_groups",
     "memory_limit_bytes",
+    "oom_kills",
 ]
 
 ENV = "DEEPJIMU_MEMORY_GROUPS"
@@ -90,12 +91,7 @@ class MemoryGroups:
 
     def oom_killed(self, rank: int) -> bool:
         """Whether the kernel's out-of-memory killer ended a process of rank ``rank``'s group."""
-        name = "memory.oom_control" if self.controller.version == 1 else "memory.events"
-        for line in (self._read(rank, name) or "").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value) > 0
-        return False
+        return bool(oom_kills(self.folder / f"rank{rank}"))
 
     def peak(self, rank: int) -> int | None:
         """The most memory rank ``rank``'s group held (None where the kernel does not say)."""
@@ -168,15 +164,7 @@ def memory_groups(
 def join_memory_group(rank: int) -> None:
     """A spawned worker joins its memory group (``rank<rank>`` under :data:`ENV`), if the
     launcher made any, before it allocates anything."""
-    folder = os.environ.get(ENV)
-    if not folder:
-        return
-    error = join(folder, rank)
-    if error is not None:
-        raise JimuError(
-            f"--memory-limit: worker {rank} cannot join its memory cgroup "
-            f"{Path(folder) / f'rank{rank}'} ({error.strerror or error})"
-        )
+    join(ENV, rank, "--memory-limit", "memory")
 
 
 def address_limit() -> int | None:
@@ -184,6 +172,29 @@ def address_limit() -> int | None:
     where it is not set."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return None if soft == resource.RLIM_INFINITY else soft
+
+
+def oom_kills(group: Path) -> int | None:
+    """How many processes of memory cgroup ``group`` the kernel's out-of-memory killer has
+    ended (``oom_kill`` of v1's ``memory.oom_control``, v2's ``memory.events``); None where
+    it does not say."""
+    for name in ("memory.oom_control", "memory.events"):
+        try:
+            text = (group / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def job_group() -> Path | None:
+    """The memory cgroup this process runs in (a Slurm job's, a container's), None where
+    no memory controller is mounted."""
+    controller = find_controller("memory")
+    return own_group(controller, "memory") if controller is not None else None
 
 
 def group_limit(cgroup_file: str | None = None) -> tuple[int, str] | None:

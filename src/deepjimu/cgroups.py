@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepjimu.errors import JimuError
+
 __all__ = ["Controller", "find_controller", "join", "own_group", "remove_groups", "write"]
 
 
@@ -93,10 +95,20 @@ def remove_groups(controller: Controller, folder: Path) -> None:
         folder.rmdir()
 
 
-def join(folder: str, rank: int) -> OSError | None:
-    """Move this process into ``<folder>/rank<rank>``; the error, if it could not."""
+def join(env: str, rank: int, option: str, kind: str) -> None:
+    """Move this process into ``<folder>/rank<rank>``, the folder named by environment
+    variable ``env`` where the launcher made one (else nothing to join).
+
+    Raises:
+        JimuError: the group cannot be joined, in one line naming ``option`` and ``kind``.
+    """
+    folder = os.environ.get(env)
+    if not folder:
+        return
+    group = Path(folder) / f"rank{rank}"
     try:
-        write(Path(folder) / f"rank{rank}" / "cgroup.procs", str(os.getpid()))
+        write(group / "cgroup.procs", str(os.getpid()))
     except OSError as e:
-        return e
-    return None
+        raise JimuError(
+            f"{option}: worker {rank} cannot join its {kind} cgroup {group} ({e.strerror or e})"
+        ) from None

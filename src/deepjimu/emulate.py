@@ -168,15 +168,7 @@ def speed_groups(
 def join_own_group(rank: int) -> None:
     """A spawned worker joins its group (``rank<rank>`` under :data:`ENV`), if the launcher
     made any; every thread it starts afterwards is in the group too."""
-    folder = os.environ.get(ENV)
-    if not folder:
-        return
-    error = join(folder, rank)
-    if error is not None:
-        raise JimuError(
-            f"--emulate-speeds: worker {rank} cannot join its CPU cgroup "
-            f"{Path(folder) / f'rank{rank}'} ({error.strerror or error})"
-        )
+    join(ENV, rank, "--emulate-speeds", "CPU")
 
 
 def thread_ids() -> set[int]:

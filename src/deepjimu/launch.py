@@ -24,7 +24,13 @@ from deepjimu.emulate import parse_speeds, speed_groups
 from deepjimu.errors import Interrupted, JimuError, OutOfMemory, signals_interrupt
 from deepjimu.launchers import Launcher, Placement, placement
 from deepjimu.precision import check_precision
-from deepjimu.preflight import Budget, budget_groups, check_machine, with_budget_peaks
+from deepjimu.preflight import (
+    Budget,
+    budget_groups,
+    check_machine,
+    job_budget,
+    with_budget_peaks,
+)
 from deepjimu.record.folder import (
     MORE_ROOM,
     check_new,
@@ -143,7 +149,7 @@ def _start(
             claim_for_job(out_dir)
             try:
                 return _run_workers(
-                    cfg, out_dir, plan, job, data, model_factory, Budget(budget, need)
+                    cfg, out_dir, plan, job, data, model_factory, job_budget(budget, need)
                 )
             except Interrupted as e:
                 raise Interrupted(e.signum, stopped_line(e.signum, out_dir)) from None
@@ -329,7 +335,7 @@ def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:
 def _failure(out_dir: Path, err: Exception, workers: int, budget: Budget | None) -> JimuError:
     """The error of a failed run (:func:`_failure_line`): :class:`OutOfMemory` where a
     worker passed its memory (its group's counter, or the error it reported)."""
-    memory = budget is not None and budget.line(workers, out_dir) is not None
+    memory = budget is not None and budget.line(workers, out_dir, _killed(err)) is not None
     for f in error_dir(out_dir).glob("rank*.json"):
         with contextlib.suppress(OSError, ValueError):
             memory = memory or bool(json.loads(f.read_text()).get("memory"))
@@ -352,7 +358,7 @@ def _failure_line(
     """
     if not out_dir.is_dir():  # nothing to read, and nothing to write back into it
         return f"run folder {out_dir} was removed while the run was going; start the run again"
-    memory = budget.line(workers, out_dir) if budget is not None else None
+    memory = budget.line(workers, out_dir, _killed(err)) if budget is not None else None
     found = []
     for f in error_dir(out_dir).glob("rank*.json"):
         try:
@@ -392,6 +398,13 @@ def _failure_line(
     first = min(records.values(), key=lambda r: r["time"])
     where = f" (tracebacks in {log})" if log is not None else ""
     return f"worker {first['rank']} failed: {_first_line(first['message'])}{where}"
+
+
+def _killed(err: Exception) -> int | None:
+    """The first worker that torch's launcher saw ended by SIGKILL (the out-of-memory
+    killer's signal), None where none was."""
+    failures = getattr(err, "failures", {})
+    return next((r for r, f in sorted(failures.items()) if f.exitcode == -signal.SIGKILL), None)
 
 
 def _unreported_line(rank: int, out_dir: Path) -> str:

@@ -18,8 +18,10 @@ from deepjimu.budget import (
     MemoryGroups,
     address_limit,
     group_limit,
+    job_group,
     memory_groups,
     memory_limit_bytes,
+    oom_kills,
 )
 from deepjimu.config import RunConfig
 from deepjimu.cost.profile import Layer
@@ -37,7 +39,7 @@ from deepjimu.worker import pick_device
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Budget", "budget_groups", "check_machine", "with_budget_peaks"]
+__all__ = ["Budget", "budget_groups", "check_machine", "job_budget", "with_budget_peaks"]
 
 
 def check_machine(
@@ -110,32 +112,60 @@ class Budget:
 
     groups: MemoryGroups | None = None
     need: tuple[int, ...] = ()
+    job: tuple[Path, int] | None = None
 
-    def line(self, workers: int, out_dir: Path) -> str | None:
-        """The line for the first worker the kernel's out-of-memory killer ended (read from
-        its group's counter), or None where none was."""
-        if self.groups is None:
-            return None
-        rank = next((r for r in range(workers) if self.groups.oom_killed(r)), None)
+    def line(self, workers: int, out_dir: Path, killed: int | None = None) -> str | None:
+        """The line for the first worker the kernel's out-of-memory killer ended, read from
+        its group's counter; or for worker ``killed`` (ended by SIGKILL) where the memory
+        cgroup the run was started in (a Slurm job's: :attr:`job`, its counter before the
+        run) counted a kill since; None where neither."""
+        rank = None
+        if self.groups is not None:
+            rank = next((r for r in range(workers) if self.groups.oom_killed(r)), None)
         if rank is None:
-            return None
+            return self._job_line(killed, out_dir)
+        assert self.groups is not None
         peak = self.groups.peak(rank)
         predicted = self.need[rank] if rank < len(self.need) else None
-        try:
-            found = latest_checkpoint(out_dir)
-        except JimuError:
-            found = None
-        kept = (
-            f"last checkpoint: {found[0]} (go on with a larger budget: "
-            f"jimu train --resume {out_dir} --memory-limit SIZE)"
-            if found is not None
-            else f"{out_dir} has no checkpoint yet"
-        )
         return (
             f"worker {rank} passed its memory budget of {format_bytes(self.groups.limit)} "
             f"(--memory-limit) and the kernel's out-of-memory killer ended it (its peak: "
-            f"{format_bytes(peak)}; predicted: {format_bytes(predicted)}); {kept}"
+            f"{format_bytes(peak)}; predicted: {format_bytes(predicted)}); {_kept(out_dir)}"
         )
+
+    def _job_line(self, killed: int | None, out_dir: Path) -> str | None:
+        if killed is None or self.job is None:
+            return None
+        group, before = self.job
+        now = oom_kills(group)
+        if now is None or now <= before:
+            return None
+        limit = group_limit()
+        has = f" of {format_bytes(limit[0])}" if limit is not None else ""
+        return (
+            f"worker {killed} was ended by the kernel's out-of-memory killer: the memory "
+            f"cgroup {group}{has}, which the run's workers share, ran out; {_kept(out_dir)}"
+        )
+
+
+def job_budget(groups: MemoryGroups | None, need: tuple[int, ...]) -> Budget:
+    """The run's :class:`Budget`, with the memory cgroup it starts in and that group's
+    out-of-memory kills so far."""
+    group = job_group()
+    kills = oom_kills(group) if group is not None else None
+    job = (group, kills) if group is not None and kills is not None else None
+    return Budget(groups, need, job)
+
+
+def _kept(out_dir: Path) -> str:
+    """What a run stopped for memory kept: its last checkpoint and how to go on, or none."""
+    try:
+        found = latest_checkpoint(out_dir)
+    except JimuError:
+        found = None
+    if found is None:
+        return f"{out_dir} has no checkpoint yet"
+    return f"last checkpoint: {found[0]} (go on with more memory: jimu train --resume {out_dir})"
 
 
 def budget_groups(cfg: RunConfig, held: contextlib.ExitStack) -> MemoryGroups | None:

@@ -25,7 +25,7 @@ from deepjimu.bench.matrix import (
     train_options,
 )
 from deepjimu.bench.results import Target, add_speedups, read_csv
-from deepjimu.bench.runner import Outcome, error_line, measure, run_cell
+from deepjimu.bench.runner import NO_FIT, Outcome, error_line, measure, run_cell
 from deepjimu.bench.tune import tune_group, tuned_keys
 from deepjimu.cli import main
 from deepjimu.config import ConfigErrors, RunConfig
@@ -383,3 +383,35 @@ def test_the_report_misses_a_pipeline_plot_only_when_a_pipeline_was_asked_for(
 
     assert "No pipeline run finished" in report("pipeline")
     assert "No pipeline run finished" not in report("local")
+
+
+def test_run_cell_records_a_run_its_memory_cannot_hold_as_a_result(tmp_path: Path) -> None:
+    short = run_cell(
+        [sys.executable, "-c", "import sys; print('error: needs 9 GB, has 1 GB', file=sys.stderr); sys.exit(3)"],
+        tmp_path,
+        "big",
+        30,
+    )  # fmt: skip
+    assert (short.status, short.error) == (NO_FIT, "needs 9 GB, has 1 GB")
+
+
+@pytest.mark.slow
+def test_a_configuration_past_the_budget_is_does_not_fit_and_the_matrix_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # mlp:2048x3 with Adam needs about 250 MB a worker beside torch; 100 MB refuses it before
+    # any worker starts (no cgroup is made, so no root is needed); mlp:16x1 fits
+    argv = ["bench", "--bench-dir", str(tmp_path), "--name", "fit", "--strategies", "local"]
+    argv += ["--workers", "1", "--models", "mlp:16x1,mlp:2048x3", "--epochs", "1"]
+    argv += ["--memory-limit", "100M"]
+    assert main(argv) == 0, capsys.readouterr().err  # not a failure
+    rows = read_csv(tmp_path / "fit" / "results.csv")
+    assert [(r["model"], r["status"]) for r in rows] == [
+        ("mlp:16x1", "ok"),
+        ("mlp:2048x3", NO_FIT),
+    ]
+    assert rows[1]["error"].startswith("worker 0 needs about ")
+    assert "more than its --memory-limit 100.0 MB" in rows[1]["error"]
+    md = (tmp_path / "fit" / "report.md").read_text()
+    assert "## Does not fit" in md and "local x1 mlp:2048x3: worker 0 needs about" in md
+    assert "## Failed" not in md

@@ -7,6 +7,7 @@ from typing import Any
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.bench.results import Target, options_text, three_figures
+from deepjimu.bench.runner import NO_FIT
 from deepjimu.bench.tune import Tuning
 from deepjimu.strategies.registry import ENTRIES
 from deepjimu.units import format_bytes
@@ -112,6 +113,7 @@ def write_markdown(
     lines += _results_lines(rows, pct)
     if tunings:
         lines += _tuning_lines(tunings)
+    lines += _no_fit_lines(rows)
     lines += _skipped_lines(rows)
     lines += _failed_lines(rows)
     lines += _missing_lines(rows, path)
@@ -192,6 +194,24 @@ def _skipped_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"- {r['strategy']} x{r['workers']} {r['model']} {r.get('options') or ''}".rstrip()
             + f": {r['error']}"
             for r in skipped
+        ),
+    ]
+
+
+def _no_fit_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The does-not-fit section (configurations their memory cannot hold, with the
+    prediction or the budget's peak that said so), or nothing."""
+    short = [r for r in rows if r["status"] == NO_FIT]
+    if not short:
+        return []
+    return [
+        "",
+        "## Does not fit (a result: the memory cannot hold it)",
+        "",
+        *(
+            f"- {r['strategy']} x{r['workers']} {r['model']} {r.get('options') or ''}".rstrip()
+            + f": {r['error']}"
+            for r in short
         ),
     ]
 

@@ -50,6 +50,7 @@ COLUMNS = (
     "bytes_sent",
     "bytes_per_sample",
     "peak_mem_mb",
+    "budget_peak_mb",
     "idle_frac",
     "bubble_theory",
     "run_dir",

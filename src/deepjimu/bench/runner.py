@@ -14,7 +14,7 @@ from typing import Any
 
 from deepjimu.bench.matrix import Cell
 from deepjimu.clocks import CLOCKS
-from deepjimu.errors import JimuError
+from deepjimu.errors import JimuError, OutOfMemory
 from deepjimu.record.read import (
     finite_number,
     read_events,
@@ -22,12 +22,18 @@ from deepjimu.record.read import (
     train_time_to,
 )
 
-__all__ = ["Outcome", "error_line", "measure", "run_cell", "train_command"]
+__all__ = ["NO_FIT", "Outcome", "error_line", "measure", "run_cell", "train_command"]
+
+
+NO_FIT = "does-not-fit"
+"""The status of a configuration that its memory cannot hold (``jimu train`` exits 3)."""
 
 
 @dataclass
 class Outcome:
-    """How a run's process ended: ``status`` is ok, failed or timeout; ``error`` one line."""
+    """How a run's process ended: ``status`` is ok, failed, timeout or :data:`NO_FIT` (the
+    run's memory could not hold it: refused before it started, or a worker past its
+    budget; a result, not a failure); ``error`` one line."""
 
     status: str
     error: str
@@ -91,7 +97,8 @@ def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcom
         timeout: seconds before the whole process group is ended.
 
     Returns:
-        ok (exit 0), failed (nonzero exit, with the error line) or timeout.
+        ok (exit 0), does-not-fit (exit 3, with the line that says why), failed (another
+        nonzero exit, with the error line) or timeout.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = log_dir / f"{name}.stdout.log", log_dir / f"{name}.stderr.log"
@@ -107,6 +114,8 @@ def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcom
             _kill_group(proc)
             raise
     wall = time.perf_counter() - t0
+    if rc == OutOfMemory.exit_code:  # a result: this configuration does not fit its memory
+        return Outcome(NO_FIT, error_line(err_path.read_text(errors="replace"), rc), wall)
     if rc != 0:
         return Outcome("failed", error_line(err_path.read_text(errors="replace"), rc), wall)
     return Outcome("ok", "", wall)
@@ -125,6 +134,8 @@ def measure(run_dir: Path, target_acc: float | None = None) -> dict[str, Any]:
         ``bytes_sent``,
         ``bytes_per_sample`` (bytes sent by all ranks per
         training sample processed), ``peak_mem_mb`` (max over ranks and events),
+        ``budget_peak_mb`` (under ``--memory-limit`` on a CPU: the most a worker's memory
+        group held, what the budget counts; else None),
         ``idle_frac`` and ``bubble_theory`` (pipeline only; None when absent).
 
     Raises:
@@ -152,6 +163,10 @@ def measure(run_dir: Path, target_acc: float | None = None) -> dict[str, Any]:
         "bytes_sent": int(bytes_sent),
         "bytes_per_sample": bytes_sent / samples if samples else None,
         "peak_mem_mb": max((m for m in mems if finite_number(m) is not None), default=None),
+        "budget_peak_mb": max(
+            (m for m in summary.get("budget_peak_mb_per_rank") or [] if finite_number(m)),
+            default=None,
+        ),
         "idle_frac": _figure(summary, events, "idle_frac"),
         "bubble_theory": _figure(summary, events, "bubble_theory"),
     }
