@@ -69,7 +69,10 @@ def run(
     cmd += ["--workers", str(args.workers), "--batch-size", str(16 * args.workers)]
     cmd += [*WORKLOADS[workload]["flags"], "--epochs", str(args.epochs), "--sync-plan", method]
     cmd += ["--quiet", "--runs-dir", str(out), "--name", name]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:  # the run's own line, not a CalledProcessError's traceback
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        raise SystemExit(f"{name} failed (exit {done.returncode}): {lines[-1]}")
     return figures(out / name, args.workers)
 
 

@@ -58,11 +58,13 @@ def test_fit_equals_jimu_train_on_the_same_data(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fit_with_two_ddp_workers_reaches_the_workers_tensors() -> None:
-    """The workers are spawned processes: they read the caller's tensors from the run folder."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
+def test_fit_with_two_workers_reaches_the_workers_tensors(strategy: str) -> None:
+    """The workers are spawned processes: they read the caller's tensors from the run folder,
+    and rank 0 gathers the trained weights whole (fsdp's and tp's shards too)."""
     x, y, xt, yt = _digits()
     factory = functools.partial(build_model, "mlp:32x1", tuple(x.shape[1:]), 10)
-    fitted = fit("ddp", factory, x, y, test=(xt, yt), workers=2, epochs=3, lr=0.01)
+    fitted = fit(strategy, factory, x, y, test=(xt, yt), workers=2, epochs=3, lr=0.01)
     assert fitted.summary["workers"] == 2 and fitted.run_dir is None
     assert fitted.summary["test_acc"] > 0.85
     with torch.no_grad():

@@ -13,6 +13,7 @@ from deepjimu.cost.memory import (
     replicated_state,
     staged_state,
     tensor_state,
+    whole_model,
 )
 from deepjimu.cost.profile import Layer
 from deepjimu.strategies.registry import entry, rank_peaks
@@ -37,7 +38,7 @@ def test_one_process_holds_weights_grads_and_adams_two_moments() -> None:
 
 
 def test_ddp_adds_its_buckets_and_halves_the_rows() -> None:
-    assert replicated_state(cfg("ddp", 2), LAYERS, 100) == [5 * 4000 * 4 + acts(4, LAYERS)] * 2
+    assert replicated_state(cfg("ddp", 2), LAYERS, 100) == [7 * 4000 * 4 + acts(4, LAYERS)] * 2
 
 
 def test_fsdp_holds_a_shard_and_two_blocks_whole() -> None:
@@ -73,9 +74,13 @@ def test_1f1b_keeps_fewer_micro_batches_than_gpipe() -> None:
 def test_admms_variables_grow_with_the_samples() -> None:
     small = admm_state(cfg("admm", 2), LAYERS, 100)
     large = admm_state(cfg("admm", 2), LAYERS, 1000)
-    # per layer: weights twice, p, q, z and u for every sample
-    assert small == [2 * (2 * 1000 * 4 + 4 * 100 * 10 * 4)] * 2
-    assert large[0] - small[0] == 2 * 4 * 900 * 10 * 4
+    # per layer: weights twice, p, q, z and u for every sample, and its solves' matrices: on
+    # the smaller of samples and input width three times, and but for the first layer on
+    # the input width three times (4 and 10 wide inputs here)
+    first = (2 * 1000 + 4 * 100 * 10 + 3 * 4**2) * 4
+    other = (2 * 1000 + 4 * 100 * 10 + 3 * 10**2 + 3 * 10**2) * 4
+    assert small == [first + other, 2 * other]
+    assert large[1] - small[1] == 2 * 4 * 900 * 10 * 4
     assert admm_state(cfg("admm", 2, admm_batch=10), LAYERS, 1000) == admm_state(
         cfg("admm", 2), LAYERS, 10
     )
@@ -85,6 +90,10 @@ def test_admms_variables_grow_with_the_samples() -> None:
 def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
     c = cfg(strategy, 2)
     state = entry(strategy).memory(c, LAYERS, 100)
+    if strategy == "pipeline":  # a split model's worker also holds the whole model it was
+        # built from, and the gradients of the step that measured its speed
+        state = [s + whole_model(LAYERS, calibrated=True) for s in state]
+        assert whole_model(LAYERS, calibrated=True) == 2 * 4000 * 4
     base = BASE_BYTES + entry(strategy).traits.base_mb * 2**20
     whole = rank_peaks(c, LAYERS, 100, 1234, cuda=False)
     assert whole == [round(s + RUNTIME_BYTES + base + 1234) for s in state]

@@ -70,7 +70,8 @@ def fit(
     outputs.
 
     Args:
-        strategy: ``local``, ``ddp``, ``model-parallel``, ``pipeline`` or ``admm`` (which
+        strategy: any of ``jimu train --strategy`` (``local``, ``ddp``, ``fsdp``, ``tp``,
+            ``model-parallel``, ``pipeline``) or ``admm`` (which
             trains a factory's MLP or CNN by :class:`~deepjimu.PdADMM`'s rule,
             ``admm_maps``, one layer per block; the model's own modules, so
             ``Fitted.model`` loads its weights).

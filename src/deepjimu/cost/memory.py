@@ -28,6 +28,7 @@ __all__ = [
     "replicated_state",
     "staged_state",
     "tensor_state",
+    "whole_model",
     "worker_peak",
 ]
 
@@ -75,10 +76,12 @@ def _activations(rows: float, layers: Sequence[Layer]) -> float:
 
 def replicated_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
     """The whole model on every rank, each on its share of a batch (one process, ddp); with
-    several ranks DDP's gradient buckets hold one more copy of the gradients."""
+    several ranks DDP's gradient buckets hold one more copy of the gradients, and two more
+    were measured beside them (the all-reduce's and the update's transient copies: ddp x2-x3
+    workers of mlp:1024x4 and mlp:4096x2 on digits held 2.2 copies over the rest)."""
     p = _workers(cfg)
     params = sum(l.params for l in layers)
-    buckets = params * FLOAT if p > 1 else 0
+    buckets = 3 * params * FLOAT if p > 1 else 0
     rows = math.ceil(cfg.batch_size / p)
     return [_weights(cfg, params) + buckets + _activations(rows, layers)] * p
 
@@ -135,12 +138,34 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     return out
 
 
+def whole_model(layers: list[Layer], calibrated: bool) -> float:
+    """What a worker of a split or sharded strategy holds of the whole model beside its own
+    part: every worker builds the whole ``nn.Sequential`` before its strategy keeps its part
+    (and rank 0 gathers the trained one at the end), and where the run may balance its work
+    by the ranks' speeds (``calibrated``) it first times a step of the whole model, whose
+    gradients it keeps: the weights once, the gradients once more."""
+    return (2 if calibrated else 1) * sum(l.params for l in layers) * FLOAT
+
+
+def _admm_cost(n: int, layer: Layer, first: bool) -> float:
+    """One pdADMM iteration's FLOPs of a dense layer, as the strategy estimates them to
+    split its layers (``strategies.admm.layers.DenseOp.flops``): the (W, b) step solved on
+    the smaller of the samples and the input width, and the p-step but for the first."""
+    n_in, n_out = layer.in_elems, layer.out_elems
+    side = min(n, n_in)
+    c = n * (2 * n_in * n_out + n_in * side) + side**3 / 3
+    return c if first else c + 2 * n * n_in * n_out + n_in**3 / 3
+
+
 def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
-    """pdADMM's blocks: per layer its weights and, for every training sample (or a
-    mini-batch's), its p, q, z and u (four floats a unit of its width)."""
+    """pdADMM's blocks, split by their estimated cost as the strategy splits them: per layer
+    its weights, for every training sample (or a mini-batch's) its p, q, z and u (four
+    floats a unit of its width), and the square matrices of its exact solves (the (W, b)
+    step's Gram matrix and factor on the smaller of samples and input width, the p-step's
+    matrix and cached inverse on the input width, but for the first layer)."""
     p = _workers(cfg)
     n = int(cfg.admm_batch or train_size)
-    costs = [l.fwd_flops or float(l.params) or 1.0 for l in layers]
+    costs = [_admm_cost(n, l, i == 0) for i, l in enumerate(layers)]
     sizes = (
         parse_balance(str(cfg.balance), len(layers), p)
         if listed_balance(str(cfg.balance))
@@ -149,9 +174,11 @@ def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
     out = [0.0] * p
     start = 0
     for r, k in enumerate(sizes):
-        own = layers[start : start + k]
+        for i in range(start, start + k):
+            l = layers[i]
+            squares = 3 * min(n, l.in_elems) ** 2 + (3 * l.in_elems**2 if i > 0 else 0)
+            out[r] += (2 * l.params + 4 * n * l.out_elems + squares) * FLOAT
         start += k
-        out[r] = sum(2 * l.params * FLOAT + 4 * n * l.out_elems * FLOAT for l in own)
     return out
 
 

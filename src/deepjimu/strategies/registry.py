@@ -27,6 +27,7 @@ from deepjimu.cost.memory import (
     replicated_state,
     staged_state,
     tensor_state,
+    whole_model,
     worker_peak,
 )
 from deepjimu.cost.predict.admm import layer_parallel
@@ -359,4 +360,6 @@ def rank_peaks(
     e = entry(cfg.strategy)
     base = BASE_BYTES + e.traits.base_mb * 2**20
     states = e.memory(cfg, layers, train_size)
+    if e.memory is not replicated_state:  # its part, beside the whole model it was built from
+        states = [s + whole_model(layers, e.traits.balances) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
