@@ -13,7 +13,7 @@ from deepjimu.cost.memory import (
     replicated_state,
     staged_state,
     tensor_state,
-    whole_model,
+    with_whole_model,
 )
 from deepjimu.cost.profile import Layer
 from deepjimu.strategies.registry import entry, rank_peaks
@@ -91,9 +91,11 @@ def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
     c = cfg(strategy, 2)
     state = entry(strategy).memory(c, LAYERS, 100)
     if strategy == "pipeline":  # a split model's worker also holds the whole model it was
-        # built from, and the gradients of the step that measured its speed
-        state = [s + whole_model(LAYERS, calibrated=True) for s in state]
-        assert whole_model(LAYERS, calibrated=True) == 2 * 4000 * 4
+        # built from: its weights beside its part, or with the gradients of the step that
+        # measured its speed before the part is made, whichever is more
+        state = with_whole_model(state, LAYERS, calibrated=True)
+        assert with_whole_model([0.0, 4e5], LAYERS, calibrated=True) == [2 * 16000, 16000 + 4e5]
+        assert with_whole_model([0.0], LAYERS, calibrated=False) == [16000]
     base = BASE_BYTES + entry(strategy).traits.base_mb * 2**20
     whole = rank_peaks(c, LAYERS, 100, 1234, cuda=False)
     assert whole == [round(s + RUNTIME_BYTES + base + 1234) for s in state]

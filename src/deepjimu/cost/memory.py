@@ -28,7 +28,7 @@ __all__ = [
     "replicated_state",
     "staged_state",
     "tensor_state",
-    "whole_model",
+    "with_whole_model",
     "worker_peak",
 ]
 
@@ -37,9 +37,9 @@ FLOAT = 4
 BASE_BYTES = 235 * 2**20
 """A CPU worker's resident memory when it starts: the interpreter and torch, loaded
 before it joins a ``--memory-limit`` group (which does not count it). With
-:data:`RUNTIME_BYTES`, the peak RSS of ``jimu train --model mlp:16x2 --epochs 1`` workers
-on digits (torch 2.13, CPU: 313-315 MB for ddp, model-parallel and admm); a strategy's own
-modules add to it (``Traits.base_mb``)."""
+:data:`RUNTIME_BYTES`, the peak RSS (VmHWM) of ``jimu train --model mlp:16x2 --epochs 1``
+workers on digits (torch 2.13, CPU: 313-315 MB for ddp and model-parallel); what a
+strategy's workers hold beyond it is its entry's ``Traits.base_mb``."""
 
 RUNTIME_BYTES = 80 * 2**20
 """What a CPU worker allocates once started beyond its model's state: its process group,
@@ -138,13 +138,14 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     return out
 
 
-def whole_model(layers: list[Layer], calibrated: bool) -> float:
-    """What a worker of a split or sharded strategy holds of the whole model beside its own
-    part: every worker builds the whole ``nn.Sequential`` before its strategy keeps its part
-    (and rank 0 gathers the trained one at the end), and where the run may balance its work
-    by the ranks' speeds (``calibrated``) it first times a step of the whole model, whose
-    gradients it keeps: the weights once, the gradients once more."""
-    return (2 if calibrated else 1) * sum(l.params for l in layers) * FLOAT
+def with_whole_model(states: list[float], layers: list[Layer], calibrated: bool) -> list[float]:
+    """A split or sharded strategy's ranks, with the whole model they were built from: every
+    worker builds the whole ``nn.Sequential`` and holds its weights beside its own part
+    (rank 0 gathers the trained one into it at the end); where the run may balance its
+    work by the ranks' speeds (``calibrated``), a step of the whole model is timed first,
+    its gradients dropped after (the weights twice, before the part is made)."""
+    whole = sum(l.params for l in layers) * FLOAT
+    return [max(2 * whole if calibrated else whole, whole + s) for s in states]
 
 
 def _admm_cost(n: int, layer: Layer, first: bool) -> float:

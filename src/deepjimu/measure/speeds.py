@@ -42,11 +42,18 @@ WINDOWS = 2
 def calibrate(
     model: nn.Module, x: Tensor, y: Tensor, seconds: float = CALIBRATE_S, windows: int = WINDOWS
 ) -> float:
-    """Training steps per second of a copy of ``model`` on ``x`` (forward, loss, backward;
-    no optimizer, so nothing of the run changes): the best of ``windows`` windows of
+    """Training steps per second of ``model`` on ``x`` (forward, loss, backward; no
+    optimizer, so nothing of the run changes: its gradients are dropped and its buffers,
+    a batch norm's running statistics, put back): the best of ``windows`` windows of
     ``seconds`` each. A slow device (or a CPU quota) is slow in every window; another
-    task that took the core for a moment slows only one."""
-    probe = copy.deepcopy(model).to(x.device)
+    task that took the core for a moment slows only one. The model itself is timed, not a
+    copy: a copy would hold the whole model's weights once more, where a split model's
+    worker has room for its own part (a model on another device than ``x`` is copied
+    there, as the run itself moves only its own part).
+    """
+    here = all(t.device == x.device for t in model.parameters())
+    probe = model if here else copy.deepcopy(model).to(x.device)
+    buffers = {name: b.detach().clone() for name, b in probe.named_buffers()}
     devices = [x.device] if x.device.type == "cuda" else []
 
     def step() -> None:
@@ -54,14 +61,20 @@ def calibrate(
         F.cross_entropy(probe(x), y).backward()
 
     best = 0.0
-    with torch.random.fork_rng(devices=devices):
-        F.cross_entropy(probe(x), y).backward()  # warm: allocations, kernels
-        for _ in range(windows):
-            steps, elapsed = 0, 0.0
-            while elapsed < seconds:
-                elapsed += timed_s(step, x.device)
-                steps += 1
-            best = max(best, steps / elapsed)
+    try:
+        with torch.random.fork_rng(devices=devices):
+            F.cross_entropy(probe(x), y).backward()  # warm: allocations, kernels
+            for _ in range(windows):
+                steps, elapsed = 0, 0.0
+                while elapsed < seconds:
+                    elapsed += timed_s(step, x.device)
+                    steps += 1
+                best = max(best, steps / elapsed)
+    finally:
+        probe.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in probe.named_buffers():
+                b.copy_(buffers[name])
     return best
 
 

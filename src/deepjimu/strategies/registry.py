@@ -27,7 +27,7 @@ from deepjimu.cost.memory import (
     replicated_state,
     staged_state,
     tensor_state,
-    whole_model,
+    with_whole_model,
     worker_peak,
 )
 from deepjimu.cost.predict.admm import layer_parallel
@@ -160,13 +160,13 @@ ENTRIES: tuple[Entry, ...] = (
         "local",
         "deepjimu.strategies.local:LocalStrategy",
         LocalOptions,
-        # base: run in the launcher's process, which read the data set whole
+        # base: run in the launcher's process, which read the data set whole (389 MB, VmHWM)
         Traits(
             max_workers=1,
             graph_models=True,
             precisions=tuple(Precision),
             reference=True,
-            base_mb=73,
+            base_mb=74,
         ),
         predict=one_process,
         color="#1f77b4",
@@ -184,13 +184,13 @@ ENTRIES: tuple[Entry, ...] = (
         "fsdp",
         "deepjimu.strategies.fsdp:FSDPStrategy",
         GradientOptions,
-        # base: torch.distributed.tensor and fsdp's modules (360 MB measured, as BASE_BYTES)
+        # base: torch.distributed.tensor and fsdp's modules (320 MB measured, as BASE_BYTES)
         Traits(
             default_workers=2,
             shards_data=True,
             needs_group=True,
             precisions=tuple(Precision),
-            base_mb=45,
+            base_mb=5,
         ),
         predict=fully_sharded,
         memory=fsdp_state,
@@ -200,7 +200,7 @@ ENTRIES: tuple[Entry, ...] = (
         "tp",
         "deepjimu.strategies.tp:TensorParallelStrategy",
         GradientOptions,
-        Traits(default_workers=2, needs_group=True, base_mb=45),  # torch.distributed.tensor
+        Traits(default_workers=2, needs_group=True, base_mb=6),  # torch.distributed.tensor
         predict=tensor_parallel,
         memory=tensor_state,
         color="#e377c2",
@@ -219,8 +219,8 @@ ENTRIES: tuple[Entry, ...] = (
         "pipeline",
         "deepjimu.strategies.pipeline:PipelineStrategy",
         PipelineOptions,
-        # base: torch.distributed.pipelining's modules (381 MB measured, as BASE_BYTES)
-        Traits(default_workers=2, min_workers=2, splits_model=True, pipelined=True, base_mb=67),
+        # base: torch.distributed.pipelining's modules (316 MB measured, as BASE_BYTES)
+        Traits(default_workers=2, min_workers=2, splits_model=True, pipelined=True, base_mb=2),
         predict=pipelined,
         memory=staged_state,
         probed=True,
@@ -231,8 +231,9 @@ ENTRIES: tuple[Entry, ...] = (
         "deepjimu.strategies.admm.strategy:AdmmStrategy",
         AdmmOptions,
         # every precision: under bf16 only the products drop to bfloat16 (updates.py adds
-        # them to float32 terms), so every exchanged p and q is still float32
-        Traits(default_workers=2, splits_model=True, precisions=tuple(Precision)),
+        # them to float32 terms), so every exchanged p and q is still float32; base: its
+        # workers run no autograd step and no DDP, 247 MB measured where ddp's took 315
+        Traits(default_workers=2, splits_model=True, precisions=tuple(Precision), base_mb=-68),
         predict=layer_parallel,
         memory=admm_state,
         color="#9467bd",
@@ -361,5 +362,5 @@ def rank_peaks(
     base = BASE_BYTES + e.traits.base_mb * 2**20
     states = e.memory(cfg, layers, train_size)
     if e.memory is not replicated_state:  # its part, beside the whole model it was built from
-        states = [s + whole_model(layers, e.traits.balances) for s in states]
+        states = with_whole_model(states, layers, e.traits.balances)
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
