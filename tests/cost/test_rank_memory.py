@@ -7,12 +7,14 @@ import pytest
 from deepjimu.config import RunConfig
 from deepjimu.cost.memory import (
     BASE_BYTES,
+    IN_PROCESS_BYTES,
     RUNTIME_BYTES,
     admm_state,
     fsdp_state,
     replicated_state,
     staged_state,
     tensor_state,
+    transients,
     with_whole_model,
 )
 from deepjimu.cost.profile import Layer
@@ -38,7 +40,7 @@ def test_one_process_holds_weights_grads_and_adams_two_moments() -> None:
 
 
 def test_ddp_adds_its_buckets_and_halves_the_rows() -> None:
-    assert replicated_state(cfg("ddp", 2), LAYERS, 100) == [7 * 4000 * 4 + acts(4, LAYERS)] * 2
+    assert replicated_state(cfg("ddp", 2), LAYERS, 100) == [5 * 4000 * 4 + acts(4, LAYERS)] * 2
 
 
 def test_fsdp_holds_a_shard_and_two_blocks_whole() -> None:
@@ -96,6 +98,9 @@ def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
         state = with_whole_model(state, LAYERS, calibrated=True)
         assert with_whole_model([0.0, 4e5], LAYERS, calibrated=True) == [2 * 16000, 16000 + 4e5]
         assert with_whole_model([0.0], LAYERS, calibrated=False) == [16000]
+    # and a step's transients: twice the largest block (1000 parameters)
+    state = [s + transients(LAYERS) for s in state]
+    assert transients(LAYERS) == 2 * 1000 * 4
     base = BASE_BYTES + entry(strategy).traits.base_mb * 2**20
     whole = rank_peaks(c, LAYERS, 100, 1234, cuda=False)
     assert whole == [round(s + RUNTIME_BYTES + base + 1234) for s in state]
@@ -103,3 +108,9 @@ def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
     budget = rank_peaks(c, LAYERS, 100, 1234, cuda=False, whole=False)
     assert budget == [round(s + RUNTIME_BYTES) for s in state]
     assert rank_peaks(c, LAYERS, 100, 1234, cuda=True) == [round(s) for s in state]
+
+
+def test_one_worker_in_the_launchers_process_holds_what_the_launcher_read() -> None:
+    alone = rank_peaks(cfg("local", 1), LAYERS, 100, 0, cuda=False)
+    spawned = rank_peaks(cfg("local", 1, memory_limit="1G"), LAYERS, 100, 0, cuda=False)
+    assert alone[0] - spawned[0] == IN_PROCESS_BYTES

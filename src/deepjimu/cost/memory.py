@@ -21,6 +21,7 @@ from deepjimu.cost.profile import Layer
 
 __all__ = [
     "BASE_BYTES",
+    "IN_PROCESS_BYTES",
     "RUNTIME_BYTES",
     "MemoryModel",
     "admm_state",
@@ -28,6 +29,7 @@ __all__ = [
     "replicated_state",
     "staged_state",
     "tensor_state",
+    "transients",
     "with_whole_model",
     "worker_peak",
 ]
@@ -40,6 +42,11 @@ before it joins a ``--memory-limit`` group (which does not count it). With
 :data:`RUNTIME_BYTES`, the peak RSS (VmHWM) of ``jimu train --model mlp:16x2 --epochs 1``
 workers on digits (torch 2.13, CPU: 313-315 MB for ddp and model-parallel); what a
 strategy's workers hold beyond it is its entry's ``Traits.base_mb``."""
+
+IN_PROCESS_BYTES = 74 * 2**20
+"""What a run of one worker holds beyond a spawned worker's base, where it runs in the
+launcher's own process (which read the data set whole and validated the run): 389 MB
+measured (VmHWM) for ``jimu train --strategy local --model mlp:16x2 --epochs 1``."""
 
 RUNTIME_BYTES = 80 * 2**20
 """What a CPU worker allocates once started beyond its model's state: its process group,
@@ -76,12 +83,10 @@ def _activations(rows: float, layers: Sequence[Layer]) -> float:
 
 def replicated_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
     """The whole model on every rank, each on its share of a batch (one process, ddp); with
-    several ranks DDP's gradient buckets hold one more copy of the gradients, and two more
-    were measured beside them (the all-reduce's and the update's transient copies: ddp x2-x3
-    workers of mlp:1024x4 and mlp:4096x2 on digits held 2.2 copies over the rest)."""
+    several ranks DDP's gradient buckets hold one more copy of the gradients."""
     p = _workers(cfg)
     params = sum(l.params for l in layers)
-    buckets = 3 * params * FLOAT if p > 1 else 0
+    buckets = params * FLOAT if p > 1 else 0
     rows = math.ceil(cfg.batch_size / p)
     return [_weights(cfg, params) + buckets + _activations(rows, layers)] * p
 
@@ -181,6 +186,14 @@ def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
             out[r] += (2 * l.params + 4 * n * l.out_elems + squares) * FLOAT
         start += k
     return out
+
+
+def transients(layers: list[Layer]) -> float:
+    """What a step allocates and frees beside the state: the backward's gradient and the
+    optimizer's temporaries of the largest parameter block, twice its size (measured: one
+    process of mlp:4096x2 on digits peaked 190 MB, 2.8 of its 16.8M-parameter layers,
+    above its state)."""
+    return 2 * max((l.params for l in layers), default=0) * FLOAT
 
 
 def worker_peak(state: float, base: float, data_bytes: int, cuda: bool, whole: bool) -> int:

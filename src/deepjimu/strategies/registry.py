@@ -21,12 +21,14 @@ from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
 from deepjimu.cost.memory import (
     BASE_BYTES,
+    IN_PROCESS_BYTES,
     MemoryModel,
     admm_state,
     fsdp_state,
     replicated_state,
     staged_state,
     tensor_state,
+    transients,
     with_whole_model,
     worker_peak,
 )
@@ -160,14 +162,7 @@ ENTRIES: tuple[Entry, ...] = (
         "local",
         "deepjimu.strategies.local:LocalStrategy",
         LocalOptions,
-        # base: run in the launcher's process, which read the data set whole (389 MB, VmHWM)
-        Traits(
-            max_workers=1,
-            graph_models=True,
-            precisions=tuple(Precision),
-            reference=True,
-            base_mb=74,
-        ),
+        Traits(max_workers=1, graph_models=True, precisions=tuple(Precision), reference=True),
         predict=one_process,
         color="#1f77b4",
     ),
@@ -356,11 +351,18 @@ def rank_peaks(
         >>> from deepjimu.cost.profile import Layer
         >>> cfg = RunConfig(strategy="ddp", workers=2, batch_size=2)
         >>> rank_peaks(cfg, [Layer("0", 0.0, 10, 4, 2)], 100, 0, cuda=True)
-        [232, 232]
+        [312, 312]
     """
     e = entry(cfg.strategy)
     base = BASE_BYTES + e.traits.base_mb * 2**20
+    # one worker runs in the launcher's own process, unless something sets it apart
+    if cfg.workers == 1 and not (cfg.memory_limit or cfg.emulate_speeds or cfg.max_restarts):
+        base += IN_PROCESS_BYTES
     states = e.memory(cfg, layers, train_size)
     if e.memory is not replicated_state:  # its part, beside the whole model it was built from
-        states = with_whole_model(states, layers, e.traits.balances)
+        # a step of the whole model times each rank's speed where the split may follow it
+        # (measure.speeds; not where ``auto`` finds the cores time-shared: counted anyway)
+        timed = e.traits.balances and (cfg.workers or 1) > 1 and cfg.balance in ("auto", "speed")
+        states = with_whole_model(states, layers, timed)
+    states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
