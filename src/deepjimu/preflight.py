@@ -47,7 +47,7 @@ def check_machine(
 ) -> tuple[int, ...]:
     """Before any worker starts: refuse workers that their memory cannot hold, and say once
     when they outnumber the cores (they run, each slower). Returns each worker's predicted
-    peak (bytes).
+    figure of what ``--memory-limit`` counts (bytes: its own allocations once started).
 
     Each worker is charged what its strategy puts on it
     (:func:`~deepjimu.strategies.registry.rank_peaks`: a split model its blocks, fsdp its
@@ -57,7 +57,7 @@ def check_machine(
     memory cgroup this process runs in (a Slurm job's) and the machine's available memory.
 
     Raises:
-        JimuError: the workers would not fit (:func:`deepjimu.memory.check_fit`).
+        OutOfMemory: the workers would not fit (:func:`deepjimu.memory.check_fit`).
     """
     assert cfg.workers is not None
     if cfg.workers > plan.cores:

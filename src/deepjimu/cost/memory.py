@@ -46,7 +46,7 @@ strategy's workers hold beyond it is its entry's ``Traits.base_mb``."""
 IN_PROCESS_BYTES = 74 * 2**20
 """What a run of one worker holds beyond a spawned worker's base, where it runs in the
 launcher's own process (which read the data set whole and validated the run): 389 MB
-measured (VmHWM) for ``jimu train --strategy local --model mlp:16x2 --epochs 1``."""
+measured (VmHWM) for a one-process run of ``--model mlp:16x2 --epochs 1`` on digits."""
 
 RUNTIME_BYTES = 80 * 2**20
 """What a CPU worker allocates once started beyond its model's state: its process group,
