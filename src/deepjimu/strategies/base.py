@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.balance import shard_counts
+from deepjimu.balance import SPEED_BALANCES, shard_counts
 from deepjimu.choices import Optimizer
 from deepjimu.comm import Comm
 from deepjimu.data import DataSplits, GraphData
@@ -384,6 +384,17 @@ class DataParallel(GradientStrategy):
     ``batch_size / world`` of its shard (the worker's ``data.shard``, even or by the
     ranks' speeds), so the hyper-parameters mean what they mean for ``local``.
     """
+
+    @classmethod
+    def balance_problems(cls, balance: str) -> list[str]:
+        """The one-line problem of a ``--balance`` that does not split rows (a list of
+        blocks, ``time``, ``size``: a split model's)."""
+        if balance in (*SPEED_BALANCES, "even"):
+            return []
+        return [
+            f"{cls.name} splits each batch over the workers: --balance auto, even or speed "
+            f"(balance: {balance})"
+        ]
 
     def setup_shards(self, data: DataSplits, run: Run) -> None:
         """Every rank's shard size, as the worker's ``data.shard`` cut it, so that each rank

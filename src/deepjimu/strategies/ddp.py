@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.atomic import atomic_write_text
-from deepjimu.balance import SPEED_BALANCES
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.sync import SyncExecutor
@@ -83,12 +82,7 @@ class DDPStrategy(DataParallel):
                 f"sync-plan sparse sends the touched rows of sparse embedding gradients; model "
                 f"{cfg.model} has none (use --model embed:VOCAB:DIM, or another --sync-plan)"
             ]
-        if cfg.balance not in (*SPEED_BALANCES, "even"):
-            return [
-                f"ddp splits each batch over the workers: --balance auto, even or speed "
-                f"(balance: {cfg.balance})"
-            ]
-        return []
+        return cls.balance_problems(str(cfg.balance))
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         cfg = self.cfg

@@ -32,7 +32,6 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 
-from deepjimu.balance import SPEED_BALANCES
 from deepjimu.comm import Comm, CommStats, nbytes
 from deepjimu.data import DataSplits
 from deepjimu.options import GradientOptions
@@ -101,12 +100,7 @@ class FSDPStrategy(DataParallel):
                 f"batch-size must be >= workers for fsdp (batch-size: {cfg.batch_size}, "
                 f"workers: {cfg.workers})"
             ]
-        if cfg.balance not in (*SPEED_BALANCES, "even"):
-            return [
-                f"fsdp splits each batch over the workers: --balance auto, even or speed "
-                f"(balance: {cfg.balance})"
-            ]
-        return []
+        return cls.balance_problems(str(cfg.balance))
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         self.run, self.model = run, model
