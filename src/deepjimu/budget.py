@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepjimu.cgroups import Controller, find_controller, join, own_group, remove_groups, write
-from deepjimu.errors import JimuError
+from deepjimu.cgroups import (
+    Controller,
+    find_controller,
+    join,
+    own_group,
+    require,
+    worker_groups,
+    write,
+)
 from deepjimu.units import parse_size
 
 __all__ = [
@@ -100,17 +106,10 @@ class MemoryGroups:
         return int(text) if text.isdigit() else None
 
 
-def _create(controller: Controller, folder: Path, limit: int, workers: int) -> None:
-    if controller.version == 2:  # the parent must hand the memory controller down
-        control = folder.parent / "cgroup.subtree_control"
-        if "memory" not in control.read_text().split():
-            write(control, "+memory")
-    folder.mkdir()
-    if controller.version == 2:
-        write(folder / "cgroup.subtree_control", "+memory")
-    for rank in range(workers):
-        group = folder / f"rank{rank}"
-        group.mkdir()
+def _limit(controller: Controller, limit: int) -> Callable[[Path, int], None]:
+    """Sets a worker's group to ``limit`` bytes, swap barred where swap is accounted."""
+
+    def configure(group: Path, rank: int) -> None:
         if controller.version == 1:
             write(group / "memory.limit_in_bytes", str(limit))
             swap = group / "memory.memsw.limit_in_bytes"  # present where swap is accounted
@@ -122,43 +121,27 @@ def _create(controller: Controller, folder: Path, limit: int, workers: int) -> N
             if swap.exists():
                 write(swap, "0")
 
+    return configure
+
 
 @contextlib.contextmanager
 def memory_groups(
     limit: int, workers: int, controller: Controller | None = None
 ) -> Iterator[MemoryGroups]:
-    """Create one memory group per worker, each limited to ``limit`` bytes, for the block;
-    removed afterwards, whatever happened. The workers find them by :data:`ENV`.
+    """Create one memory group per worker, each limited to ``limit`` bytes, for the block,
+    inside the group this process runs in (a job's), else at the root; removed afterwards,
+    whatever happened. The workers find them by :data:`ENV`.
 
     Raises:
         JimuError: no memory controller is mounted, or the groups cannot be created (not root).
     """
-    controller = controller or find_controller("memory")
-    if controller is None:
-        raise JimuError(
-            "--memory-limit needs the kernel's memory cgroup controller, and this machine has "
-            "none mounted (no v1 memory hierarchy, no cgroup2 with memory)"
-        )
-    tried: OSError | None = None
-    for parent in dict.fromkeys([own_group(controller, "memory"), controller.root]):
-        folder = parent / f"deepjimu-{uuid.uuid4().hex[:12]}"
-        try:
-            _create(controller, folder, limit, workers)
-        except OSError as e:
-            remove_groups(controller, folder)
-            tried = e
-            continue
-        try:
-            yield MemoryGroups(controller, folder, limit)
-        finally:
-            remove_groups(controller, folder)
-        return
-    assert tried is not None
-    why = "run as root" if isinstance(tried, PermissionError) else "check the cgroup mount"
-    raise JimuError(
-        f"--memory-limit cannot create memory cgroups under {controller.root} "
-        f"({tried.strerror or tried}); {why}"
-    )
+    controller = require(controller or find_controller("memory"), "memory", "--memory-limit")
+    parents = [own_group(controller, "memory"), controller.root]
+    configure = _limit(controller, limit)
+    with worker_groups(
+        controller, "memory", parents, workers, configure, "--memory-limit", "memory"
+    ) as folder:
+        yield MemoryGroups(controller, folder, limit)
 
 
 def join_memory_group(rank: int) -> None:

@@ -12,12 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deepjimu.errors import JimuError
 
-__all__ = ["Controller", "find_controller", "join", "own_group", "remove_groups", "write"]
+__all__ = [
+    "Controller",
+    "find_controller",
+    "join",
+    "own_group",
+    "remove_groups",
+    "require",
+    "worker_groups",
+    "write",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,87 @@ def remove_groups(controller: Controller, folder: Path) -> None:
             group.rmdir()
     with contextlib.suppress(OSError):
         folder.rmdir()
+
+
+def _create(
+    controller: Controller,
+    name: str,
+    folder: Path,
+    workers: int,
+    configure: Callable[[Path, int], None],
+    plain: Sequence[str] = (),
+) -> None:
+    """``folder`` with a group ``rank<r>`` per worker, each set by ``configure(group, r)``,
+    and the ``plain`` groups beside them, left as made; under v2 the ``name`` controller
+    handed down from ``folder``'s parent."""
+    if controller.version == 2:  # the parent must hand the controller down to its children
+        control = folder.parent / "cgroup.subtree_control"
+        if name not in control.read_text().split():
+            write(control, f"+{name}")
+    folder.mkdir()
+    if controller.version == 2:
+        write(folder / "cgroup.subtree_control", f"+{name}")
+    for other in plain:
+        (folder / other).mkdir()
+    for rank in range(workers):
+        group = folder / f"rank{rank}"
+        group.mkdir()
+        configure(group, rank)
+
+
+def require(controller: Controller | None, name: str, option: str) -> Controller:
+    """``controller``, found mounted.
+
+    Raises:
+        JimuError: it is None: no ``name`` controller is mounted, in one line naming ``option``.
+    """
+    if controller is None:
+        raise JimuError(
+            f"{option} needs the kernel's {name} cgroup controller, and this machine has "
+            f"none mounted (no v1 {name} hierarchy, no cgroup2 with {name})"
+        )
+    return controller
+
+
+@contextlib.contextmanager
+def worker_groups(
+    controller: Controller,
+    name: str,
+    parents: Sequence[Path],
+    workers: int,
+    configure: Callable[[Path, int], None],
+    option: str,
+    kind: str,
+    plain: Sequence[str] = (),
+) -> Iterator[Path]:
+    """Create a folder of one ``name`` group per worker (and the ``plain`` ones:
+    :func:`_create`) under the first of ``parents`` that takes it, for the block; yields
+    the folder and removes it afterwards, whatever happened.
+
+    Raises:
+        JimuError: no parent takes the groups (not root), in one line naming ``option`` and
+            ``kind``.
+    """
+    tried: OSError | None = None
+    for parent in dict.fromkeys(parents):
+        folder = parent / f"deepjimu-{uuid.uuid4().hex[:12]}"
+        try:
+            _create(controller, name, folder, workers, configure, plain)
+        except OSError as e:
+            remove_groups(controller, folder)
+            tried = e
+            continue
+        try:
+            yield folder
+        finally:
+            remove_groups(controller, folder)
+        return
+    assert tried is not None, "no parent to create the groups under"
+    why = "run as root" if isinstance(tried, PermissionError) else "check the cgroup mount"
+    raise JimuError(
+        f"{option} cannot create {kind} cgroups under {controller.root} "
+        f"({tried.strerror or tried}); {why}"
+    )
 
 
 def join(env: str, rank: int, option: str, kind: str) -> None:

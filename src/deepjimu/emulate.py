@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from deepjimu.cgroups import Controller, find_controller, join, remove_groups, write
+from deepjimu.cgroups import Controller, find_controller, join, require, worker_groups, write
 from deepjimu.errors import JimuError
 
 __all__ = [
@@ -109,28 +108,20 @@ def find_cpu_controller(mounts: str | None = None) -> Controller | None:
     return find_controller("cpu", mounts)
 
 
-def _create(
-    controller: CpuController, folder: Path, factors: Sequence[float], threads: int
-) -> None:
-    if controller.version == 2:
-        # the parent must hand the cpu controller down to its children
-        control = controller.root / "cgroup.subtree_control"
-        if "cpu" not in control.read_text().split():
-            write(control, "+cpu")
-    folder.mkdir()
-    if controller.version == 2:
-        write(folder / "cgroup.subtree_control", "+cpu")
-    else:
-        (folder / COMM).mkdir()  # no quota: the process groups' threads (free_comm_threads)
-    for rank, factor in enumerate(factors):
-        group = folder / f"rank{rank}"
-        group.mkdir()
-        quota = max(1000, round(factor * threads * PERIOD_US))  # the kernel's floor: 1 ms
+def _quota(
+    controller: Controller, factors: Sequence[float], threads: int
+) -> Callable[[Path, int], None]:
+    """Sets a worker's group to its factor of ``threads`` cores."""
+
+    def configure(group: Path, rank: int) -> None:
+        quota = max(1000, round(factors[rank] * threads * PERIOD_US))  # the kernel's floor: 1 ms
         if controller.version == 1:
             write(group / "cpu.cfs_period_us", str(PERIOD_US))
             write(group / "cpu.cfs_quota_us", str(quota))
         else:
             write(group / "cpu.max", f"{quota} {PERIOD_US}")
+
+    return configure
 
 
 @contextlib.contextmanager
@@ -143,26 +134,15 @@ def speed_groups(
     Raises:
         JimuError: no cpu controller is mounted, or the groups cannot be created (not root).
     """
-    controller = controller or find_cpu_controller()
-    if controller is None:
-        raise JimuError(
-            "--emulate-speeds needs the kernel's cpu cgroup controller, and this machine has "
-            "none mounted (no v1 cpu hierarchy, no cgroup2 with cpu)"
-        )
-    folder = controller.root / f"deepjimu-{uuid.uuid4().hex[:12]}"
-    try:
-        _create(controller, folder, factors, threads)
-    except OSError as e:
-        remove_groups(controller, folder)
-        why = "run as root" if isinstance(e, PermissionError) else "check the cgroup mount"
-        raise JimuError(
-            f"--emulate-speeds cannot create CPU cgroups under {controller.root} "
-            f"({e.strerror or e}); {why}"
-        ) from None
-    try:
+    controller = require(controller or find_cpu_controller(), "cpu", "--emulate-speeds")
+    # v1: the quota-free group of the process groups' threads (free_comm_threads) beside
+    comm = [COMM] if controller.version == 1 else []
+    configure = _quota(controller, factors, threads)
+    with worker_groups(
+        controller, "cpu", [controller.root], len(factors), configure, "--emulate-speeds", "CPU",
+        comm,
+    ) as folder:  # fmt: skip
         yield {ENV: str(folder)}
-    finally:
-        remove_groups(controller, folder)
 
 
 def join_own_group(rank: int) -> None:
