@@ -335,15 +335,32 @@ def _end_bar_line(cfg_dict: dict[str, Any], out_dir: Path) -> None:
 def _failure(out_dir: Path, err: Exception, workers: int, budget: Budget | None) -> JimuError:
     """The error of a failed run (:func:`_failure_line`): :class:`OutOfMemory` where a
     worker passed its memory (its group's counter, or the error it reported)."""
-    memory = budget is not None and budget.line(workers, out_dir, _killed(err)) is not None
+    memory = budget.line(workers, out_dir, _killed(err)) if budget is not None else None
+    records = _last_records(out_dir)
+    line = _failure_line(out_dir, err, workers, memory, records)
+    short = memory is not None or any(r.get("memory") for r in records.values())
+    return (OutOfMemory if short else JimuError)(line)
+
+
+def _last_records(out_dir: Path) -> dict[int, dict[str, Any]]:
+    """The workers' error records of the run's last attempt, by rank (after restarts, only
+    the last attempt's errors explain the failure)."""
+    found = []
     for f in error_dir(out_dir).glob("rank*.json"):
-        with contextlib.suppress(OSError, ValueError):
-            memory = memory or bool(json.loads(f.read_text()).get("memory"))
-    return (OutOfMemory if memory else JimuError)(_failure_line(out_dir, err, workers, budget))
+        try:
+            found.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    last = max((r.get("attempt", 0) for r in found), default=0)
+    return {r["rank"]: r for r in found if r.get("attempt", 0) == last}
 
 
 def _failure_line(
-    out_dir: Path, err: Exception, workers: int = 2, budget: Budget | None = None
+    out_dir: Path,
+    err: Exception,
+    workers: int = 2,
+    memory: str | None = None,
+    records: dict[int, dict[str, Any]] | None = None,
 ) -> str:
     """One line naming the worker whose failure caused the others' and its error (a run of
     one worker reports a user error as it is: there is no other worker to tell it from).
@@ -353,21 +370,14 @@ def _failure_line(
     kernel's out-of-memory killer, read from its group's counter); a user error (JimuError)
     that a worker reported;
     a worker that died without reporting (killed by a signal, out of memory, or unable to
-    write its record: a full disk); else the earliest reported error. The records are
-    removed; their tracebacks go to ``worker-errors.log`` where the disk has room.
+    write its record: a full disk); else the earliest reported error. ``memory``: the
+    line of a worker past its memory (:meth:`Budget.line`), ``records`` the workers' (read
+    here by default). The records are removed; their tracebacks go to ``worker-errors.log``
+    where the disk has room.
     """
     if not out_dir.is_dir():  # nothing to read, and nothing to write back into it
         return f"run folder {out_dir} was removed while the run was going; start the run again"
-    memory = budget.line(workers, out_dir, _killed(err)) if budget is not None else None
-    found = []
-    for f in error_dir(out_dir).glob("rank*.json"):
-        try:
-            found.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            continue
-    # after restarts, only the last attempt's errors explain the failure
-    last = max((r.get("attempt", 0) for r in found), default=0)
-    records = {r["rank"]: r for r in found if r.get("attempt", 0) == last}
+    records = _last_records(out_dir) if records is None else records
     log: Path | None = None
     if records or memory:  # the folder says why the run stopped
         text = "\n".join(
