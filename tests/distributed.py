@@ -165,3 +165,21 @@ def distributed_test(
         return pytest.mark.parametrize("world_size", list(world_size))(test)
 
     return decorate
+
+
+def recording(cls: type) -> type:
+    """``cls``, a strategy, that keeps every batch it trains on (``seen``), for a test to
+    replay the same steps in one process."""
+
+    class Recording(cls):  # type: ignore[misc, valid-type]
+        seen: list[tuple[torch.Tensor, torch.Tensor]]
+
+        def batches(
+            self, data: Any, epoch: int, run: Any
+        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            out = super().batches(data, epoch, run)
+            self.seen = [*getattr(self, "seen", []), *out]
+            return out
+
+    Recording.__name__ = Recording.__qualname__ = f"Recording{cls.__name__}"
+    return Recording

@@ -23,7 +23,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.base import count_correct
 from deepjimu.strategies.ddp import DDPStrategy
 from deepjimu.validation import validate
-from distributed import distributed_test, run_world
+from distributed import distributed_test, recording, run_world
 
 
 def _fit(
@@ -174,15 +174,7 @@ def test_replicas_stay_equal_and_every_gradient_byte_is_counted(
         assert event["bytes_sent_per_rank"] == [result.steps * grads] * world
 
 
-class _Recording(DDPStrategy):
-    """ddp that keeps every batch it trains on."""
-
-    seen: list[tuple[torch.Tensor, torch.Tensor]]
-
-    def batches(self, data: Any, epoch: int, run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = super().batches(data, epoch, run)
-        self.seen = [*getattr(self, "seen", []), *out]
-        return out
+_Recording = recording(DDPStrategy)  # keeps every batch it trains on
 
 
 def _uneven(rank: int, world: int, tmp: str, speeds: list[float]) -> dict[str, Any]:

@@ -19,20 +19,12 @@ from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies.fsdp import FSDPStrategy
 from deepjimu.validation import validate
-from distributed import run_world
+from distributed import recording, run_world
 
 pytestmark = pytest.mark.slow
 
 
-class _Recording(FSDPStrategy):
-    """fsdp that keeps every batch it trains on."""
-
-    seen: list[tuple[torch.Tensor, torch.Tensor]]
-
-    def batches(self, data: Any, epoch: int, run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = super().batches(data, epoch, run)
-        self.seen = [*getattr(self, "seen", []), *out]
-        return out
+_Recording = recording(FSDPStrategy)  # keeps every batch it trains on
 
 
 def _shard_bytes(model: torch.nn.Module, world: int) -> list[int]:

@@ -20,18 +20,9 @@ from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.strategies.tp import TensorParallelStrategy, tp_plan
 from deepjimu.validation import validate
-from distributed import run_world
+from distributed import recording, run_world
 
-
-class _Recording(TensorParallelStrategy):
-    """tp that keeps every batch it trains on."""
-
-    seen: list[tuple[torch.Tensor, torch.Tensor]]
-
-    def batches(self, data: Any, epoch: int, run: Run) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        out = super().batches(data, epoch, run)
-        self.seen = [*getattr(self, "seen", []), *out]
-        return out
+_Recording = recording(TensorParallelStrategy)  # keeps every batch it trains on
 
 
 def _tp(rank: int, world: int, tmp: str, model_spec: str) -> dict[str, Any]:
