@@ -148,6 +148,12 @@ class Cluster:
         """The number of ranks: nodes * ranks_per_node."""
         return self.nodes * self.ranks_per_node
 
+    @property
+    def gpus(self) -> bool:
+        """Whether its ranks are GPUs: a CPU node's cores are given (``cores_per_node``),
+        a GPU node's are not asked."""
+        return self.cores_per_node is None
+
     def rank_speeds(self, p: int) -> list[float]:
         """The speeds of ranks 0..p-1 (1 each unless :attr:`speeds` says otherwise): a
         rank at speed 0.5 takes twice as long for the same work (a mixed cluster, or

@@ -175,7 +175,7 @@ def _short_of_memory(
     """(needs, has, what) where ``cfg``'s largest rank is predicted past its memory: the
     cluster file's device memory (``memory_gb``), or ``--memory-limit`` (what it counts:
     the training state, :func:`~deepjimu.strategies.registry.rank_peaks`); None where it fits."""
-    cuda = cluster.cores_per_node is None
+    cuda = cluster.gpus
     state = max(rank_peaks(cfg, layers, train_size, 0, cuda, whole=False), default=0)
     limits = []
     if cuda and cluster.device.memory_bytes > 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepjimu.applies import Applies, Takers
+from deepjimu.balance import SPEED_BALANCES
 from deepjimu.choices import Family, Precision
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
@@ -330,8 +331,7 @@ def predict(
         raise ValueError(f"the planner does not predict strategy {cfg.strategy}")
     out = predictor(cfg, layers, train_size, compute, cluster)
     data = train_size * (layers[0].in_elems if layers else 0) * 4  # the training set's floats
-    cuda = cluster.cores_per_node is None  # a CPU node's cores are known, a GPU's not asked
-    peaks = rank_peaks(cfg, layers, train_size, data, cuda)
+    peaks = rank_peaks(cfg, layers, train_size, data, cluster.gpus)
     return dataclasses.replace(out, peak_mem_mb=max(peaks) / 1e6)
 
 
@@ -362,7 +362,7 @@ def rank_peaks(
     if e.memory is not replicated_state:  # its part, beside the whole model it was built from
         # a step of the whole model times each rank's speed where the split may follow it
         # (measure.speeds; not where ``auto`` finds the cores time-shared: counted anyway)
-        timed = e.traits.balances and (cfg.workers or 1) > 1 and cfg.balance in ("auto", "speed")
+        timed = e.traits.balances and (cfg.workers or 1) > 1 and cfg.balance in SPEED_BALANCES
         states = with_whole_model(states, layers, timed)
     states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]

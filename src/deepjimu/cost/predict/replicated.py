@@ -84,9 +84,7 @@ def sync_entries(
     the two that a Linear's backward makes).
     """
     rows = math.ceil(cfg.batch_size / p)
-    native = (
-        cluster.cores_per_node is not None
-    )  # CPU nodes run gloo, GPUs NCCL (no sparse all-reduce)
+    native = not cluster.gpus  # CPU nodes run gloo, GPUs NCCL (no sparse all-reduce)
     tensors = []
     for layer in layers:
         kinds = layer.kinds or ("dense",) * len(layer.param_shapes)
@@ -168,7 +166,7 @@ def _gradient(
         # rank's step sets the pace
         shares = row_shares(rows, speeds, by_speed)
         c = max(step_of(r, t) / v for r, v in zip(shares, speeds, strict=True)) * slow
-        if cluster.cores_per_node is None and comm_s:  # a GPU overlaps all but the last bucket
+        if cluster.gpus and comm_s:  # a GPU overlaps all but the last bucket
             bwd = sum(compute.blocks(math.ceil(rows / p), t).bwd_s)
             hidden = bwd * (1 - layers[0].params / max(1, sum(l.params for l in layers)))
             step = c + max(0.0, comm_s - hidden)
