@@ -16,7 +16,10 @@ import math
 from collections.abc import Callable, Sequence
 
 from deepjimu.balance import listed_balance, parse_balance, partition
+from deepjimu.choices import Optimizer
 from deepjimu.config import RunConfig
+from deepjimu.cost.predict.common import stage_starts
+from deepjimu.cost.predict.tensor import pairs
 from deepjimu.cost.profile import Layer
 
 __all__ = [
@@ -60,7 +63,7 @@ training-set size."""
 
 def _optimizer_copies(cfg: RunConfig) -> int:
     """Copies of the weights the optimizer keeps: Adam's two moments, SGD's momentum."""
-    return 2 if str(cfg.optimizer) == "adam" else 1
+    return 2 if cfg.optimizer == Optimizer.ADAM else 1
 
 
 def _workers(cfg: RunConfig) -> int:
@@ -107,7 +110,7 @@ def tensor_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     """Megatron's pairs: 1/P of each paired block, the unpaired ones whole; every rank on
     the whole batch."""
     p = _workers(cfg)
-    paired = [b for i in range(0, len(layers) - 1, 2) for b in (i, i + 1)]
+    paired = [b for pair in pairs(len(layers)) for b in pair]
     split = sum(layers[b].params for b in paired)
     own = math.ceil(split / p) + sum(l.params for l in layers) - split
     return [_weights(cfg, own) + _activations(cfg.batch_size, layers)] * p
@@ -132,10 +135,8 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     sizes = stage_sizes(cfg, layers, min(p, len(layers)))
     m = int(cfg.microbatches or 1)
     out = [0.0] * p
-    start = 0
-    for s, k in enumerate(sizes):
+    for s, (start, k) in enumerate(stage_starts(sizes)):
         own = layers[start : start + k]
-        start += k
         rows = float(cfg.batch_size)
         if m > 1 and str(cfg.schedule) != "gpipe":
             rows = min(m, len(sizes) - s) * cfg.batch_size / m
@@ -178,13 +179,11 @@ def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
         else partition(costs, min(p, len(layers)))
     )
     out = [0.0] * p
-    start = 0
-    for r, k in enumerate(sizes):
+    for r, (start, k) in enumerate(stage_starts(sizes)):
         for i in range(start, start + k):
             l = layers[i]
             squares = 3 * min(n, l.in_elems) ** 2 + (3 * l.in_elems**2 if i > 0 else 0)
             out[r] += (2 * l.params + 4 * n * l.out_elems + squares) * FLOAT
-        start += k
     return out
 
 
