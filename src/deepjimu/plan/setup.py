@@ -42,6 +42,7 @@ from deepjimu.models import build_model
 from deepjimu.strategies.admm.model import admm_layers
 from deepjimu.strategies.registry import entry
 from deepjimu.threads import available_cores
+from deepjimu.worker import pick_device
 
 __all__ = ["cluster_and_compute", "probe_cluster"]
 
@@ -152,7 +153,7 @@ def _cluster_and_compute(
         return made["file"], compute, layers, n
     if ("cluster", p) not in made:
         if p < 2:
-            made["cluster", p] = _alone()
+            made["cluster", p] = _alone(pick_device(cfg, 0, 1))
         else:
             cluster, found = probe_cluster(cfg, p, out)
             t = cluster.threads_per_rank(p) or 1
@@ -233,16 +234,17 @@ def _ddp_sync(
     return {found.world: max(0.0, steps[0].step_s - found.compute_s - comm_s)}
 
 
-def _alone() -> Cluster:
-    """This machine for one worker: no link is used."""
+def _alone(device: torch.device) -> Cluster:
+    """This machine for one worker on ``device``: no link is used."""
+    cores = available_cores() if device.type == "cpu" else None
     return Cluster(
-        name=f"this machine ({available_cores()} cores)",
+        name=f"this machine ({device}" + (f", {cores} cores)" if cores else ")"),
         nodes=1,
         ranks_per_node=1,
-        device=Device("cpu", {"fp32": 1.0}, 0),
+        device=Device(str(device), {"fp32": 1.0}, 0),
         intra=Link(0.0, float("inf")),
         inter=None,
-        cores_per_node=available_cores(),
+        cores_per_node=cores,
         source="probe",
     )
 
@@ -265,7 +267,11 @@ def _model_figures(
         model, data, layers = _layers_and_data(cfg, shapes=not measured)
         compute: Compute
         if measured:
-            compute = MeasuredCompute(model, data.train_x, data.train_y, cfg)
+            # timed where the runs train (--device): a GPU's plan from its own layer times
+            device = pick_device(cfg, 0, 1)
+            compute = MeasuredCompute(
+                model.to(device), data.train_x.to(device), data.train_y.to(device), cfg
+            )
         else:
             assert cluster is not None
             compute = AnalyticCompute(
