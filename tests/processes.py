@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from deepjimu.record.checkpoint import model_state_of
+
 __all__ = [
     "FAULT",
     "children",
@@ -213,4 +215,4 @@ def descendants(pid: int) -> list[int]:
 def params(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model of a run folder's latest checkpoint."""
     latest = (run_dir / "checkpoint" / "latest").read_text().strip()
-    return torch.load(run_dir / "checkpoint" / latest / "model.pt", weights_only=True)
+    return model_state_of(run_dir / "checkpoint" / latest)

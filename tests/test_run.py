@@ -23,8 +23,7 @@ from processes import FAULT, descendants, events, fault_flags, params, start, wa
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
-    latest = (run_dir / "checkpoint" / "latest").read_text().strip()
-    return torch.load(run_dir / "checkpoint" / latest / "model.pt", weights_only=True)
+    return params(run_dir)
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd", "kfac"])

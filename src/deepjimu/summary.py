@@ -38,7 +38,6 @@ def summarise(
     """Rank 0's summary of the finished run (``gathered``: every rank's traffic and time
     counters), written to ``summary.json``."""
     totals = [g[0] for g in gathered]
-    model = model.to(device)
     events = read_events(out_dir)
     last = events[-1]
     summary: dict[str, Any] = {
@@ -55,7 +54,12 @@ def summarise(
         "train_acc": last.get("train_acc"),
     }
     summary |= {"val_acc": None, "test_acc": None}
-    summary |= accuracies(model, data, ("val", "test"), device)
+    if any(t.is_meta for t in model.state_dict().values()):
+        # a split model: rank 0 holds its own blocks only; the last event, at the end of
+        # training, evaluated the trained model by stages
+        summary |= {k: last.get(k) for k in ("val_acc", "test_acc")}
+    else:
+        summary |= accuracies(model.to(device), data, ("val", "test"), device)
     summary |= best_validation(events)
     summary.update(
         {

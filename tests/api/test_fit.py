@@ -23,6 +23,7 @@ from deepjimu.data.digits import load_digits_raw
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.models import build_model
+from deepjimu.record.checkpoint import model_state_of
 from deepjimu.record.folder import latest_checkpoint
 from processes import env
 
@@ -131,7 +132,7 @@ def test_fit_admm_trains_the_users_flat_mlp_alike_on_one_and_two_workers(tmp_pat
         one.model.state_dict().items(), two.model.state_dict().items(), strict=True
     ):
         assert k1 == k2 and torch.allclose(a, b, rtol=1e-4, atol=1e-5), k1
-    saved = torch.load(latest_checkpoint(tmp_path / "w2")[0] / "model.pt", weights_only=True)
+    saved = model_state_of(latest_checkpoint(tmp_path / "w2")[0])
     assert list(saved) == ["1.weight", "1.bias", "3.weight", "3.bias"]
     torch.manual_seed(0)  # the start every worker drew (seed 0)
     start = flat_mlp()

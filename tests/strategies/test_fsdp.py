@@ -20,6 +20,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.fsdp import FSDPStrategy
 from deepjimu.validation import validate
 from distributed import recording, run_world
+from processes import params
 
 pytestmark = pytest.mark.slow
 
@@ -98,8 +99,7 @@ def test_fsdp_equals_one_process_on_the_whole_batch_and_counts_its_bytes(
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
-    latest = (run_dir / "checkpoint" / "latest").read_text().strip()
-    return torch.load(run_dir / "checkpoint" / latest / "model.pt", weights_only=True)
+    return params(run_dir)
 
 
 def test_a_resumed_fsdp_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:

@@ -16,12 +16,14 @@ from deepjimu.data import DataOptions, DataSplits, load_dataset
 from deepjimu.launch import train
 from deepjimu.measure.measurer import ThisMachine
 from deepjimu.models import build_model
+from deepjimu.record.folder import latest_checkpoint
 from deepjimu.run import Run
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.base import count_correct
 from deepjimu.strategies.local import LocalStrategy
 from deepjimu.validation import validate
 from distributed import run_world
+from processes import params
 
 # 171 training rows in batches of 29 and 28 (so pipelines pad micro-batches), 4 blocks of width 16
 SMALL = {
@@ -85,11 +87,11 @@ def transparency_world(
             out["loss_diff"] = max(
                 abs(float(a) - b) for a, b in zip(losses, ref_losses, strict=True)
             )
-        if full is not None:
+        if full is not None:  # every rank: its own blocks, the others freed (meta)
             ref_state = ref.state_dict()
-            out["param_diff"] = max(
-                float((v - ref_state[k]).abs().max()) for k, v in full.state_dict().items()
-            )
+            held = {k: v for k, v in full.state_dict().items() if not v.is_meta}
+            out["held"], out["all_keys"] = sorted(held), sorted(ref_state)
+            out["param_diff"] = max(float((v - ref_state[k]).abs().max()) for k, v in held.items())
             out["moved"] = max(
                 float((v - w).abs().max())
                 for v, w in zip(
@@ -117,7 +119,10 @@ def check_transparency(per_rank: list[list[dict[str, Any]]], world: int) -> None
         views = [per_rank[r][i] for r in range(world)]
         case = case_rank0["case"]
         assert case_rank0["moved"] > 1e-3, case  # training changed the weights at all
-        assert case_rank0["param_diff"] < 1e-10, case
+        assert all(v["param_diff"] < 1e-10 for v in views), case
+        # each rank holds its own blocks only, and together they hold the model once
+        held = [k for v in views for k in v["held"]]
+        assert sorted(held) == case_rank0["all_keys"], case
         loss_diffs = [v["loss_diff"] for v in views if "loss_diff" in v]
         assert len(loss_diffs) == 1 and loss_diffs[0] < 1e-10, case
         metrics = {k: v for view in views for k, v in view["metrics"].items()}
@@ -173,3 +178,26 @@ def test_model_parallel_refuses_bad_balance(capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err.strip()
     assert err == "error: balance must sum to the number of blocks (blocks: 4, sum of balance: 3)"
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_each_rank_checkpoints_its_own_blocks_and_a_resume_is_exact(tmp_path: Path) -> None:
+    common: dict[str, Any] = dict(
+        strategy="model-parallel", workers=2, model="mlp:32x3", lr=0.01, balance="3,1",
+        quiet=True, runs_dir=str(tmp_path), checkpoint_every=1,
+    )  # fmt: skip
+    train(RunConfig(epochs=4, name="full", **common))
+    train(RunConfig(epochs=2, name="part", **common))
+    train(RunConfig(epochs=4, resume=str(tmp_path / "part"), **common))
+    found = latest_checkpoint(tmp_path / "full")
+    assert found is not None
+    # rank 0 wrote blocks 0-2, rank 1 block 3: no rank gathered the whole model
+    own = {p.name: sorted(torch.load(p, weights_only=True)) for p in found[0].glob("model*.pt")}
+    assert own == {
+        "model.pt": [f"{b}.{w}" for b in ("0.1", "1.0", "2.0") for w in ("bias", "weight")],
+        "model-rank1.pt": ["3.0.bias", "3.0.weight"],
+    }
+    full, resumed = params(tmp_path / "full"), params(tmp_path / "part")
+    assert full.keys() == resumed.keys() and len(full) == 8
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k

@@ -21,6 +21,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.tp import TensorParallelStrategy, tp_plan
 from deepjimu.validation import validate
 from distributed import recording, run_world
+from processes import params
 
 _Recording = recording(TensorParallelStrategy)  # keeps every batch it trains on
 
@@ -83,11 +84,7 @@ def test_a_resumed_tp_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     whole = train(RunConfig(epochs=4, name="full", **common))
     train(RunConfig(epochs=2, name="part", **common))
     resumed = train(RunConfig(epochs=4, resume=str(tmp_path / "part"), **common))
-    root = {n: tmp_path / n / "checkpoint" for n in ("full", "part")}
-    full, part = (
-        torch.load(r / (r / "latest").read_text().strip() / "model.pt", weights_only=True)
-        for r in root.values()
-    )
+    full, part = (params(tmp_path / n) for n in ("full", "part"))
     for k in full:
         assert torch.equal(full[k], part[k]), k
     local = train(RunConfig(**{**common, "strategy": "local", "workers": 1}, epochs=4, name="l"))

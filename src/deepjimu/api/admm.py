@@ -275,9 +275,9 @@ class PdADMM:
     def gather(self) -> nn.Sequential:
         """Collective: every layer's weights from its owner into the model of every rank.
 
-        :func:`deepjimu.strategies.partition.gather_model` needs a :class:`~deepjimu.run.Run`
-        and collects on global rank 0 only; a script in a group wants the whole model on
-        each of its ranks, so each owner broadcasts its layers over the group.
+        A run of the ``admm`` strategy checkpoints each rank's own layers and gathers
+        nothing; a script in a group wants the whole model on each of its ranks, so each
+        owner broadcasts its layers over the group.
 
         Returns:
             the model, whole on every rank.

@@ -21,7 +21,7 @@ from deepjimu.data.tensors import samples_and_labels, save_tensors, tensors_file
 from deepjimu.errors import JimuError, one_line
 from deepjimu.launch import train
 from deepjimu.models import factory_spec
-from deepjimu.record.checkpoint import load_file
+from deepjimu.record.checkpoint import load_file, model_state_of
 from deepjimu.record.folder import check_new, latest_checkpoint, saved_config
 from deepjimu.worker import ModelFactory
 
@@ -160,7 +160,7 @@ def fit(
         found = latest_checkpoint(folder)
         if summary is None or found is None:
             raise JimuError(f"fit: the run in {folder} left no summary or final checkpoint")
-        model.load_state_dict(load_file(found[0] / "model.pt"))
+        model.load_state_dict(model_state_of(found[0]))
         return Fitted(summary, model, folder if run_dir is not None or resume else None)
 
 

@@ -22,7 +22,7 @@ from deepjimu.errors import JimuError
 from deepjimu.record.events import EventLog
 from deepjimu.record.folder import MORE_ROOM, latest_checkpoint
 
-__all__ = ["Checkpoint", "Checkpointer", "load_file"]
+__all__ = ["Checkpoint", "Checkpointer", "load_file", "model_state_of"]
 
 # every rank reads and writes the one run folder: across machines it must be shared
 _SHARED = (
@@ -52,8 +52,11 @@ class Checkpoint:
 class Checkpointer:
     """Writes and reads ``<run folder>/checkpoint``; :meth:`save` and :meth:`load` are collective.
 
-    A checkpoint is a folder ``step-<step>`` holding ``model.pt`` (rank 0's full model),
-    ``rank<r>.pt`` (each rank's own state: optimizer, ADMM variables, ...) and
+    A checkpoint is a folder ``step-<step>`` holding the model (``model.pt``, rank 0's
+    entries of its ``state_dict``, and ``model-rank<r>.pt``, those of another rank that holds
+    a part: a split model's rank writes its own blocks, so no rank gathers the whole model;
+    :func:`model_state` reads them back as one), ``rank<r>.pt`` (each rank's own state:
+    optimizer, ADMM variables, ...) and
     ``meta.json`` (progress, the clocks, every rank's counters, the config); ``latest``
     names the complete one. Every rank writes its state into the same folder, so a run on
     several machines needs the run folder on a shared file system: both methods check that
@@ -105,8 +108,9 @@ class Checkpointer:
     ) -> Path:
         """Collective: write a checkpoint atomically; the previous one stays until this is whole.
 
-        Rank 0 passes the full model (the others may pass None); every rank passes its own
-        ``rank_state``. Files go into a temporary folder that is renamed into place once
+        Each rank passes the model it holds (None: nothing to save; a replicated model's
+        copies are passed by rank 0 alone): the entries it holds, those not on the meta
+        device, are its part. Every rank passes its own ``rank_state``. Files go into a temporary folder that is renamed into place once
         every rank has written, then ``latest`` is switched. A run resumed at the step of
         its checkpoint keeps that checkpoint: it holds this very state.
 
@@ -121,6 +125,9 @@ class Checkpointer:
         if self.resumed is not None and self.resumed.step == step:
             return final
         counters = self.bookkeeping.gather_objects(self.counters.state())
+        parts = [
+            r for r, has in enumerate(self.bookkeeping.gather_objects(model is not None)) if has
+        ]
 
         def start() -> None:
             if self.is_main:
@@ -133,22 +140,12 @@ class Checkpointer:
             if not self.is_main:  # on a machine without the shared folder: a copy of its
                 tmp.mkdir(parents=True, exist_ok=True)  # own, which rank 0 finds missing below
             _torch_save(rank_state, tmp / f"rank{self.rank}.pt")
-            if self.is_main and model is not None:
-                _torch_save(_cpu_state(model), tmp / "model.pt")
+            if model is not None:
+                _torch_save(_cpu_state(model), tmp / _model_file(self.rank))
 
         self._each(start, step, tmp, final)
         self._each(states, step, tmp, final)
-        lost = None  # (rank, path) of a state file missing where rank 0 looks
-        if self.is_main:
-            files = [(r, tmp / f"rank{r}.pt") for r in range(self.world)]
-            lost = next(((r, str(f)) for r, f in files if not f.exists()), None)
-        lost = self.bookkeeping.broadcast_object(lost)
-        if lost is not None:
-            if self.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise JimuError(
-                f"checkpoint: {lost[1]} is missing after worker {lost[0]} wrote it; {_SHARED}"
-            )
+        self._check_written(tmp, parts)
 
         def publish() -> None:
             if not self.is_main:
@@ -161,6 +158,7 @@ class Checkpointer:
                 "time_s": self.counters.elapsed(),
                 "fit_s": self.counters.fit_s(),
                 "counters": counters,
+                "model_parts": parts,
                 "config": self.cfg.to_saved(),
             }
             (tmp / "meta.json").write_text(json.dumps(meta))
@@ -174,6 +172,22 @@ class Checkpointer:
 
         self._each(publish, step, tmp, final)
         return final
+
+    def _check_written(self, tmp: Path, parts: list[int]) -> None:
+        """Collective: refuse, in one line, a checkpoint where a rank's file is not in rank 0's
+        folder (``parts``: the ranks that wrote a part of the model)."""
+        lost = None  # (rank, path) of a state file missing where rank 0 looks
+        if self.is_main:
+            files = [(r, tmp / f"rank{r}.pt") for r in range(self.world)]
+            files += [(r, tmp / _model_file(r)) for r in parts]
+            lost = next(((r, str(f)) for r, f in files if not f.exists()), None)
+        lost = self.bookkeeping.broadcast_object(lost)
+        if lost is not None:
+            if self.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise JimuError(
+                f"checkpoint: {lost[1]} is missing after worker {lost[0]} wrote it; {_SHARED}"
+            )
 
     def _each(self, write: Callable[[], None], step: int, tmp: Path, final: Path) -> None:
         """Collective: this rank's part of writing checkpoint ``step``; if a rank's part
@@ -258,7 +272,7 @@ class Checkpointer:
                 f"worker{'s' if meta['world'] != 1 else ''}; "
                 f"resume with --workers {meta['world']} (workers: {self.world})"
             )
-        needs = (folder / "model.pt", folder / f"rank{self.rank}.pt")
+        needs = (*_model_files(folder), folder / f"rank{self.rank}.pt")
         missing = self.bookkeeping.gather_objects(
             next((str(p) for p in needs if not p.exists()), None)
         )
@@ -267,7 +281,7 @@ class Checkpointer:
                 raise JimuError(f"checkpoint: worker {r} cannot find {path}; {_SHARED}")
         loaded = None
         try:
-            model_state = load_file(folder / "model.pt")
+            model_state = model_state_of(folder)
             rank_state = load_file(folder / f"rank{self.rank}.pt")
         except JimuError as e:
             loaded = str(e)
@@ -322,7 +336,7 @@ class Checkpointer:
         )
 
 
-def load_file(path: Path, what: str = "checkpoint file") -> Any:
+def load_file(path: Path, what: str = "checkpoint file", mmap: bool = False) -> Any:
     """``torch.load`` of a file deepjimu wrote (``model.pt``, ``rank<r>.pt``, ``what`` in
     the message): tensors and plain containers only (``weights_only``), on the CPU.
 
@@ -333,7 +347,7 @@ def load_file(path: Path, what: str = "checkpoint file") -> Any:
         JimuError: the file is missing or damaged (named, with what to do).
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise JimuError(f"{what} {path} is missing") from None
     except Exception:  # random bytes, a cut-short zip, a foreign pickle: all the same to the user
@@ -359,4 +373,29 @@ def _torch_save(obj: Any, path: Path) -> None:
 
 
 def _cpu_state(model: nn.Module) -> dict[str, Any]:
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    """The entries of ``model``'s state that this rank holds (a split model's other blocks
+    are on the meta device), on the CPU."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items() if not v.is_meta}
+
+
+def _model_file(rank: int) -> str:
+    return "model.pt" if rank == 0 else f"model-rank{rank}.pt"
+
+
+def _model_files(folder: Path) -> list[Path]:
+    """The model's files in checkpoint ``folder``: ``model.pt`` and each other rank's part."""
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+    return [folder / _model_file(r) for r in meta.get("model_parts", [0])]
+
+
+def model_state_of(folder: Path) -> dict[str, Any]:
+    """The whole model's state in checkpoint ``folder``: every rank's part, read as one (memory
+    mapped: a rank that loads only its own blocks reads only theirs from disk).
+
+    Raises:
+        JimuError: a part is missing or damaged (named).
+    """
+    state: dict[str, Any] = {}
+    for path in _model_files(folder):
+        state |= load_file(path, mmap=True)
+    return state

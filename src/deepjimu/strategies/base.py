@@ -328,7 +328,8 @@ class GradientStrategy(Strategy):
         self.optimizer.load_state_dict(state["optimizer"])
 
     def full_model(self, run: Run) -> nn.Module | None:
-        """Collective: the whole trained model on rank 0 (default: it is already there)."""
+        """Collective: the model this rank checkpoints, its entries not on the meta device
+        (default: rank 0's whole model, the others' copies being the same)."""
         return self.model if run.is_main else None
 
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:

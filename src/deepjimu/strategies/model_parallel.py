@@ -31,7 +31,6 @@ from deepjimu.strategies.partition import (
     StagePlan,
     balance_by_size,
     block_shapes,
-    gather_model,
     staged_metrics,
 )
 
@@ -129,8 +128,10 @@ class ModelParallelStrategy(GradientStrategy):
         self.plan = self.plan_stages(model, data, run)
         if run.is_main and not self.cfg.quiet:
             print(self.plan.summary(self.name), flush=True)
-        for b in self.plan.blocks_of(run.rank):
-            model[b].to(run.device)
+        own = set(self.plan.blocks_of(run.rank))
+        for b, block in enumerate(model):
+            # another rank's blocks are freed: each rank holds and checkpoints only its own
+            block.to(run.device if b in own else "meta")
         self.stages = {s: model[slice(*self.plan.bounds(s))] for s in self.plan.stages_of(run.rank)}
         params = [p for stage in self.stages.values() for p in stage.parameters()]
         self.optimizer = make_optimizer(params, self.cfg) if params else None  # type: ignore[assignment]
@@ -204,5 +205,6 @@ class ModelParallelStrategy(GradientStrategy):
             self.optimizer.load_state_dict(state["optimizer"])
 
     def full_model(self, run: Run) -> nn.Module | None:
-        """Collective: rank 0's model with every rank's trained blocks loaded."""
-        return gather_model(self.model, self.plan, run)
+        """Every rank's model: its own blocks, the others on the meta device (the checkpoint
+        holds each rank's blocks; no rank gathers the whole model)."""
+        return self.model

@@ -3,11 +3,10 @@
 The plan is pure (:class:`StagePlan`, over the solver of :mod:`deepjimu.balance`); the
 sizing half weighs blocks by their bytes (:func:`balance_by_size`; by time, the run's
 measurer times them, :mod:`deepjimu.measure`); the
-transport half moves a split model's tensors between ranks (:func:`gather_model`,
-:func:`staged_count_correct`).
+transport half evaluates a split model by stages (:func:`staged_count_correct`): no rank
+holds the whole model (each checkpoints its own blocks).
 
-Messages of :func:`gather_model` and :func:`staged_count_correct` are bookkeeping (checkpoints,
-evaluation), like :meth:`deepjimu.run.Run.gather_objects`: they go through a private
+Messages of :func:`staged_count_correct` are bookkeeping (evaluation), like :meth:`deepjimu.run.Run.gather_objects`: they go through a private
 :class:`~deepjimu.comm.Comm` whose counters are discarded, so ``bytes_sent`` / ``wait_s`` of a
 run measure training traffic only, comparable with ``local`` and ``ddp`` (whose evaluation
 sends nothing).
@@ -31,7 +30,6 @@ __all__ = [
     "StagePlan",
     "balance_by_size",
     "block_shapes",
-    "gather_model",
     "staged_count_correct",
     "staged_metrics",
 ]
@@ -122,39 +120,6 @@ def _bookkeeping_comm() -> Comm:
     return Comm(CommStats())
 
 
-def gather_model(model: nn.Sequential, plan: StagePlan, run: Run) -> nn.Sequential | None:
-    """Collective: load every rank's owned blocks into rank 0's ``model``.
-
-    Each rank sends the state (parameters and buffers) of the blocks it owns; rank 0 copies
-    them into its own, stale copies of those blocks, in place, so ``model`` on rank 0 is the
-    whole trained network afterwards. The messages are not counted as training traffic.
-
-    Args:
-        model: the full ``nn.Sequential`` every rank was given (ranks train their blocks in it).
-        plan: who owns which block.
-        run: this rank's run (rank, world, device).
-
-    Returns:
-        ``model`` on rank 0, None elsewhere.
-    """
-    if run.world == 1:
-        return model
-    comm = _bookkeeping_comm()
-    for stage in range(plan.n_stages):
-        owner = plan.rank_of(stage)
-        if owner == 0 or run.rank not in (0, owner):
-            continue
-        for b in range(*plan.bounds(stage)):
-            for t in model[b].state_dict().values():
-                if run.rank == owner:
-                    comm.send(t.detach().contiguous(), 0)
-                else:
-                    buf = torch.empty(t.shape, dtype=t.dtype, device=run.device)
-                    t.copy_(comm.recv(buf, owner))
-    return model if run.is_main else None
-
-
-@torch.no_grad()
 def staged_count_correct(
     model: nn.Sequential,
     plan: StagePlan,

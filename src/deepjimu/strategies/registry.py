@@ -363,6 +363,6 @@ def rank_peaks(
         # a step of the whole model times each rank's speed where the split may follow it
         # (measure.speeds; not where ``auto`` finds the cores time-shared: counted anyway)
         timed = e.traits.balances and (cfg.workers or 1) > 1 and cfg.balance in SPEED_BALANCES
-        states = with_whole_model(states, layers, timed)
+        states = with_whole_model(states, layers, timed, kept=not e.traits.splits_model)
     states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]

@@ -16,7 +16,7 @@ from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.strategies.admm.blocks import LayerBlock
-from processes import run_warm
+from processes import params, run_warm
 from sessions import once
 
 
@@ -25,8 +25,7 @@ def _events(run_dir: Path) -> list[dict]:
 
 
 def _model(run_dir: Path) -> dict[str, torch.Tensor]:
-    latest = (run_dir / "checkpoint" / "latest").read_text()
-    return torch.load(run_dir / "checkpoint" / latest / "model.pt", weights_only=True)
+    return params(run_dir)
 
 
 @pytest.fixture(scope="module")

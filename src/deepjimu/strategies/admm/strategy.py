@@ -33,7 +33,7 @@ from deepjimu.strategies.admm.model import admm_layers, admm_maps, new_block, wr
 from deepjimu.strategies.admm.settings import admm_settings, keeps, problems
 from deepjimu.strategies.admm.solver import Solver
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
-from deepjimu.strategies.partition import StagePlan, block_shapes, gather_model, staged_metrics
+from deepjimu.strategies.partition import StagePlan, block_shapes, staged_metrics
 
 __all__ = ["AdmmStrategy"]
 
@@ -94,15 +94,17 @@ class AdmmStrategy(Strategy):
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         cfg = self.cfg
         assert cfg.epochs is not None
-        # the blocks' W, b live on the device; the model holds them for evaluation and gathering
-        model = model.to(run.device)
         # one linear map per block, the model's own modules: a factory's flat Sequential too
         blocks, maps, ops = admm_layers(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
         sizes = self._plan_stages(ops, L, cfg.admm_batch or len(data.train_y), run)
         lo, hi = self.plan.bounds(run.rank)
+        self.shapes = block_shapes(blocks, data.train_x[:1].cpu())
+        # this rank's blocks' W, b live on the device, where its model holds them for evaluation
+        # and checkpoints; another rank's blocks are freed (each rank holds only its own)
+        for l, block in enumerate(blocks):
+            block.to(run.device if lo <= l < hi else "meta")
         self.model, self.blocks, self.run, self.maps = model, blocks, run, maps
-        self.shapes = block_shapes(blocks, data.train_x[:1])
         # conv p-steps solved by CG: their iterations and cap hits go into the events
         self._cg = any(isinstance(op, ConvOp) and op.solver is PSolver.CG for op in ops)
         momentum = admm_settings(cfg, ops, keep=False)["momentum"]
@@ -418,10 +420,9 @@ class AdmmStrategy(Strategy):
 
     def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
-        # into rank 0's blocks, which are its model's modules: saved under the model's own keys
-        full = self.model if gather_model(self.blocks, self.plan, self.run) is not None else None
+        # each rank's blocks are its model's modules: saved under the model's own keys
         state = self.solver.state_dict() | {"readout": self._readout_choice}
-        self.run.save_checkpoint(step, done, full, state, {"samples": samples})
+        self.run.save_checkpoint(step, done, self.model, state, {"samples": samples})
 
 
 def _finite(v: Any) -> bool:
