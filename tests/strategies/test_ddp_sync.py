@@ -61,6 +61,26 @@ def test_sfb_sends_the_planned_bytes_every_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_resumed_run_keeps_its_plan_and_the_summary_names_it(tmp_path: Path) -> None:
+    argv = ["train", "--strategy", "ddp", "--workers", "2", "--model", "mlp:32x1"]
+    argv += ["--batch-size", "50", "--optimizer", "sgd", "--lr", "0.05", "--balance", "even"]
+    argv += ["--sync-plan", "auto", "--checkpoint-every", "1", "--runs-dir", str(tmp_path)]
+    argv += ["--name", "r", "--quiet"]
+    assert main([*argv, "--epochs", "1"]) == 0
+    run = tmp_path / "r"
+    plan = json.loads((run / "sync_plan.json").read_text())
+    first = json.loads((run / "summary.json").read_text())["sync_plan"]
+    assert first == {"plan": "auto", "tensors": {t["name"]: t["method"] for t in plan["tensors"]}}
+    # a plan the planner would not pick on its own: all parameter-server
+    for t in plan["tensors"]:
+        t["method"] = "ps"
+    (run / "sync_plan.json").write_text(json.dumps(plan))
+    assert main(["train", "--resume", str(run), "--epochs", "2"]) == 0
+    kept = json.loads((run / "summary.json").read_text())["sync_plan"]["tensors"]
+    assert kept == dict.fromkeys(first["tensors"], "ps")
+
+
+@pytest.mark.slow
 @distributed_test(world_size=[2, 3], preload=["torch._dynamo"])
 def test_every_plan_trains_exactly_as_ddp_does(rank: int, world: int, tmp: str) -> None:
     """A transparency test: the same gradients each step, so the same weights at the end

@@ -18,6 +18,7 @@ from deepjimu.compress.sync import SyncExecutor
 from deepjimu.cost.compress import CostModel, save_choice
 from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.data import DataSplits
+from deepjimu.errors import JimuError, one_line
 from deepjimu.models import parse_spec
 from deepjimu.options import DdpOptions
 from deepjimu.options.compress import CompressSpec, parse_compress
@@ -96,6 +97,7 @@ class DDPStrategy(DataParallel):
         self.predictions: dict[str, float] = {}
         self.averaging: Averaging | None = None
         self.sync: SyncExecutor | None = None
+        self.sync_methods: dict[str, str] = {}  # each tensor's method under a sync plan
         self.ddp: nn.Module
         self.hook: HookState | SyncExecutor
         # config: no compressor, local SGD or K-FAC with a sync plan; one worker has nothing
@@ -143,7 +145,12 @@ class DDPStrategy(DataParallel):
 
     def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor:
         """Collective: measure and plan (``--sync-plan``, the run's measurer), print and save
-        the plan; its executor."""
+        the plan; its executor. A resumed run keeps the plan its run folder holds: planned
+        again, a plan measured on a noisy machine could differ, and the run would change
+        its method halfway."""
+        kept = self._kept_plan(run)
+        if kept is not None:
+            return kept
         rows = self.step_rows(data)
         # this rank's first rows, in batches of a step's size: what the plan measures
         batches = [
@@ -157,9 +164,33 @@ class DDPStrategy(DataParallel):
             atomic_write_text(run.out_dir / "sync_plan.json", json.dumps(out, indent=2))
             if not self.cfg.quiet:
                 print(format_plan(plan.entries, self.cfg.sync_plan), flush=True)
-        methods = {e.name: e.method for e in plan.entries}
-        factor_rows = {e.name: math.ceil(e.rows) for e in plan.entries if e.method == "sfb"}
+        return self._executor([(e.name, e.method, e.rows) for e in plan.entries], run)
+
+    def _executor(self, tensors: list[tuple[str, str, float]], run: Run) -> SyncExecutor:
+        """The executor of a plan's (tensor, method, rows); the methods go into the summary."""
+        methods = {name: method for name, method, _ in tensors}
+        factor_rows = {name: math.ceil(rows) for name, method, rows in tensors if method == "sfb"}
+        self.sync_methods = methods
         return SyncExecutor(self.model, methods, run.comm, factor_rows)
+
+    def _kept_plan(self, run: Run) -> SyncExecutor | None:
+        """A resumed run's executor of the plan in its folder's ``sync_plan.json`` (every rank
+        reads the one run folder, as it reads the checkpoint); None for a new run."""
+        saved = run.out_dir / "sync_plan.json"
+        if run.resumed is None or not saved.exists():
+            return None
+        try:
+            tensors = [
+                (t["name"], t["method"], t["rows"])
+                for t in json.loads(saved.read_text())["tensors"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise JimuError(
+                f"{saved} is damaged ({one_line(e)}); the resumed run cannot keep its sync plan"
+            ) from None
+        if run.is_main and not self.cfg.quiet:
+            print(f"sync plan: kept from {saved}, as the run it resumes planned it", flush=True)
+        return self._executor(tensors, run)
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         t0 = time.perf_counter()
@@ -215,4 +246,6 @@ class DDPStrategy(DataParallel):
         )
         if self.predictions:
             result.extra["compress_predictions"] = self.predictions
+        if self.sync is not None:  # which method each tensor was synchronised by
+            result.extra["sync_plan"] = {"plan": self.cfg.sync_plan, "tensors": self.sync_methods}
         return result
