@@ -3,6 +3,9 @@ the split of the run it goes on."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,8 @@ import torch
 
 from deepjimu.balance import chosen_balance
 from deepjimu.config import RunConfig
-from deepjimu.measure.speeds import SPEEDS_FILE, balance_speeds
+from deepjimu.measure import speeds
+from deepjimu.measure.speeds import SPEEDS_FILE, balance_speeds, emulation_unmet
 from deepjimu.models import build_model
 from deepjimu.run import Run
 from deepjimu.validation import validate
@@ -46,3 +50,28 @@ def test_auto_follows_speeds_that_differ_by_more_than_a_tenth() -> None:
     assert chosen_balance("auto", None) == "even"
     assert chosen_balance("speed", [1.0, 1.0]) == "speed"
     assert chosen_balance("time", [1.0, 0.2]) == "time"
+
+
+def test_an_emulation_the_measured_speeds_do_not_show_is_named() -> None:
+    assert emulation_unmet([1.0, 0.5], [1.0, 0.45]) is None  # within the tolerance
+    assert emulation_unmet([0.5], [0.5, 1.0]) is None  # unnamed workers run at full speed
+    line = emulation_unmet([1.0, 0.5], [1.0, 0.96])
+    assert line is not None and "asked for 1.00, 0.50 but the workers ran at 1.00, 0.96" in line
+
+
+def _emulated(rank: int, world: int, tmp: str) -> str:
+    cfg = validate(RunConfig(strategy="admm", workers=world, runs_dir=tmp, name="e", quiet=True))
+    cfg = dataclasses.replace(cfg, emulate_speeds="1,0.5")  # asked, but the quota never took
+    run = Run(cfg, Path(tmp) / "e", rank, world)
+    speeds.calibrate = lambda *_: 100.0  # type: ignore[assignment]  # both ran at one speed
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        balance_speeds(build_model("mlp:16x1", (64,), 10), torch.randn(8, 64),
+                       torch.randint(0, 10, (8,)), run)  # fmt: skip
+    return err.getvalue()
+
+
+@pytest.mark.slow
+def test_a_run_says_when_its_emulated_speeds_did_not_take(tmp_path: Path) -> None:
+    said = run_world(_emulated, 2, str(tmp_path))
+    assert said[0].startswith("warning: --emulate-speeds asked for 1.00, 0.50") and not said[1]

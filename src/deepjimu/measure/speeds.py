@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.balance import SPEED_BALANCES, chosen_balance
+from deepjimu.emulate import parse_speeds
 from deepjimu.measure.timing import timed_s
 from deepjimu.run import Run
 
@@ -30,6 +32,7 @@ __all__ = [
     "WINDOWS",
     "balance_speeds",
     "calibrate",
+    "emulation_unmet",
 ]
 
 CALIBRATE_S = 0.25
@@ -76,6 +79,35 @@ def calibrate(
             for name, b in probe.named_buffers():
                 b.copy_(buffers[name])
     return best
+
+
+EMULATION_TOLERANCE = 0.25
+"""How far a measured speed may be from ``--emulate-speeds``' factor, relative to it, before
+the run says the emulation did not take (calibrations of one quota here: within 10%)."""
+
+
+def emulation_unmet(asked: list[float], measured: list[float]) -> str | None:
+    """One line where the measured speeds (relative to the fastest) are not the emulated
+    factors (relative to theirs) within :data:`EMULATION_TOLERANCE`: a CPU quota cannot slow
+    a worker that the host's load already slows more, and then the emulation does nothing;
+    None where they agree.
+
+    Example:
+        >>> emulation_unmet([1.0, 0.5], [1.0, 0.52]) is None
+        True
+        >>> emulation_unmet([1.0, 0.5], [1.0, 0.96])[:58]
+        '--emulate-speeds asked for 1.00, 0.50 but the workers ran '
+    """
+    factors = [*asked, *[1.0] * (len(measured) - len(asked))][: len(measured)]
+    want = [f / max(factors) for f in factors]
+    if all(abs(m - w) <= EMULATION_TOLERANCE * w for m, w in zip(measured, want, strict=True)):
+        return None
+    return (
+        f"--emulate-speeds asked for {', '.join(f'{w:.2f}' for w in want)} but the workers ran "
+        f"at {', '.join(f'{m:.2f}' for m in measured)} (measured): the host's own load slows "
+        "them more than the emulated quotas do, so the emulation has little effect; run it on "
+        "an idle machine, or with fewer threads (--threads)"
+    )
 
 
 SPEEDS_FILE = "speeds.json"
@@ -125,3 +157,7 @@ def balance_speeds(
         if speeds is not None and not run.cfg.quiet:
             shown = ", ".join(f"{s:.2f}" for s in speeds)
             print(f"worker speeds measured: {shown}; balance: {run.balance}", flush=True)
+        if speeds is not None and run.cfg.emulate_speeds:
+            unmet = emulation_unmet(parse_speeds(run.cfg.emulate_speeds), speeds)
+            if unmet:
+                print(f"warning: {unmet}", file=sys.stderr, flush=True)
