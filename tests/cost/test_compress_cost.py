@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from deepjimu.cost.compress import CANDIDATES, PROBED, TIE, CostModel, format_predictions
-from deepjimu.cost.probe import LinkFit, Probe, fit_alpha_beta, message_key
+from deepjimu.cost.probe import (
+    LinkFit,
+    Probe,
+    fit_alpha_beta,
+    format_probe,
+    message_key,
+    noisy_points,
+)
 from deepjimu.errors import JimuError
 from deepjimu.measure.links import COLLECTIVES, SIZES
 
@@ -177,3 +184,15 @@ def test_fit_keeps_alpha_and_beta_non_negative() -> None:
     assert flat.beta_s_per_byte == 0.0 and flat.alpha_s == pytest.approx(1e-3, rel=0.02)
     with pytest.raises(ValueError):
         fit_alpha_beta([4096], [1e-3])
+
+
+def test_a_probe_whose_timings_contradict_themselves_says_so() -> None:
+    probe = _probe(1e-4, 1.0, CODEC)
+    quiet = [(4096, 1e-4), (65536, 3e-4), (1 << 20, 2e-3)]
+    probe.points = dict.fromkeys(COLLECTIVES, quiet)
+    assert "warning" not in format_probe(probe)
+    # the all_reduce: 4 KB at 3.99 ms, 64 KB at 0.374 ms (a fitted latency of 427 us)
+    probe.points["all_reduce"] = [(4096, 3.99e-3), (65536, 3.74e-4), (1 << 20, 2e-3)]
+    warned = [line for line in format_probe(probe).splitlines() if line.startswith("warning")]
+    assert warned == [f"warning: {noisy_points('all_reduce', probe.points['all_reduce'])}"]
+    assert "3.99 ms for 4.0 KB but 0.374 ms for 64.0 KB" in warned[0]

@@ -27,6 +27,7 @@ __all__ = [
     "fit_alpha_beta",
     "format_probe",
     "message_key",
+    "noisy_points",
     "read_probe",
     "write_probe",
 ]
@@ -168,6 +169,33 @@ def message_key(collective: str, nbytes: int) -> str:
     return f"{collective}:{nbytes}"
 
 
+NOISE_FACTOR = 2.0
+"""A collective timed more than this many times slower than one of a larger payload is
+noise (another task took the cores), not the link: its fit is not to be trusted."""
+
+
+def noisy_points(kind: str, points: list[tuple[int, float]]) -> str | None:
+    """One line where ``kind``'s timings contradict themselves: a payload that took more than
+    :data:`NOISE_FACTOR` times as long as a larger one; None where they do not.
+
+    Example:
+        >>> noisy_points("all_reduce", [(4096, 3.99e-3), (65536, 3.74e-4)])[:61]
+        'all_reduce took 3.99 ms for 4.0 KB but 0.374 ms for 64.0 KB: '
+        >>> noisy_points("all_reduce", [(4096, 1e-4), (65536, 3e-4)]) is None
+        True
+    """
+    for i, (n, t) in enumerate(points):
+        for m, u in points[i + 1 :]:
+            if m > n and t > NOISE_FACTOR * u:
+                return (
+                    f"{kind} took {t * 1e3:.3g} ms for {format_bytes(n)} but {u * 1e3:.3g} ms "
+                    f"for {format_bytes(m)}: the timings are noisy (another task had the "
+                    "cores), so its fitted latency and bandwidth may be far off; probe again "
+                    "on a quieter machine"
+                )
+    return None
+
+
 def format_probe(probe: Probe) -> str:
     """A short table of the probe's fits and device times."""
     lines = [
@@ -183,6 +211,10 @@ def format_probe(probe: Probe) -> str:
         lines.append(
             f"{kind:<16}{fit.alpha_s * 1e6:>9.0f} us{fit.gbit_per_s:>11.3g} Gbit/s   {pts}"
         )
+    for kind in probe.links:
+        noisy = noisy_points(kind, probe.points.get(kind, []))
+        if noisy:
+            lines.append(f"warning: {noisy}")
     if probe.message_s:
         lines.append(f"messages timed at their own sizes: {len(probe.message_s)}")
     lines.append(f"compute per step: {probe.compute_s * 1e3:.2f} ms")
