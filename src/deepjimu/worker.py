@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import socket
@@ -263,6 +264,10 @@ def _work(
             dist.destroy_process_group()
 
 
+_RUNS = itertools.count()
+"""The runs this process joined under a launcher (the same sequence on every rank)."""
+
+
 def _join_group(
     cfg: RunConfig, rank: int, world: int, attempt: int, device: torch.device
 ) -> dist.Store | None:
@@ -271,7 +276,11 @@ def _join_group(
     # under a launcher (torch elastic: ours or torchrun) the job's store outlives restarts
     store, threads = None, thread_ids()
     if "MASTER_ADDR" in os.environ:
-        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
+        job_store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=_TIMEOUT))
+        # a script may run several times in one launcher's processes (deepjimu.fit called
+        # twice under torchrun): each run keys of its own, or the second would read the
+        # first's claim and group
+        store = dist.PrefixStore(f"deepjimu/run-{next(_RUNS)}", job_store)
     if world > 1 or entry(cfg.strategy).traits.needs_group:
         group_started()
         if device.type == "cuda":
@@ -416,9 +425,11 @@ def _train(
     finally:  # the progress bar ends its line, so the launcher's one line starts its own
         run.close()
     gathered = run.gather_objects((run.stats.as_list(), run.stats.sent_by_kind))
-    if rank != 0:
-        return None
-    return summarise(cfg, out_dir, world, device, plan, run, model, data, result, gathered)
+    summary = None
+    if rank == 0:
+        summary = summarise(cfg, out_dir, world, device, plan, run, model, data, result, gathered)
+    run.barrier()  # every rank returns once summary.json is written (fit reads it on each)
+    return summary
 
 
 def _model(cfg: RunConfig, data: DataSplits, model_factory: ModelFactory | None) -> nn.Sequential:

@@ -25,6 +25,7 @@ from deepjimu.launch import train
 from deepjimu.models import build_model
 from deepjimu.record.checkpoint import model_state_of
 from deepjimu.record.folder import latest_checkpoint
+from deepjimu.worker import free_port
 from processes import env
 
 
@@ -277,3 +278,46 @@ def test_fit_outside_a_main_guard_stops_each_worker_in_one_line(tmp_path: Path) 
     )
     assert r.stderr.count(line) == 2  # one per worker
     assert "spawn_main" not in r.stderr  # not multiprocessing's traceback
+
+
+_TORCHRUN_SCRIPT = """
+    import json, sys
+    import torch
+    from torch import nn
+    import deepjimu
+
+    def make_model():
+        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    if __name__ == "__main__":
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(200, 4, generator=g)
+        y = (x[:, 0] > 0).long()
+        out = []
+        for _ in range(2):  # twice in the same processes: the second run is a new one
+            fitted = deepjimu.fit("ddp", make_model, x, y, test=(x, y), epochs=3, lr=0.05,
+                                   balance="even")
+            weights = sum(float(p.double().sum()) for p in fitted.model.parameters())
+            out.append([fitted.summary["test_acc"], fitted.summary["workers"], weights])
+        print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_fit_under_torchrun_is_one_run_across_its_ranks(tmp_path: Path) -> None:
+    script = tmp_path / "under_torchrun.py"
+    script.write_text(textwrap.dedent(_TORCHRUN_SCRIPT))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(script)],
+        capture_output=True, text=True, env={**env(), "TMPDIR": str(scratch)}, timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 2 and results[0] == results[1]  # the same result on every rank
+    first, second = results[0]
+    assert first == second and first[1] == 2 and first[0] > 0.8  # one 2-worker run, each time
+    assert list(scratch.glob("deepjimu-*")) == []  # nothing of ours left in the temporary folder

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import multiprocessing
+import os
 import pickle
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ from deepjimu.config import ConfigErrors, RunConfig, option_fields
 from deepjimu.data.tensors import samples_and_labels, save_tensors, tensors_file
 from deepjimu.errors import JimuError, one_line
 from deepjimu.launch import train
+from deepjimu.launchers import Placement, placement
 from deepjimu.models import factory_spec
 from deepjimu.record.checkpoint import load_file, model_state_of
 from deepjimu.record.folder import check_new, latest_checkpoint, saved_config
@@ -119,6 +124,7 @@ def fit(
     classes = _outputs(model, x)
     _check_labels(y, test_y, classes)
     _check_options(options, run_dir, resume)
+    place = placement()
     with contextlib.ExitStack() as stack:
         new_folder = False
         if resume is not None:
@@ -126,6 +132,8 @@ def fit(
             _check_same_tensors(folder / "data", x, y, test_x, test_y)
             base = saved_config(folder)  # its options; the checkpoint refuses a contradiction
             base.update(resume=str(folder), **({"workers": workers} if workers else {}))
+        elif run_dir is None and place.joined:  # one folder for the launcher's ranks
+            folder = stack.enter_context(_shared_temporary(place)) / "run"
         elif run_dir is None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="deepjimu-fit-"))
             folder = Path(tmp) / "run"
@@ -149,7 +157,7 @@ def fit(
                 "given": dict.fromkeys([*options, *(["workers"] if workers else [])], "fit"),
             }
         )
-        if resume is None:
+        if resume is None:  # under a launcher each rank writes the same file, atomically
             save_tensors(folder / "data", x, y, (test_x, test_y), num_classes=classes)
         try:
             summary = train(cfg, model_factory=model_factory)
@@ -158,10 +166,40 @@ def fit(
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         found = latest_checkpoint(folder)
+        if summary is None and (folder / "summary.json").exists():  # a launcher's other rank
+            summary = json.loads((folder / "summary.json").read_text())
         if summary is None or found is None:
             raise JimuError(f"fit: the run in {folder} left no summary or final checkpoint")
         model.load_state_dict(model_state_of(found[0]))
         return Fitted(summary, model, folder if run_dir is not None or resume else None)
+
+
+_FITS = itertools.count()
+"""This process's fit calls under a launcher: the n-th call of each rank is the same run."""
+
+
+@contextlib.contextmanager
+def _shared_temporary(place: Placement) -> Iterator[Path]:
+    """The temporary folder of a fit under torchrun, srun or mpirun, the same on each rank
+    (its launcher's process, their parent, and the n-th fit of the script), removed by the
+    last rank to be done with it, whatever the run's end.
+
+    Raises:
+        JimuError: the ranks span machines, whose temporary folders differ.
+    """
+    if place.local_world < place.world:
+        raise JimuError(
+            f"fit under {place.command} across machines needs run_dir= on a file system "
+            "every machine shares: its workers read and write one run folder"
+        )
+    top = Path(tempfile.gettempdir()) / f"deepjimu-fit-{os.getppid()}-{next(_FITS)}"
+    top.mkdir(parents=True, exist_ok=True)
+    try:
+        yield top
+    finally:
+        (top / f".done-rank{place.rank}").touch()
+        if all((top / f".done-rank{r}").exists() for r in range(place.world)):
+            shutil.rmtree(top, ignore_errors=True)
 
 
 def _check_picklable(model_factory: ModelFactory) -> None:
