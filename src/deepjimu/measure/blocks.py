@@ -101,16 +101,18 @@ def _rows_seen(rows: dict[str, float], name: str, width: int) -> Callable[..., N
 def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes:
     """Forward and backward seconds of each block on the rows of ``x``, one block at a time.
 
-    Profiles a copy (the model's weights and ``.grad`` stay untouched) under a forked RNG,
-    so profiling does not change what training does afterwards. A block's backward is
+    Profiles a copy of each block in turn (the model's weights and ``.grad`` stay
+    untouched; one block's copy and its gradients at a time, not the whole model's: a split
+    model's rank 0 times the blocks with room for little more than the model) under a forked
+    RNG, so profiling does not change what training does afterwards. A block's backward is
     timed from its output's gradient (ones) to its input's and its parameters'.
     """
-    probe = copy.deepcopy(model).to(x.device)
     devices = [x.device] if x.device.type == "cuda" else []
     fwd, bwd = [], []
     with torch.random.fork_rng(devices=devices):
         inp = x
-        for block in probe:
+        for original in model:
+            block = copy.deepcopy(original).to(x.device)
             inp = inp.detach().requires_grad_(inp.is_floating_point())
             with torch.no_grad():
                 out = block(inp)
