@@ -93,13 +93,11 @@ def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
     c = cfg(strategy, 2)
     state = entry(strategy).memory(c, LAYERS, 100)
     if strategy == "pipeline":  # a split model's worker first builds the whole model it
-        # is cut from (with the gradients of the step that measured its speed), then frees
-        # the other blocks: the more of that start and its part
-        state = with_whole_model(state, LAYERS, calibrated=True, kept=False)
-        assert with_whole_model([0.0, 4e5], LAYERS, True, kept=False) == [2 * 16000, 4e5]
-        assert with_whole_model([0.0], LAYERS, calibrated=False, kept=False) == [16000]
+        # is cut from, then frees the other blocks: the more of that start and its part
+        state = with_whole_model(state, LAYERS, kept=False)
+        assert with_whole_model([0.0, 4e5], LAYERS, kept=False) == [16000, 4e5]
         # a sharded model's keeps the whole model beside its shards (the copy, the gather)
-        assert with_whole_model([0.0, 4e5], LAYERS, True, kept=True) == [2 * 16000, 16000 + 4e5]
+        assert with_whole_model([0.0, 4e5], LAYERS, kept=True) == [16000, 16000 + 4e5]
     # and a step's transients: twice the largest block (1000 parameters)
     state = [s + transients(LAYERS) for s in state]
     assert transients(LAYERS) == 2 * 1000 * 4

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from deepjimu.balance import chosen_balance
 from deepjimu.config import RunConfig
@@ -75,3 +76,16 @@ def _emulated(rank: int, world: int, tmp: str) -> str:
 def test_a_run_says_when_its_emulated_speeds_did_not_take(tmp_path: Path) -> None:
     said = run_world(_emulated, 2, str(tmp_path))
     assert said[0].startswith("warning: --emulate-speeds asked for 1.00, 0.50") and not said[1]
+
+
+@pytest.mark.parametrize("sequential", [True, False])
+def test_calibration_steps_the_model_itself_and_leaves_it_as_it_was(sequential: bool) -> None:
+    model = build_model("mlp:16x2", (64,), 10)
+    if not sequential:  # any other module: one whole step
+        model = nn.ModuleDict({"m": model})
+        model.forward = model["m"].forward  # type: ignore[method-assign]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    assert speeds.calibrate(model, x, y, seconds=0.01, windows=1) > 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())  # no gradient kept

@@ -144,18 +144,15 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     return out
 
 
-def with_whole_model(
-    states: list[float], layers: list[Layer], calibrated: bool, kept: bool
-) -> list[float]:
+def with_whole_model(states: list[float], layers: list[Layer], kept: bool) -> list[float]:
     """A split or sharded strategy's ranks, with the whole model they were built from: every
-    worker builds the whole ``nn.Sequential`` first. Where the run may balance its work by
-    the ranks' speeds (``calibrated``), a step of the whole model is timed, its gradients
-    dropped after (the weights twice). A split model's rank then frees the other ranks'
-    blocks (its part alone after that); a sharded model's (``kept``) keeps it beside its
-    shards while it copies them, and rank 0 gathers the trained one into it at the end."""
+    worker builds the whole ``nn.Sequential`` first (and where the run balances by speed or
+    time, steps or times it one block at a time, within a step's transients). A split
+    model's rank then frees the other ranks' blocks (its part alone after that); a sharded
+    model's (``kept``) keeps it beside its shards while it copies them, and rank 0 gathers
+    the trained one into it at the end."""
     whole = sum(l.params for l in layers) * FLOAT
-    start = 2 * whole if calibrated else whole
-    return [max(start, whole + s if kept else s) for s in states]
+    return [max(whole, whole + s if kept else s) for s in states]
 
 
 def _admm_cost(n: int, layer: Layer, first: bool) -> float:

@@ -51,8 +51,10 @@ def calibrate(
     ``seconds`` each. A slow device (or a CPU quota) is slow in every window; another
     task that took the core for a moment slows only one. The model itself is timed, not a
     copy: a copy would hold the whole model's weights once more, where a split model's
-    worker has room for its own part (a model on another device than ``x`` is copied
-    there, as the run itself moves only its own part).
+    worker has room for little more than them (a model on another device than ``x`` is
+    copied there, as the run itself moves only its own part). An ``nn.Sequential`` steps
+    one block at a time, each block's gradients dropped before the next (a whole step would
+    hold the whole model's gradients too); the rates of the ranks compare alike.
     """
     here = all(t.device == x.device for t in model.parameters())
     probe = model if here else copy.deepcopy(model).to(x.device)
@@ -60,13 +62,25 @@ def calibrate(
     devices = [x.device] if x.device.type == "cuda" else []
 
     def step() -> None:
-        probe.zero_grad(set_to_none=True)
-        F.cross_entropy(probe(x), y).backward()
+        if not isinstance(probe, nn.Sequential):
+            probe.zero_grad(set_to_none=True)
+            F.cross_entropy(probe(x), y).backward()
+            return
+        inp = x
+        for i, block in enumerate(probe):
+            inp = inp.detach().requires_grad_(inp.is_floating_point())
+            out = block(inp)
+            last = i == len(probe) - 1
+            (F.cross_entropy(out, y) if last else out).backward(
+                None if last else torch.ones_like(out)
+            )
+            block.zero_grad(set_to_none=True)
+            inp = out
 
     best = 0.0
     try:
         with torch.random.fork_rng(devices=devices):
-            F.cross_entropy(probe(x), y).backward()  # warm: allocations, kernels
+            step()  # warm: allocations, kernels
             for _ in range(windows):
                 steps, elapsed = 0, 0.0
                 while elapsed < seconds:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepjimu.applies import Applies, Takers
-from deepjimu.balance import SPEED_BALANCES
 from deepjimu.choices import Family, Precision
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
@@ -360,9 +359,6 @@ def rank_peaks(
         base += IN_PROCESS_BYTES
     states = e.memory(cfg, layers, train_size)
     if e.memory is not replicated_state:  # its part, beside the whole model it was built from
-        # a step of the whole model times each rank's speed where the split may follow it
-        # (measure.speeds; not where ``auto`` finds the cores time-shared: counted anyway)
-        timed = e.traits.balances and (cfg.workers or 1) > 1 and cfg.balance in SPEED_BALANCES
-        states = with_whole_model(states, layers, timed, kept=not e.traits.splits_model)
+        states = with_whole_model(states, layers, kept=not e.traits.splits_model)
     states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
