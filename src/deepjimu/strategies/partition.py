@@ -120,6 +120,7 @@ def _bookkeeping_comm() -> Comm:
     return Comm(CommStats())
 
 
+@torch.no_grad()  # no graph: evaluation holds no activations for a backward
 def staged_count_correct(
     model: nn.Sequential,
     plan: StagePlan,
