@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import json
 import os
 import socket
@@ -24,13 +23,13 @@ from deepjimu.choices import Device
 from deepjimu.config import RunConfig
 from deepjimu.cost.compress import CostModel, save_choice
 from deepjimu.data import DataOptions, DataSplits, load_dataset
-from deepjimu.emulate import free_comm_threads, join_own_group, parse_speeds, thread_ids
+from deepjimu.emulate import free_comm_threads, join_own_group, thread_ids
 from deepjimu.errors import Interrupted, JimuError, OutOfMemory, one_line, signals_interrupt
 from deepjimu.launchers import placement
 from deepjimu.leave import group_started, leave, leave_at_exit
 from deepjimu.measure.measurer import ThisMachine
 from deepjimu.measure.probe import measure
-from deepjimu.measure.speeds import balance_speeds
+from deepjimu.measure.speeds import balance_speeds, time_shared
 from deepjimu.memory import cap_allocator, out_of_memory
 from deepjimu.models import build_model
 from deepjimu.options import DdpOptions, narrow
@@ -249,9 +248,11 @@ def _work(
                 try:
                     if job == "probe":
                         return _probe(cfg, out_dir, rank, world, device, data)
-                    return _train(
+                    done = _train(
                         cfg, out_dir, rank, world, device, plan, resume, how, model_factory, data
                     )
+                    _DONE["runs"] += 1
+                    return done
                 except torch.OutOfMemoryError as e:
                     raise out_of_memory(cfg.memory_limit, device, e) from None
                 except Exception as e:
@@ -264,8 +265,9 @@ def _work(
             dist.destroy_process_group()
 
 
-_RUNS = itertools.count()
-"""The runs this process joined under a launcher (the same sequence on every rank)."""
+_DONE = {"attempt": -1, "runs": 0}
+"""The runs this process finished under a launcher at its restart count: the same sequence
+on every rank. A restarted job (new processes) counts from 0 again and finds its claim."""
 
 
 def _join_group(
@@ -280,7 +282,9 @@ def _join_group(
         # a script may run several times in one launcher's processes (deepjimu.fit called
         # twice under torchrun): each run keys of its own, or the second would read the
         # first's claim and group
-        store = dist.PrefixStore(f"deepjimu/run-{next(_RUNS)}", job_store)
+        if _DONE["attempt"] != attempt:
+            _DONE.update(attempt=attempt, runs=0)
+        store = dist.PrefixStore(f"deepjimu/run-{_DONE['runs']}", job_store)
     if world > 1 or entry(cfg.strategy).traits.needs_group:
         group_started()
         if device.type == "cuda":
@@ -411,7 +415,7 @@ def _train(
     traits = entry(cfg.strategy).traits
     if traits.balances:
         sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
-        balance_speeds(model, *sample, run, resume, _time_shared(cfg, plan, device))
+        balance_speeds(model, *sample, run, resume, time_shared(cfg.emulate_speeds, plan, device))
     if traits.shards_data:
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
@@ -456,16 +460,6 @@ def _resume(cfg: RunConfig, run: Run, model: nn.Module, resume: Path, how: str) 
                 f"checkpoint of {resume} does not fit model {cfg.model}: {one_line(e)[:200]}"
             ) from None
     run.continue_history(ckpt, how)
-
-
-def _time_shared(cfg: RunConfig, plan: ThreadPlan, device: torch.device) -> bool:
-    """Whether this node's workers (their threads, each at its ``--emulate-speeds`` share)
-    and the other tasks runnable when the run started want more of its cores than it has,
-    so that the scheduler takes turns among them."""
-    if device.type != "cpu":
-        return False
-    shares = parse_speeds(cfg.emulate_speeds) if cfg.emulate_speeds else [1.0] * plan.processes
-    return sum(shares) * plan.threads + plan.busy > plan.cores
 
 
 def _data(cfg: RunConfig, given: Prepared, run: Run) -> DataSplits:

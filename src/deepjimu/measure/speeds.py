@@ -25,6 +25,7 @@ from deepjimu.balance import SPEED_BALANCES, chosen_balance
 from deepjimu.emulate import parse_speeds
 from deepjimu.measure.timing import timed_s
 from deepjimu.run import Run
+from deepjimu.threads import ThreadPlan
 
 __all__ = [
     "CALIBRATE_S",
@@ -33,6 +34,7 @@ __all__ = [
     "balance_speeds",
     "calibrate",
     "emulation_unmet",
+    "time_shared",
 ]
 
 CALIBRATE_S = 0.25
@@ -122,6 +124,16 @@ def emulation_unmet(asked: list[float], measured: list[float]) -> str | None:
         "them more than the emulated quotas do, so the emulation has little effect; run it on "
         "an idle machine, or with fewer threads (--threads)"
     )
+
+
+def time_shared(emulate_speeds: str, plan: ThreadPlan, device: torch.device) -> bool:
+    """Whether this node's workers (their threads, each at its ``--emulate-speeds`` share)
+    and the other tasks runnable when the run started want more of its cores than it has,
+    so that the scheduler takes turns among them (``balance_speeds``' ``time_shared``)."""
+    if device.type != "cpu":
+        return False
+    shares = parse_speeds(emulate_speeds) if emulate_speeds else [1.0] * plan.processes
+    return sum(shares) * plan.threads + plan.busy > plan.cores
 
 
 SPEEDS_FILE = "speeds.json"
