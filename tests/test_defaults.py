@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,20 @@ def test_help_names_the_table_values(graph_table: dict[str, Any]) -> None:
     parser = argparse.ArgumentParser()
     add_options(parser)
     helps = {a.dest: a.help or "" for a in parser._actions}
-    assert helps["epochs"].endswith("(default: None; graph data: 2, graph data with admm: 3)")
+    assert helps["epochs"].endswith("(default: 30; graph data: 2, graph data with admm: 3)")
     assert helps["admm_momentum"].endswith("default: None; graph data with admm: 0.5)")
     assert helps["seed"].endswith("(default: 0)")
+
+
+def test_help_names_each_default_once_and_every_model_kind() -> None:
+    from deepjimu.models.spec import _SPEC_HELP
+
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    helps = {a.dest: a.help or "" for a in parser._actions}
+    # a None that the run fills in names what fills it, once
+    assert helps["workers"] == "number of worker processes (default: 2; strategy local: 1)"
+    assert helps["name"] == "run folder name under --runs-dir (default: strategy-dataset-time)"
+    assert "(default: 30; graph data: " in helps["epochs"]
+    kinds = r"\b(mlp|cnn|lenet|resnet|gcn|embed)\b"
+    assert set(re.findall(kinds, helps["model"])) == set(re.findall(kinds, _SPEC_HELP)), helps

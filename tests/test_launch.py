@@ -253,11 +253,11 @@ def test_with_the_progress_bar_a_stopped_run_still_ends_in_one_line(
     if how == "ctrl-c":
         assert lines[0].startswith("error: stopped by SIGINT; every worker ended"), lines
         assert not (run / ".errors").exists(), "no worker's record of the interrupt is kept"
-    else:
-        assert (
-            lines[0]
-            == f"error: worker {how[-1]} died (killed by SIGKILL) without reporting an error"
-        )
+    else:  # and what the run kept (the run may be killed before its first checkpoint)
+        assert lines[0].startswith(
+            f"error: worker {how[-1]} died (killed by SIGKILL) without reporting an error; "
+        ), lines
+        assert lines[0].endswith((f"(go on with: jimu train --resume {run})", "checkpoint yet"))
     assert not _left_behind(spill)
 
 
@@ -343,6 +343,24 @@ def test_a_failed_worker_without_a_record_is_explained_by_its_folder(
     assert _failure_line(tmp_path, failed) == (
         f"{head}: no space left on the disk of {tmp_path} (0 B free); free space there or "
         "pick a --runs-dir on a disk with room"
+    )
+
+
+def test_a_worker_that_died_without_an_error_says_how_to_go_on(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from deepjimu.launch import _failure_line
+
+    killed = RuntimeError("ChildFailedError")
+    killed.failures = {1: SimpleNamespace(exitcode=-signal.SIGKILL)}  # type: ignore[attr-defined]
+    died = "worker 1 died (killed by SIGKILL) without reporting an error"
+    assert _failure_line(tmp_path, killed) == f"{died}; {tmp_path} has no checkpoint yet"
+    ckpt = tmp_path / "checkpoint" / "step-00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text(json.dumps({"step": 4, "epoch": 2, "world": 2}))
+    (tmp_path / "checkpoint" / "latest").write_text(ckpt.name)
+    assert _failure_line(tmp_path, killed) == (
+        f"{died}; last checkpoint: {ckpt} (go on with: jimu train --resume {tmp_path})"
     )
 
 

@@ -275,3 +275,37 @@ def test_a_probe_folder_prints_the_probe(
     assert "probe: 2 worker(s) on cpu, mlp:16x1, 64 rows per worker" in out
     assert "compress auto: none" in out and "epoch yet" not in out
     assert not list(folder.glob("*.png"))
+
+
+def test_a_bench_folder_points_to_its_report_md(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deepjimu.bench.record import RECORD
+
+    bench = tmp_path / "bench-1"
+    (bench / "runs" / "local-w1-mlp-16x1").mkdir(parents=True)
+    (bench / RECORD).write_text("{}")
+    assert main(["report", str(bench)]) == 2
+    resume = f"(go on with: jimu bench --resume {bench})"
+    head = f"error: {bench} is a bench's folder (jimu bench), not a run folder"
+    assert capsys.readouterr().err == f"{head}, and has no report.md yet {resume}\n"
+    (bench / "report.md").write_text("# bench\n")
+    assert main(["report", str(bench)]) == 2
+    assert capsys.readouterr().err == (
+        f"{head}: its report is {bench / 'report.md'} "
+        f"(one run's: jimu report {bench / 'runs' / 'NAME'})\n"
+    )
+
+
+@pytest.mark.parametrize("logged", [3, 20])
+def test_the_epoch_axis_has_whole_ticks(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch, logged: int
+) -> None:
+    """Matplotlib's own ticks would read 1.5 for 3 epochs and 2.5, 7.5 for 20."""
+    events = [_event(e, 0.5 + 0.02 * e) for e in range(1, logged + 1)]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    figs = _figures(monkeypatch)
+    report(run_dir)
+    for name, fig in figs.items():
+        ticks = list(fig.axes[0].get_xticks())
+        assert ticks and all(t == int(t) for t in ticks), (name, ticks)

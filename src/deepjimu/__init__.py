@@ -10,8 +10,8 @@ The command line is ``jimu`` (``jimu train --help``); the Python API (``help(dee
     Fitted
         what ``fit`` returns: ``summary``, the trained ``model``, ``run_dir``.
     PdADMM(model, rho, nu, ...)
-        pdADMM on your own ``nn.Sequential`` in your own loop: ``init(x)``, then one
-        ``step(x, y)`` per iteration, serial or one block of layers per rank of a group.
+        pdADMM on your own ``nn.Sequential``, an MLP or a CNN, in your own loop: ``init(x)``,
+        then one ``step(x, y)`` per iteration, serial or one block of layers per rank of a group.
     JimuError
         the one error type for a user's mistake (its message is one line).
 """

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections import Counter
 from typing import Any
 
 from deepjimu import defaults
 from deepjimu.applies import Applies
 from deepjimu.config import RunConfig, field_kind
 from deepjimu.options import GROUPS
-from deepjimu.strategies.registry import applies, family_rows
+from deepjimu.strategies.registry import (
+    Traits,
+    applies,
+    entry_traits,
+    family_rows,
+    strategy_names,
+)
 
 __all__ = ["add_options"]
 
@@ -44,7 +51,7 @@ def _add_flag(section: argparse._ArgumentGroup, f: dataclasses.Field[Any], defau
     if f.metadata.get("choices"):
         help_text += f" ({'|'.join(f.metadata['choices'])})"
     by_family = defaults.help_text(f.name, family_rows())  # the family table's, where it sets one
-    text = f"default: {default}" + (f"; {by_family}" if by_family else "")
+    text = f"default: {_default_text(f, default)}" + (f"; {by_family}" if by_family else "")
     help_text += f" ({_where(applies(f.name))}{text})"
     if field_kind(f) == "bool":
         section.add_argument(
@@ -58,6 +65,23 @@ def _add_flag(section: argparse._ArgumentGroup, f: dataclasses.Field[Any], defau
         section.add_argument(
             flag, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(), help=help_text
         )
+
+
+def _default_text(f: dataclasses.Field[Any], default: Any) -> str:
+    """An option's own default as ``--help`` names it: a None that the run fills in names
+    what fills it (the option's ``default_text``, else each strategy's ``Traits.default_<name>``,
+    e.g. ``2; strategy local: 1``)."""
+    if default is not None:
+        return str(default)
+    if f.metadata.get("default_text"):
+        return str(f.metadata["default_text"])
+    trait = f"default_{f.name}"
+    if not hasattr(Traits, trait):  # None is the value itself (none, or auto)
+        return "None"
+    own = {n: getattr(entry_traits(n), trait) for n in strategy_names()}
+    common = Counter(own.values()).most_common(1)[0][0]
+    others = ", ".join(f"{n}: {v}" for n, v in own.items() if v != common)
+    return f"{common}; strategy {others}" if others else str(common)
 
 
 def _where(applies: Applies) -> str:

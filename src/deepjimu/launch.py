@@ -36,6 +36,7 @@ from deepjimu.record.folder import (
     check_new,
     check_resume,
     claim_for_job,
+    kept_line,
     lock_run_dir,
     requeued,
     stopped_line,
@@ -369,11 +370,11 @@ def _failure_line(
     the run folder removed under the run; a worker that passed its memory budget (the
     kernel's out-of-memory killer, read from its group's counter); a user error (JimuError)
     that a worker reported;
-    a worker that died without reporting (killed by a signal, out of memory, or unable to
-    write its record: a full disk); else the earliest reported error. ``memory``: the
-    line of a worker past its memory (:meth:`Budget.line`), ``records`` the workers' (read
-    here by default). The records are removed; their tracebacks go to ``worker-errors.log``
-    where the disk has room.
+    a worker that died without reporting (killed by a signal, out of memory: with the
+    checkpoint to go on from, or unable to write its record: a full disk); else the
+    earliest reported error. ``memory``: the line of a worker past its memory
+    (:meth:`Budget.line`), ``records`` the workers' (read here by default). The records
+    are removed; their tracebacks go to ``worker-errors.log`` where the disk has room.
     """
     if not out_dir.is_dir():  # nothing to read, and nothing to write back into it
         return f"run folder {out_dir} was removed while the run was going; start the run again"
@@ -402,7 +403,7 @@ def _failure_line(
             if code == UNREPORTED_EXIT:
                 return _unreported_line(rank, out_dir)
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            return f"worker {rank} died ({how}) without reporting an error"
+            return f"worker {rank} died ({how}) without reporting an error; {kept_line(out_dir)}"
     if not records:
         return f"a worker failed: {_first_line(str(err))}"
     first = min(records.values(), key=lambda r: r["time"])

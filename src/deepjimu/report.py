@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 _ACC_SPLITS = ("train_acc", "val_acc", "test_acc")
+# a bench's record (deepjimu.bench.record.RECORD, not imported: it loads torch)
+_BENCH_RECORD = "bench.json"
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -152,6 +154,7 @@ def run_figures(events: list[dict[str, Any]], title: str, unit: str = "epoch") -
         ``{"loss": Figure, "accuracy": Figure}`` (matplotlib figures, not yet saved).
     """
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     def numbers(key: str) -> tuple[list[float], list[float]]:
         pts = [
@@ -166,6 +169,7 @@ def run_figures(events: list[dict[str, Any]], title: str, unit: str = "epoch") -
     x, y = numbers("loss")
     ax.plot(x, y, marker="o", markersize=3, label=f"training loss (mean over the {unit})")
     ax.set_xlabel(unit)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 2.5
     ax.set_ylabel("cross-entropy loss (nats per sample)")
     ax.set_title(f"Loss: {title}")
     ax.grid(alpha=0.3)
@@ -180,6 +184,7 @@ def run_figures(events: list[dict[str, Any]], title: str, unit: str = "epoch") -
             shown += [100 * v for v in y]
             ax.plot(x, [100 * v for v in y], marker="o", markersize=3, label=label)
     ax.set_xlabel(unit)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("accuracy (% correct)")
     ax.set_ylim(*accuracy_limits(shown))
     ax.set_title(f"Accuracy: {title}")
@@ -252,12 +257,24 @@ def _print_probe(run_dir: Path) -> None:
             raise JimuError(f"probe file {path} is damaged: {e}") from None
 
 
+def _bench_line(bench_dir: Path) -> str:
+    """The line for a bench's folder given to ``jimu report``: where its report is."""
+    head = f"{bench_dir} is a bench's folder (jimu bench), not a run folder"
+    if not (bench_dir / "report.md").exists():  # stopped before it wrote one
+        return f"{head}, and has no report.md yet (go on with: jimu bench --resume {bench_dir})"
+    return (
+        f"{head}: its report is {bench_dir / 'report.md'} "
+        f"(one run's: jimu report {bench_dir / 'runs' / 'NAME'})"
+    )
+
+
 def report(
     run_dir: Path, plots: bool = True, target_acc: float = 0.9, out_dir: Path | None = None
 ) -> None:
     """Print a run's event table, its resumes, time to ``target_acc`` and summary; write its plots.
 
-    A probe's folder (``probe.json``, no ``events.jsonl``) prints the probe's table instead.
+    A probe's folder (``probe.json``, no ``events.jsonl``) prints the probe's table instead;
+    a bench's folder (``bench.json``) is refused in one line naming its ``report.md``.
 
     Args:
         run_dir: a run folder written by ``jimu train`` (or ``jimu probe``).
@@ -266,20 +283,19 @@ def report(
         out_dir: where the plots go (default: the run folder).
 
     Raises:
-        JimuError: missing folder or ``events.jsonl``, a damaged JSON file (named), or a
-            plot folder that cannot be written (named, with ``--out``).
+        JimuError: missing folder or ``events.jsonl``, a bench's folder, a damaged JSON
+            file (named), or a plot folder that cannot be written (named, with ``--out``).
 
     Example:
         >>> report(Path("runs/ddp-digits-20250101-120000"))  # doctest: +SKIP
     """
     run_dir = Path(run_dir)
-    if (
-        run_dir.is_dir()
-        and (run_dir / "probe.json").exists()
-        and not (run_dir / "events.jsonl").exists()
-    ):
-        _print_probe(run_dir)
-        return
+    if run_dir.is_dir() and not (run_dir / "events.jsonl").exists():
+        if (run_dir / "probe.json").exists():
+            _print_probe(run_dir)
+            return
+        if (run_dir / _BENCH_RECORD).exists():
+            raise JimuError(_bench_line(run_dir))
     events = read_events(run_dir)
     summary = read_summary(run_dir)
     title = run_title(run_dir, events, summary)

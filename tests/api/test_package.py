@@ -31,6 +31,7 @@ def test_help_documents_fit_fitted_and_pdadmm_and_the_import_loads_no_torch() ->
         "class Fitted",
         "What :func:`fit` returns",
         "class PdADMM",
+        "pdADMM on your own ``nn.Sequential``, an MLP or a CNN",  # the package's line: both
         "pdADMM (Wang et al., ICDM 2020)",
     ):
         assert shown in text, shown

@@ -146,6 +146,13 @@ def test_error_line_prefers_the_cli_error() -> None:
     assert error_line("", 9) == "exit code 9 without a message"
 
 
+def test_a_full_disk_names_the_bench_s_option() -> None:
+    full = "error: cannot write r/events.jsonl: no space left on the disk of r (0 B free); "
+    assert error_line(full + "free space there or pick a --runs-dir on a disk with room", 2) == (
+        full.removeprefix("error: ") + "free space there or pick a --bench-dir on a disk with room"
+    )
+
+
 @pytest.mark.slow
 def test_run_cell_times_out_and_records_failures(tmp_path: Path) -> None:
     slow = run_cell([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, "slow", 0.5)
@@ -276,6 +283,20 @@ def test_every_configuration_is_checked_before_anything_runs(
         f"error: foo x1 mlp:16x1, foo x2 mlp:16x1: unknown strategy 'foo' (known: {known})\n"
     )
     assert not (tmp_path / "b").exists()  # nothing ran, nothing was written
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [("bench", "--workers", "1,,2"), ("bench", "--lr", "0.1,"), ("plan", "--workers", "1,,2")],
+)
+def test_an_empty_item_of_a_comma_list_is_one_line_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, flag: str, value: str
+) -> None:
+    where = ["--bench-dir", str(tmp_path), "--name", "b"] if command == "bench" else []
+    argv = [command, *where, "--strategies", "local", "--models", "mlp:16x1"]
+    assert main([*argv, flag, value]) == 2
+    assert capsys.readouterr().err == f"error: {flag} has an empty item (got {value!r})\n"
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.slow

@@ -80,12 +80,14 @@ def parse_list(text: str, option: str) -> list[str]:
     """A comma list of names, e.g. ``local,ddp`` (duplicates dropped, order kept).
 
     Raises:
-        JimuError: the list is empty.
+        JimuError: the list is empty, or has an empty item (``1,,2``: likely a typo).
     """
-    items = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    if not items:
+    items = [s.strip() for s in text.split(",")]
+    if not any(items):
         raise JimuError(f"--{option} must name at least one item (got {text!r})")
-    return items
+    if not all(items):
+        raise JimuError(f"--{option} has an empty item (got {text!r})")
+    return list(dict.fromkeys(items))
 
 
 def parse_workers(text: str) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Any
 from deepjimu.bench.matrix import Cell
 from deepjimu.clocks import CLOCKS
 from deepjimu.errors import JimuError, OutOfMemory
+from deepjimu.record.folder import MORE_ROOM
 from deepjimu.record.read import (
     finite_number,
     read_events,
@@ -27,6 +28,9 @@ __all__ = ["NO_FIT", "Outcome", "error_line", "measure", "run_cell", "train_comm
 
 NO_FIT = "does-not-fit"
 """The status of a configuration that its memory cannot hold (``jimu train`` exits 3)."""
+
+# a run's advice on a full disk names its --runs-dir, which the bench sets under --bench-dir
+_BENCH_ROOM = MORE_ROOM.replace("--runs-dir", "--bench-dir")
 
 
 @dataclass
@@ -69,7 +73,7 @@ def error_line(stderr: str, returncode: int) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     errors = [ln.removeprefix("error:").strip() for ln in lines if ln.startswith("error:")]
     if errors:
-        return errors[-1]
+        return errors[-1].replace(MORE_ROOM, _BENCH_ROOM)
     if lines:
         return lines[-1][:300]
     return f"exit code {returncode} without a message"

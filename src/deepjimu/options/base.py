@@ -22,6 +22,7 @@ def option(
     choices: tuple[str, ...] | None = None,
     commas: bool = False,
     applies: Applies = EVERYWHERE,
+    default_text: str | None = None,
     **kw: Any,
 ) -> Any:
     """One option of a group: its default, ``--help`` text and where it applies.
@@ -29,7 +30,8 @@ def option(
     ``choices``: the values of a plain str option (a :class:`~deepjimu.choices.Choice`
     default brings its enum's instead); ``commas``: a value may itself contain commas (not
     a list of values); ``applies``: where the option applies (a run elsewhere refuses it
-    when given, :mod:`deepjimu.applies`).
+    when given, :mod:`deepjimu.applies`); ``default_text``: the default as ``--help``
+    names it, where the value (None) is filled in when the run starts.
     """
     kind = type(default) if isinstance(default, Choice) else None
     meta = {
@@ -38,6 +40,7 @@ def option(
         "enum": kind,
         "commas": commas,
         "applies": applies,
+        "default_text": default_text,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta, **kw)

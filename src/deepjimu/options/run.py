@@ -57,11 +57,16 @@ class RunGroup(Group):
     universal: ClassVar[bool] = True
 
     strategy: str = option("admm", "training strategy")
-    workers: int | None = option(None, "number of worker processes (default: the strategy's)")
-    model: str = option("mlp:256x3", "model spec: mlp:WIDTHxDEPTH, cnn:C1-C2-..., lenet, resnet")
+    workers: int | None = option(None, "number of worker processes")
+    model: str = option(
+        "mlp:256x3",
+        "model spec: mlp:WIDTHxDEPTH or mlp:W1-W2-..., cnn:C1-C2-... or cnn:CxDEPTH, lenet, "
+        "resnet or resnet:BLOCKS, gcn or gcn:HIDDEN (graph data, strategy local), "
+        "embed:VOCAB:DIM[:WIDTHxDEPTH or :W1-W2-...] (bags of token ids)",
+    )
     epochs: int | None = option(None, "passes over the training data (admm: iterations)")
     name: str | None = option(
-        None, "run folder name under --runs-dir (default: strategy-dataset-time)"
+        None, "run folder name under --runs-dir", default_text="strategy-dataset-time"
     )
     runs_dir: str = option("runs", "folder that holds run folders")
     seed: int = option(0, "one seed for data split, init, shuffling")

@@ -27,6 +27,7 @@ __all__ = [
     "check_new",
     "check_resume",
     "claim_for_job",
+    "kept_line",
     "latest_checkpoint",
     "lock_run_dir",
     "requeued",
@@ -255,13 +256,24 @@ def stopped_line(signum: int, out_dir: Path, again: str = "jimu train", every: b
     """
     name = signal.Signals(signum).name
     ended = "; every worker ended" if every else ""
+    return f"stopped by {name}{ended}; {kept_line(out_dir, again)}"
+
+
+def kept_line(out_dir: Path, again: str = "jimu train") -> str:
+    """What a run that ended early kept: its last checkpoint and how to go on, or none.
+
+    Args:
+        out_dir: the run folder.
+        again: the command that goes on, before ``--resume`` (``srun -n 2 jimu train``).
+
+    Example:
+        >>> kept_line(Path("runs/new"))
+        'runs/new has no checkpoint yet'
+    """
     try:
         found = latest_checkpoint(out_dir)
     except JimuError:
         found = None
     if found is None:
-        return f"stopped by {name}{ended}; {out_dir} has no checkpoint yet"
-    return (
-        f"stopped by {name}{ended}; last checkpoint: {found[0]} "
-        f"(go on with: {again} --resume {out_dir})"
-    )
+        return f"{out_dir} has no checkpoint yet"
+    return f"last checkpoint: {found[0]} (go on with: {again} --resume {out_dir})"
