@@ -46,19 +46,19 @@ class AdmmGroup(Group):
     admm_ridge: float | None = option(
         None,
         "relative ridge of every (W, b) step, the ridge of input noise with this "
-        "fraction of the layer's mean input variance (0: off; default 0.01 for MLPs, "
-        "0 for CNNs)",
+        "fraction of the layer's mean input variance (0: off)",
+        default_text="0.01 for MLPs, 0 for CNNs",
     )
     admm_momentum: float | None = option(
         None,
-        "extrapolate every variable but p by this fraction of its last change (0: off; "
-        "default 0.7 for MLPs, 0.5 for CNNs)",
+        "extrapolate every variable but p by this fraction of its last change (0: off)",
+        default_text="0.7 for MLPs, 0.5 for CNNs",
     )
     admm_sweeps: int | None = option(
         None,
         "backward Gauss-Seidel sweeps after each forward start, which carry the labels "
-        "to every layer at once (sequential across workers; 0: off; default 1 for MLPs, "
-        "0 for CNNs)",
+        "to every layer at once (sequential across workers; 0: off)",
+        default_text="1 for MLPs, 0 for CNNs",
     )
     admm_init: str = option(
         "auto",
@@ -71,7 +71,8 @@ class AdmmGroup(Group):
     admm_memory: float | None = option(
         None,
         "each (W, b) step solves over all batches seen, older ones weighted "
-        "by this decay per batch (0: the current batch only; default 0.8 for MLPs, 0 for CNNs)",
+        "by this decay per batch (0: the current batch only)",
+        default_text="0.8 for MLPs, 0 for CNNs",
         applies=_ADMM_BATCH,
     )
     admm_aux: str = option(

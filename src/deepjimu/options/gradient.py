@@ -94,7 +94,7 @@ class OptimGroup(Group):
         "optimizer of gradient strategies",
         applies=Applies(values=(("kfac", Applies(strategies=Takers(group=KfacGroup))),)),
     )
-    lr: float | None = option(None, "learning rate (default: 1e-3 adam, 0.05 sgd and kfac)")
+    lr: float | None = option(None, "learning rate", default_text="1e-3 adam, 0.05 sgd and kfac")
     momentum: float = option(
         0.9,
         "SGD momentum",
@@ -148,8 +148,8 @@ class SyncGroup(Group):
     )
     compress_start: int | None = option(
         None,
-        "plain all-reduce steps before powersgd, topk or qsgd start "
-        "(default: a tenth of the run's steps, at least 2)",
+        "plain all-reduce steps before powersgd, topk or qsgd start",
+        default_text="a tenth of the run's steps, at least 2",
         applies=_ddp_compress("powersgd", "topk", "qsgd"),
     )
     error_feedback: bool = option(
@@ -177,7 +177,8 @@ class SyncGroup(Group):
     )
     local_sgd_warmup: int | None = option(
         None,
-        "plain all-reduce steps first (default: a tenth of the run's steps)",
+        "plain all-reduce steps first",
+        default_text="a tenth of the run's steps",
         applies=Applies(
             when=Condition("--local-sgd > 0", lambda c: c.local_sgd > 0, ("local_sgd",)),
         ),

@@ -165,8 +165,9 @@ class DataGroup(Group):
     synthetic_classes: int = option(10, "number of classes", applies=_SYNTHETIC)
     train_fraction: float | None = option(
         None,
-        "share of each class's samples that trains, the rest tests (default: the data set's: "
-        "indian-pines, pavia-u 0.1; eurosat, eurosat-ms 0.8; landsat-spectra 0.5)",
+        "share of each class's samples that trains, the rest tests",
+        default_text="the data set's: indian-pines, pavia-u 0.1; eurosat, eurosat-ms 0.8; "
+        "landsat-spectra 0.5",
         applies=_PER_CLASS,
     )
     patch: int = option(
