@@ -118,3 +118,128 @@ def test_plan_refuses_repeats_below_one_in_one_line(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--repeats must be >= 1" in err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_paper_plan_of_a_model_admm_cannot_train_ranks_the_other_strategies(
+    tmp_path, capsys
+) -> None:
+    out = tmp_path / "plan"
+    code = main(
+        [
+            "plan", "--cluster", str(EXAMPLES / "h100-node.toml"), "--strategies", "local,ddp",
+            "--workers", "1", "--models", "resnet:3", "--dataset", "digits", "--out", str(out),
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    rows = json.loads((out / "plan.json").read_text())["rows"]
+    assert sorted(r["strategy"] for r in rows) == ["ddp", "local"]
+    assert all(r["predicted"]["samples_per_s"] > 0 for r in rows)
+
+
+def test_admm_flops_are_counted_only_when_asked_and_refused_as_not_predicted() -> None:
+    from deepjimu.config import RunConfig
+    from deepjimu.models import build_model
+    from deepjimu.plan.setup import _admm_flops
+
+    model = build_model("resnet:3", (1, 8, 8), 10, seed=0)
+    flops = _admm_flops(model, (1, 8, 8), RunConfig())  # a model admm cannot train: no error yet
+    with pytest.raises(ValueError, match="module 1 is a BasicBlock"):
+        flops(16)
+
+
+def test_a_paper_plan_says_where_its_figures_come_from_and_how_far_off(tmp_path, capsys) -> None:
+    out = tmp_path / "plan"
+    cluster = EXAMPLES / "h100-node.toml"
+    code = main(
+        [
+            "plan", "--cluster", str(cluster), "--strategies", "local", "--workers", "1",
+            "--models", "mlp:16x2", "--out", str(out),
+        ]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    lines = text.splitlines()
+    below = lines[lines.index(next(ln for ln in lines if ln.startswith("local x1"))) + 1]
+    assert str(cluster) in below and "datasheet" in below and "1.35-6x" in below
+    assert "--check" in below and "--cluster probe" in below
+    assert json.loads((out / "plan.json").read_text())["caveat"] == below
+
+
+def _fake_check(monkeypatch, calls: int, out: Path) -> list[str]:
+    """``run_cell`` and ``measure`` of the check made instant: the first ``calls`` runs finish
+    at 100 samples/s, the next leaves its run folder holding only its lock and is stopped by
+    Ctrl-C. Returns what each call saw in ``out`` (plan.json there or not)."""
+    import deepjimu.plan.command
+    from deepjimu.bench.runner import Outcome
+
+    seen: list[str] = []
+
+    def run_cell(cmd: list[str], log_dir: Path, name: str, timeout: float) -> Outcome:
+        seen.append("plan.json" if (out / "plan.json").exists() else "none")
+        if len(seen) > calls:
+            folder = log_dir.parent / "runs" / name
+            folder.mkdir(parents=True)
+            (folder / ".lock").write_text("1\n")
+            raise KeyboardInterrupt
+        return Outcome("ok", "", 0.1)
+
+    def measure(run_dir: Path) -> dict:
+        return {"samples_per_s": 100.0, "bytes_per_sample": 0.0, "peak_mem_mb": 1.0, "train_s": 1}
+
+    monkeypatch.setattr(deepjimu.plan.command, "run_cell", run_cell)
+    monkeypatch.setattr(deepjimu.plan.command, "measure", measure)
+    return seen
+
+
+def test_ctrl_c_in_the_check_keeps_the_plan_and_the_finished_rows(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    out = tmp_path / "plan"
+    seen = _fake_check(monkeypatch, 1, out)
+    code = main(
+        [
+            "plan", "--cluster", str(EXAMPLES / "here-2cores.toml"), "--strategies", "local,ddp",
+            "--workers", "1", "--models", "mlp:16x2", "--out", str(out), "--check",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 130
+    assert seen == ["plan.json", "plan.json"]  # the predictions were written before the check
+    rows = json.loads((out / "plan.json").read_text())["rows"]
+    assert all(r["predicted"] for r in rows)
+    assert [r["measured"]["samples_per_s"] for r in rows if "measured" in r] == [100.0]
+    assert err.count("\n") == 1 and "1 of 2 checked runs not done" in err
+    assert str(out / "plan.json") in err
+    # the stopped run's folder held only its lock: gone, and so is check/runs with it
+    assert not (out / "check" / "runs").exists()
+
+
+def test_ctrl_c_in_the_probe_removes_its_empty_folder_and_says_what_was_not_done(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    import signal
+
+    import deepjimu.plan.setup
+    from deepjimu.errors import Interrupted
+
+    out = tmp_path / "plan"
+
+    def probe(cfg):
+        folder = Path(cfg.runs_dir) / cfg.name
+        folder.mkdir(parents=True)
+        (folder / ".lock").write_text("1\n")
+        raise Interrupted(signal.SIGINT, f"stopped by SIGINT; {folder} has no checkpoint yet")
+
+    monkeypatch.setattr(deepjimu.plan.setup, "probe", probe)
+    code = main(
+        [
+            "plan", "--strategies", "ddp", "--workers", "2", "--models", "mlp:16x2",
+            "--out", str(out), "--check",
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.count("\n") == 1 and "0 of 1 configurations predicted" in err
+    assert "no checkpoint" not in err
+    assert not out.exists()

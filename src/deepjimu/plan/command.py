@@ -16,6 +16,8 @@ import dataclasses
 import datetime
 import json
 import math
+import os
+import signal
 import statistics
 from pathlib import Path
 from typing import Any
@@ -40,9 +42,9 @@ from deepjimu.cost.cluster_file import cluster_to_dict
 from deepjimu.cost.predict.replicated import sync_entries
 from deepjimu.cost.profile import Layer
 from deepjimu.cost.sync import format_plan, plan_to_dict
-from deepjimu.errors import JimuError
+from deepjimu.errors import Interrupted, JimuError
 from deepjimu.options import SyncGroup
-from deepjimu.plan.setup import cluster_and_compute
+from deepjimu.plan.setup import cluster_and_compute, on_paper
 from deepjimu.strategies.registry import entry, predict, rank_peaks
 from deepjimu.units import format_bytes
 from deepjimu.validation import validate
@@ -93,8 +95,13 @@ def plan_from_args(args: argparse.Namespace) -> Path:
     """Run ``jimu plan``: predict, print the ranked table, write ``plan.json``; ``--check``
     runs the best ones. Returns the output folder.
 
+    Ctrl-C keeps what is done: ``plan.json`` is written once every configuration is
+    predicted, before the check, and again with the checked runs that finished; folders of
+    nothing (a probe or a run stopped before it wrote anything) are removed.
+
     Raises:
         JimuError: a bad option or cluster file, a configuration ``jimu train`` would refuse.
+        Interrupted: Ctrl-C (or SIGTERM), in one line saying what was not done and what is kept.
     """
     if args.repeats < 1:
         raise JimuError(f"--repeats must be >= 1 (repeats: {args.repeats})")
@@ -102,7 +109,98 @@ def plan_from_args(args: argparse.Namespace) -> Path:
     out = Path(args.out or f"plans/plan-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     if (out / "plan.json").exists():
         raise JimuError(f"plan folder {out} already holds a plan.json; pick another --out")
-    rows = _predict(configs, args.cluster, out)
+    ours = not out.exists()  # a folder this plan makes, removed where it is left empty
+    try:
+        rows = _predict(configs, args.cluster, out)
+        caveat = _caveat(args.cluster)
+        print(_table(rows) + (f"\n{caveat}" if caveat else ""))
+        for r in rows:
+            if "_sync_table" in r:
+                print(f"\n{_label(r)}: sync plan\n{r['_sync_table']}")
+        for cell in skipped:
+            print(f"skipped {cell.label}: {cell.skip}")
+        _write_plan(out, rows, caveat)
+        if args.check is not None:
+            try:
+                _check(rows, args, out)
+            finally:  # the checked rows that finished, whatever stopped the others
+                _write_plan(out, rows, caveat)
+    except KeyboardInterrupt as e:
+        _prune(out, ours)
+        kept = f"kept {out / 'plan.json'}" if (out / "plan.json").exists() else "no plan written"
+        # the line of the stage it stopped (predicting, the check) where it has one
+        said = str(e) or str(_stopped(e, ""))
+        raise Interrupted(_signum(e), f"{said}; {kept}") from None
+    print(f"plan: {out / 'plan.json'}")
+    return out
+
+
+def _write_plan(out: Path, rows: list[dict[str, Any]], caveat: str | None) -> None:
+    """``out/plan.json``: the cluster, the ranked rows as far as they are done, and a plan on
+    paper's caveat (:func:`_caveat`)."""
+    plan = {
+        # the cluster of the most workers (with a probe, each count has its own fits)
+        "cluster": max(rows, key=lambda r: r["workers"])["_cluster"] if rows else None,
+        "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+    }
+    if caveat:
+        plan["caveat"] = caveat
+    atomic_write_text(out / "plan.json", json.dumps(plan, indent=2))
+
+
+def _caveat(cluster_arg: str) -> str | None:
+    """For a plan on paper (a cluster file), the line under its table: where its figures
+    come from and how far such figures were found off (docs/plan.md: checked on one H100
+    against ``examples/clusters/h100-node.toml``); None for a measured cluster."""
+    if not on_paper(cluster_arg):
+        return None
+    return (
+        f"on paper: the model's FLOPs over the datasheet peaks of {cluster_arg} (times its "
+        "efficiency), nothing measured; such a plan, checked on one H100, was 1.35-6x too "
+        "fast (docs/plan.md): --check it on that cluster, or plan there with --cluster probe"
+    )
+
+
+def _signum(e: KeyboardInterrupt) -> int:
+    """The signal that stopped the plan: an :class:`Interrupted`'s own, else Ctrl-C's."""
+    return e.signum if isinstance(e, Interrupted) else int(signal.SIGINT)
+
+
+def _stopped(e: KeyboardInterrupt, what: str) -> Interrupted:
+    """``e`` as one line: ``stopped by`` its signal, then ``what``."""
+    return Interrupted(_signum(e), f"stopped by {signal.Signals(_signum(e)).name}{what}")
+
+
+def _prune(out: Path, ours: bool) -> None:
+    """Remove the folders under ``out`` that hold nothing of use: none, or only a run's
+    ``.lock`` (a probe or a run stopped before it wrote anything); ``out`` itself too where
+    this plan made it (``ours``)."""
+    for where, _, _ in os.walk(out, topdown=False):
+        folder = Path(where)
+        if folder == out and not ours:
+            continue
+        inside = list(folder.iterdir())
+        if all(f.name == ".lock" and f.is_file() for f in inside):
+            for f in inside:
+                f.unlink()
+            folder.rmdir()
+
+
+def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
+    """Every configuration's row with its prediction (or why it has none), ranked.
+
+    Raises:
+        Interrupted: Ctrl-C (or SIGTERM), in one line saying how many were predicted.
+    """
+    rows: list[dict[str, Any]] = []
+    made: dict[tuple[Any, ...], Any] = {}
+    try:
+        for c in configs:
+            rows.append(_predict_one(c, cluster_arg, out, made, [x.cfg for x in configs]))
+    except KeyboardInterrupt as e:
+        # not the probe's own line: its folder's lack of a checkpoint is no concern of a plan
+        done = f"{len(rows)} of {len(configs)} configurations predicted"
+        raise _stopped(e, f" while predicting ({done})") from None
     # fastest first; configurations that do not fit after those that do, and those without
     # a prediction last
     rows.sort(
@@ -111,62 +209,40 @@ def plan_from_args(args: argparse.Namespace) -> Path:
             -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf,
         )
     )
-    print(_table(rows))
-    for r in rows:
-        if "_sync_table" in r:
-            print(f"\n{_label(r)}: sync plan\n{r['_sync_table']}")
-    for cell in skipped:
-        print(f"skipped {cell.label}: {cell.skip}")
-    if args.check is not None:
-        _check(rows, args, out)
-    atomic_write_text(
-        out / "plan.json",
-        json.dumps(
-            {
-                # the cluster of the most workers (with a probe, each count has its own fits)
-                "cluster": max(rows, key=lambda r: r["workers"])["_cluster"] if rows else None,
-                "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
-            },
-            indent=2,
-        ),
-    )
-    print(f"plan: {out / 'plan.json'}")
-    return out
-
-
-def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
-    """Every configuration's row with its prediction (or why it has none)."""
-    rows = []
-    made: dict[tuple[Any, ...], Any] = {}
-    for c in configs:
-        cluster, compute, layers, train_size = cluster_and_compute(
-            c.cfg, cluster_arg, out, made, [x.cfg for x in configs]
-        )
-        row: dict[str, Any] = {
-            "strategy": c.cell.strategy,
-            "workers": c.cell.workers,
-            "model": c.cell.model,
-            "options": dict(c.cell.options),
-            "_cell": c.cell,
-            "_argv": c.argv,
-            "_cluster": cluster_to_dict(cluster),
-        }
-        try:
-            row["predicted"] = predict(c.cfg, layers, train_size, compute, cluster).to_dict()
-        except ValueError as e:
-            row["predicted"], row["not_predicted"] = None, str(e)
-        short = _short_of_memory(c.cfg, layers, train_size, cluster)
-        if short is not None:
-            row["does_not_fit"] = {"needs_bytes": short[0], "has_bytes": short[1], "by": short[2]}
-        # a strategy that takes the gradient sync's options, with a sync plan: its plan too
-        planned = entry(c.cfg.strategy).takes(SyncGroup) and c.cfg.sync_plan != "allreduce"
-        if planned and row["predicted"]:
-            p = c.cell.workers
-            entries = sync_entries(c.cfg, layers, compute, cluster, p)
-            row["sync_plan"] = plan_to_dict(entries, c.cfg.sync_plan, p)
-            row["_sync_table"] = format_plan(entries, c.cfg.sync_plan)
-        rows.append(row)
     return rows
+
+
+def _predict_one(
+    c: _Config, cluster_arg: str, out: Path, made: dict[Any, Any], all_cfgs: list[RunConfig]
+) -> dict[str, Any]:
+    """The row of configuration ``c``: its prediction (or why it has none), whether it fits."""
+    cluster, compute, layers, train_size = cluster_and_compute(
+        c.cfg, cluster_arg, out, made, all_cfgs
+    )
+    row: dict[str, Any] = {
+        "strategy": c.cell.strategy,
+        "workers": c.cell.workers,
+        "model": c.cell.model,
+        "options": dict(c.cell.options),
+        "_cell": c.cell,
+        "_argv": c.argv,
+        "_cluster": cluster_to_dict(cluster),
+    }
+    try:
+        row["predicted"] = predict(c.cfg, layers, train_size, compute, cluster).to_dict()
+    except ValueError as e:
+        row["predicted"], row["not_predicted"] = None, str(e)
+    short = _short_of_memory(c.cfg, layers, train_size, cluster)
+    if short is not None:
+        row["does_not_fit"] = {"needs_bytes": short[0], "has_bytes": short[1], "by": short[2]}
+    # a strategy that takes the gradient sync's options, with a sync plan: its plan too
+    planned = entry(c.cfg.strategy).takes(SyncGroup) and c.cfg.sync_plan != "allreduce"
+    if planned and row["predicted"]:
+        p = c.cell.workers
+        entries = sync_entries(c.cfg, layers, compute, cluster, p)
+        row["sync_plan"] = plan_to_dict(entries, c.cfg.sync_plan, p)
+        row["_sync_table"] = format_plan(entries, c.cfg.sync_plan)
+    return row
 
 
 def _short_of_memory(
@@ -225,39 +301,59 @@ def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> N
     add ``measured`` (the median run's figures, every run's samples/s) and the error to each.
 
     Rounds rather than a configuration's repeats back to back: a machine whose speed drifts
-    over minutes then moves every configuration alike, not one of them."""
+    over minutes then moves every configuration alike, not one of them.
+
+    Raises:
+        Interrupted: Ctrl-C (or SIGTERM), in one line saying how many runs were not done;
+            the rows are compared on the runs that finished first.
+    """
     todo = [r for r in rows if r.get("predicted")]
     todo = todo[: args.check] if args.check else todo
-    runs = out / "check"
     got: dict[int, list[dict[str, Any]]] = {id(r): [] for r in todo}
-    for round_ in range(args.repeats):
-        for i, r in enumerate(todo, start=1):
-            cell = r["_cell"]
-            # one folder of runs per round: runs/NAME, then runs-1/NAME, ...
-            folder = runs / ("runs" if round_ == 0 else f"runs-{round_}")
-            cmd = train_command(
-                cell, folder, args.dataset, args.data_dir, args.seed, args.epochs, r["_argv"]
-            )
-            at = f"{i}/{len(todo)}" if args.repeats == 1 else f"{round_ + 1}.{i}/{len(todo)}"
-            print(f"[{at}] {_label(r)}...", end=" ", flush=True)
-            outcome = run_cell(
-                cmd,
-                runs / "logs",
-                cell.name if round_ == 0 else f"{cell.name}-{round_}",
-                args.timeout,
-            )
-            if outcome.status != "ok":
-                r["measured"] = {"status": outcome.status, "error": outcome.error}
-                print(f"{outcome.status}: {outcome.error}", flush=True)
-                continue
-            got[id(r)].append(measure(folder / cell.name))
-            real = got[id(r)][-1].get("samples_per_s")
-            pred = r["predicted"]["samples_per_s"]
-            error = f" ({(pred - real) / real:+.0%})" if real else ""
-            print(f"predicted {pred:.0f}, measured {real:.0f} samples/s{error}", flush=True)
+    total, finished = args.repeats * len(todo), 0
+    stop: KeyboardInterrupt | None = None
+    try:
+        for round_ in range(args.repeats):
+            for i, r in enumerate(todo, start=1):
+                at = f"{i}/{len(todo)}" if args.repeats == 1 else f"{round_ + 1}.{i}/{len(todo)}"
+                print(f"[{at}] {_label(r)}...", end=" ", flush=True)
+                figures = _check_run(r, round_, args, out / "check")
+                if figures is not None:
+                    got[id(r)].append(figures)
+                finished += 1
+    except KeyboardInterrupt as e:
+        print(flush=True)  # ends the stopped run's line
+        stop = e
     for r in todo:
         _compare(r, got[id(r)])
     print(_check_summary(todo, args.repeats))
+    if stop is not None:
+        raise _stopped(stop, f" in the check ({total - finished} of {total} checked runs not done)")
+
+
+def _check_run(
+    r: dict[str, Any], round_: int, args: argparse.Namespace, runs: Path
+) -> dict[str, Any] | None:
+    """Run row ``r`` once for real (round ``round_``, under ``runs``) and print its figures:
+    the run's measured figures, or None where it did not end well (``r["measured"]`` says how)."""
+    cell = r["_cell"]
+    # one folder of runs per round: runs/NAME, then runs-1/NAME, ...
+    folder = runs / ("runs" if round_ == 0 else f"runs-{round_}")
+    cmd = train_command(
+        cell, folder, args.dataset, args.data_dir, args.seed, args.epochs, r["_argv"]
+    )
+    name = cell.name if round_ == 0 else f"{cell.name}-{round_}"
+    outcome = run_cell(cmd, runs / "logs", name, args.timeout)
+    if outcome.status != "ok":
+        r["measured"] = {"status": outcome.status, "error": outcome.error}
+        print(f"{outcome.status}: {outcome.error}", flush=True)
+        return None
+    figures = measure(folder / cell.name)
+    real = figures.get("samples_per_s")
+    pred = r["predicted"]["samples_per_s"]
+    error = f" ({(pred - real) / real:+.0%})" if real else ""
+    print(f"predicted {pred:.0f}, measured {real:.0f} samples/s{error}", flush=True)
+    return figures
 
 
 def _compare(row: dict[str, Any], runs: list[dict[str, Any]]) -> None:

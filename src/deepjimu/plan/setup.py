@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,18 @@ from deepjimu.strategies.registry import entry
 from deepjimu.threads import available_cores
 from deepjimu.worker import pick_device
 
-__all__ = ["cluster_and_compute", "probe_cluster"]
+__all__ = ["cluster_and_compute", "on_paper", "probe_cluster"]
+
+
+def on_paper(cluster_arg: str) -> bool:
+    """Whether ``--cluster`` is a TOML file: figures from its device's peaks, nothing measured
+    (``probe`` and a ``probe.json`` time the links, and the model's work here).
+
+    Example:
+        >>> on_paper("examples/clusters/h100-node.toml"), on_paper("probe")
+        (True, False)
+    """
+    return cluster_arg != "probe" and not cluster_arg.endswith(".json")
 
 
 def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any]:
@@ -94,10 +105,22 @@ def _layers_and_data(cfg: RunConfig, shapes: bool = False) -> tuple[Any, Any, li
 
 
 def _admm_flops(model: Any, feature_shape: tuple[int, ...], cfg: RunConfig) -> Any:
-    """Per layer pdADMM FLOPs of an iteration and of the readout's refit, and output widths."""
-    ops = admm_layers(model, feature_shape, cg_max_iter=cfg.admm_cg_iters).ops
+    """Per layer pdADMM FLOPs of an iteration and of the readout's refit, and output widths.
+
+    Counted when admm's predictor first asks, not here: a model that admm cannot train (a
+    ``resnet:``) is still planned for the other strategies, and admm on it is not predicted,
+    with admm's one line (a ValueError, as the predictors refuse what they cannot price).
+    """
+
+    @cache
+    def layer_ops() -> list[Any]:
+        try:
+            return list(admm_layers(model, feature_shape, cg_max_iter=cfg.admm_cg_iters).ops)
+        except JimuError as e:
+            raise ValueError(str(e)) from None
 
     def flops(n: int) -> tuple[list[float], list[float], list[int]]:
+        ops = layer_ops()
         costs = [op.flops(n, with_p=l > 0) for l, op in enumerate(ops)]
         refits = [op.flops(n, with_p=False) for op in ops]
         return costs, refits, [math.prod(op.out_shape) for op in ops]
@@ -142,7 +165,7 @@ def _cluster_and_compute(
     """
     p = cfg.workers or 1
     most = max(c.workers or 1 for c in all_cfgs)
-    measured = cluster_arg == "probe" or cluster_arg.endswith(".json")
+    measured = not on_paper(cluster_arg)
     if "file" not in made:
         if cluster_arg.endswith(".json"):
             made["file"] = _probe_file(Path(cluster_arg), most, cfg, made)
