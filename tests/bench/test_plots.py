@@ -188,3 +188,19 @@ def test_the_target_and_its_reason_are_in_the_plot(tmp_path: Path) -> None:
     assert "target 77%" in title
     assert "95% of the best final test accuracy, 81.20% (admm x2" in " ".join(title.split())
     assert choose_target(rows, 0.5) == Target(0.5, "set with --target-acc")
+
+
+def test_every_figure_names_the_configurations_that_did_not_fit(tmp_path: Path) -> None:
+    rows = [_row(tmp_path, "tp", 4, "none"), _row(tmp_path, "pipeline", 4, "none")]
+    rows += [{"strategy": s, "workers": 2, "model": "mlp:256x3", "options": "none",
+              "status": "does-not-fit", "error": "worker 1 passed its memory budget ..."}
+             for s in ("model-parallel", "admm")]  # fmt: skip
+    add_speedups(rows)
+    figs = _drawn(rows)
+    assert {"throughput", "comm_memory", "pipeline_bubble"} <= set(figs)
+    for name, fig in figs.items():
+        note = fig.get_supxlabel().replace("\n", " ")
+        assert "Does not fit in its memory" in note, name
+        assert "model-parallel x2" in note and "admm x2" in note, name
+    # nothing is said where everything fitted
+    assert not any("fit" in f.get_supxlabel() for f in _drawn(rows[:2]).values())

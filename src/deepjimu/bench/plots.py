@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deepjimu.bench.results import Target, three_figures
+from deepjimu.bench.runner import NO_FIT
 from deepjimu.errors import JimuError
 from deepjimu.record.read import finite_number, read_events
 from deepjimu.report import accuracy_limits, save_figures
@@ -131,9 +132,20 @@ def _wrap(fig: Any, text: str, points: float) -> str:
 
 
 def _note(fig: Any, notes: list[str]) -> None:
-    """Say under the figure which panels were left out and why."""
+    """Say under the figure which panels or rows were left out and why (after what it
+    says already)."""
+    said = [fig.get_supxlabel()] if fig.get_supxlabel() else []
     if notes:
-        fig.supxlabel(_wrap(fig, "\n".join(notes), 9), fontsize=9, color="0.3")
+        fig.supxlabel(_wrap(fig, "\n".join([*said, *notes]), 9), fontsize=9, color="0.3")
+
+
+def _not_drawn(rows: list[dict[str, Any]], many: bool) -> list[str]:
+    """The line under every figure for the configurations that have no figures because
+    their memory could not hold them (``does-not-fit``: a result, in report.md with why)."""
+    short = [_label(r, many) for r in rows if r["status"] == NO_FIT]
+    if not short:
+        return []
+    return [f"Does not fit in its memory (not drawn; report.md says why): {', '.join(short)}"]
 
 
 def _bars(
@@ -414,13 +426,14 @@ def figures(rows: list[dict[str, Any]], title: str, target: Target) -> dict[str,
 
     Returns:
         throughput, accuracy_time, time_to_target, comm_memory and, when a pipeline run
-        finished, pipeline_bubble; a figure with nothing to show is left out.
+        finished, pipeline_bubble; a figure with nothing to show is left out. Each names,
+        under it, the configurations that did not fit in their memory.
     """
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
         return {}
     style = styles(ok)
-    many = len({r["model"] for r in ok}) > 1
+    many = len({r["model"] for r in rows}) > 1
     out = {
         "throughput": _throughput(ok, style, many, title),
         "accuracy_time": _accuracy_time(ok, style, many, target, title),
@@ -430,7 +443,10 @@ def figures(rows: list[dict[str, Any]], title: str, target: Target) -> dict[str,
     pipes = [r for r in ok if entry_traits(r["strategy"]).pipelined]
     if pipes:
         out["pipeline_bubble"] = _bubble(pipes, many, title)
-    return {k: v for k, v in out.items() if v is not None}
+    shown = {k: v for k, v in out.items() if v is not None}
+    for fig in shown.values():
+        _note(fig, _not_drawn(rows, many))
+    return shown
 
 
 def write_plots(
