@@ -57,11 +57,18 @@ def test_tp_splits_each_pair_and_keeps_the_whole_batch() -> None:
     assert tensor_state(cfg("tp", 2), LAYERS[:3], 100) == [4 * 2000 * 4 + acts(8, LAYERS[:3])] * 2
 
 
+# a step's transients of a stage: twice its largest block (1000 parameters here)
+STEP = 2 * 1000 * 4
+
+
 def test_a_split_model_puts_its_stages_blocks_on_each_rank() -> None:
     out = staged_state(cfg("model-parallel", 2), LAYERS, 100)
-    assert out == [4 * 2000 * 4 + acts(8, LAYERS[:2]), 4 * 2000 * 4 + acts(8, LAYERS[2:])]
+    own = [4 * 2000 * 4 + acts(8, LAYERS[:2]), 4 * 2000 * 4 + acts(8, LAYERS[2:])]
+    assert out == [o + STEP for o in own]
     listed = staged_state(cfg("model-parallel", 2, balance="3,1"), LAYERS, 100)
-    assert listed[0] == 4 * 3000 * 4 + acts(8, LAYERS[:3])
+    assert listed[0] == 4 * 3000 * 4 + acts(8, LAYERS[:3]) + STEP
+    # a rank with no block has no step
+    assert staged_state(cfg("model-parallel", 2), LAYERS[:1], 100)[1] == 0
 
 
 def test_1f1b_keeps_fewer_micro_batches_than_gpipe() -> None:
@@ -69,20 +76,24 @@ def test_1f1b_keeps_fewer_micro_batches_than_gpipe() -> None:
     ofob = staged_state(cfg("pipeline", 4, microbatches=8, schedule="1f1b"), LAYERS, 100)
     # stage s keeps min(8, 4 - s) micro-batches of one row each under 1F1B, all 8 rows under GPipe
     for s in range(4):
-        assert ofob[s] == 4 * 1000 * 4 + acts(min(8, 4 - s), LAYERS[s : s + 1])
-        assert gpipe[s] == 4 * 1000 * 4 + acts(8, LAYERS[s : s + 1])
+        assert ofob[s] == 4 * 1000 * 4 + acts(min(8, 4 - s), LAYERS[s : s + 1]) + STEP
+        assert gpipe[s] == 4 * 1000 * 4 + acts(8, LAYERS[s : s + 1]) + STEP
 
 
 def test_admms_variables_grow_with_the_samples() -> None:
     small = admm_state(cfg("admm", 2), LAYERS, 100)
     large = admm_state(cfg("admm", 2), LAYERS, 1000)
-    # per layer: weights twice, p, q, z and u for every sample, and its solves' matrices: on
-    # the smaller of samples and input width three times, and but for the first layer on
-    # the input width three times (4 and 10 wide inputs here)
-    first = (2 * 1000 + 4 * 100 * 10 + 3 * 4**2) * 4
-    other = (2 * 1000 + 4 * 100 * 10 + 3 * 10**2 + 3 * 10**2) * 4
+    # per layer: weights twice and their last value (momentum), p, q, z and u for every
+    # sample and the last q, z and u, and its solves' matrices: the (W, b) step's on the
+    # smaller of samples and input width three times; but for the first layer the
+    # p-step's on the smaller of its widths three times and its solved map (out x in)
+    first = (3 * 1000 + 7 * 100 * 10 + 3 * 4**2) * 4
+    other = (3 * 1000 + 7 * 100 * 10 + 3 * 10**2 + 3 * 10**2 + 1000) * 4
     assert small == [first + other, 2 * other]
-    assert large[1] - small[1] == 2 * 4 * 900 * 10 * 4
+    assert large[1] - small[1] == 2 * 7 * 900 * 10 * 4
+    # without momentum nothing's last value is kept
+    plain = admm_state(cfg("admm", 2, admm_momentum=0.0), LAYERS, 100)
+    assert small[1] - plain[1] == 2 * (1000 + 3 * 100 * 10) * 4
     assert admm_state(cfg("admm", 2, admm_batch=10), LAYERS, 1000) == admm_state(
         cfg("admm", 2), LAYERS, 10
     )
@@ -92,15 +103,18 @@ def test_admms_variables_grow_with_the_samples() -> None:
 def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
     c = cfg(strategy, 2)
     state = entry(strategy).memory(c, LAYERS, 100)
+    assert transients(LAYERS) == 2 * 1000 * 4  # a step's: twice the largest block
     if strategy == "pipeline":  # a split model's worker first builds the whole model it
         # is cut from, then frees the other blocks: the more of that start and its part
-        state = with_whole_model(state, LAYERS, kept=False)
+        # (whose step's transients its state holds); rank 0 also times the blocks (a copy
+        # of each and its gradients) beside the whole model, as --balance auto splits
+        state = with_whole_model(state, LAYERS, kept=False, timed=True)
         assert with_whole_model([0.0, 4e5], LAYERS, kept=False) == [16000, 4e5]
+        assert with_whole_model([0.0, 0.0], LAYERS, False, timed=True) == [24000, 16000]
         # a sharded model's keeps the whole model beside its shards (the copy, the gather)
         assert with_whole_model([0.0, 4e5], LAYERS, kept=True) == [16000, 16000 + 4e5]
-    # and a step's transients: twice the largest block (1000 parameters)
-    state = [s + transients(LAYERS) for s in state]
-    assert transients(LAYERS) == 2 * 1000 * 4
+    else:  # a step's transients, beside the state
+        state = [s + transients(LAYERS) for s in state]
     base = BASE_BYTES + entry(strategy).traits.base_mb * 2**20
     whole = rank_peaks(c, LAYERS, 100, 1234, cuda=False)
     assert whole == [round(s + RUNTIME_BYTES + base + 1234) for s in state]

@@ -135,24 +135,32 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     sizes = stage_sizes(cfg, layers, min(p, len(layers)))
     m = int(cfg.microbatches or 1)
     out = [0.0] * p
+    held: list[list[Layer]] = [[] for _ in range(p)]  # each rank's blocks
     for s, (start, k) in enumerate(stage_starts(sizes)):
         own = layers[start : start + k]
+        held[s % p] += own
         rows = float(cfg.batch_size)
         if m > 1 and str(cfg.schedule) != "gpipe":
             rows = min(m, len(sizes) - s) * cfg.batch_size / m
         out[s % p] += _weights(cfg, sum(l.params for l in own)) + _activations(rows, own)
-    return out
+    return [o + transients(h) for o, h in zip(out, held, strict=True)]
 
 
-def with_whole_model(states: list[float], layers: list[Layer], kept: bool) -> list[float]:
+def with_whole_model(
+    states: list[float], layers: list[Layer], kept: bool, timed: bool = False
+) -> list[float]:
     """A split or sharded strategy's ranks, with the whole model they were built from: every
-    worker builds the whole ``nn.Sequential`` first (and where the run balances by speed or
-    time, steps or times it one block at a time, within a step's transients). A split
-    model's rank then frees the other ranks' blocks (its part alone after that); a sharded
-    model's (``kept``) keeps it beside its shards while it copies them, and rank 0 gathers
-    the trained one into it at the end."""
+    worker builds the whole ``nn.Sequential`` first (where the run balances by speed, each
+    steps it one block at a time, within its own transients). A split model's rank then
+    frees the other ranks' blocks (its part alone after that); a sharded model's (``kept``)
+    keeps it beside its shards while it copies them, and rank 0 gathers the trained one into
+    it at the end. Where the split follows the blocks' measured times (``timed``), rank 0
+    times a copy of each block and its gradients beside the whole model first."""
     whole = sum(l.params for l in layers) * FLOAT
-    return [max(whole, whole + s if kept else s) for s in states]
+    out = [max(whole, whole + s if kept else s) for s in states]
+    if timed and out:
+        out[0] = max(out[0], whole + transients(layers))
+    return out
 
 
 def _admm_cost(n: int, layer: Layer, first: bool) -> float:
@@ -179,18 +187,26 @@ def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
         if listed_balance(str(cfg.balance))
         else partition(costs, min(p, len(layers)))
     )
+    # momentum (on unless --admm-momentum 0) keeps each variable's last value but p's
+    m = 0 if cfg.admm_momentum == 0 else 1
     out = [0.0] * p
     for r, (start, k) in enumerate(stage_starts(sizes)):
         for i in range(start, start + k):
             l = layers[i]
-            squares = 3 * min(n, l.in_elems) ** 2 + (3 * l.in_elems**2 if i > 0 else 0)
-            out[r] += (2 * l.params + 4 * n * l.out_elems + squares) * FLOAT
+            n_in, n_out = l.in_elems, l.out_elems
+            squares = 3 * min(n, n_in) ** 2
+            if i > 0:  # the p-step solves on the smaller side: its system, factor, a temporary
+                # and the solved map (updates.update_p: M, out x in, or H^-1, in x in)
+                squares += 3 * min(n_in, n_out) ** 2 + (l.params if n_out <= n_in else n_in**2)
+            out[r] += ((2 + m) * l.params + (4 + 3 * m) * n * n_out + squares) * FLOAT
     return out
 
 
-def transients(layers: list[Layer]) -> float:
+def transients(layers: Sequence[Layer]) -> float:
     """What a step allocates and frees beside the state: the backward's gradient and the
-    optimizer's temporaries of the largest parameter block, twice its size (measured: one
+    optimizer's temporaries of the largest parameter block (of a stage's rank: of its own
+    blocks, in its state; admm's every rank, whose workspaces follow the widest layer, its
+    own or a neighbour's: measured, not derived), twice its size (measured: one
     process of mlp:4096x2 on digits peaked 190 MB, 2.8 of its 16.8M-parameter layers,
     above its state)."""
     return 2 * max((l.params for l in layers), default=0) * FLOAT

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepjimu.applies import Applies, Takers
+from deepjimu.balance import listed_balance
 from deepjimu.choices import Family, Precision
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
@@ -228,7 +229,7 @@ ENTRIES: tuple[Entry, ...] = (
         # every precision: under bf16 only the products drop to bfloat16 (updates.py adds
         # them to float32 terms), so every exchanged p and q is still float32; base: its
         # workers run no autograd step and no DDP, 247 MB measured where ddp's took 315
-        Traits(default_workers=2, splits_model=True, precisions=tuple(Precision), base_mb=-68),
+        Traits(default_workers=2, splits_model=True, precisions=tuple(Precision)),
         predict=layer_parallel,
         memory=admm_state,
         color="#9467bd",
@@ -341,10 +342,13 @@ def rank_peaks(
     data_bytes: int,
     cuda: bool,
     whole: bool = True,
+    cut: list[int] | None = None,
 ) -> list[int]:
     """Each rank's predicted peak memory in bytes (:mod:`deepjimu.cost.memory`): what
     ``cfg``'s strategy puts on it, and on a CPU its runtime and, for the ``whole`` process
-    (not what ``--memory-limit`` counts), its base and the data it maps.
+    (not what ``--memory-limit`` counts), its base and the data it maps. ``cut``: a split
+    model's blocks per rank where known (a finished run's, whose measured block times cut
+    it), else as its ``--balance`` would from the blocks' FLOPs.
 
     Example:
         >>> from deepjimu.cost.profile import Layer
@@ -357,8 +361,14 @@ def rank_peaks(
     # one worker runs in the launcher's own process, unless something sets it apart
     if cfg.workers == 1 and not (cfg.memory_limit or cfg.emulate_speeds or cfg.max_restarts):
         base += IN_PROCESS_BYTES
-    states = e.memory(cfg, layers, train_size)
+    given = dataclasses.replace(cfg, balance=",".join(map(str, cut))) if cut else cfg
+    states = e.memory(given, layers, train_size)
     if e.memory is not replicated_state:  # its part, beside the whole model it was built from
-        states = with_whole_model(states, layers, kept=not e.traits.splits_model)
-    states = [s + transients(layers) for s in states]
+        # a stage split by the blocks' measured times (not listed, not by size) times them
+        timed = e.memory is staged_state and not (
+            listed_balance(str(cfg.balance)) or cfg.balance == "size"
+        )
+        states = with_whole_model(states, layers, not e.traits.splits_model, timed)
+    if e.memory is not staged_state:  # a stage's rank: its own blocks', in its state
+        states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
