@@ -115,7 +115,9 @@ def test_help_names_the_table_values(graph_table: dict[str, Any]) -> None:
     add_options(parser)
     helps = {a.dest: a.help or "" for a in parser._actions}
     assert helps["epochs"].endswith("(default: 30; graph data: 2, graph data with admm: 3)")
-    assert helps["admm_momentum"].endswith("default: 0.7 for MLPs, 0.5 for CNNs; graph data with admm: 0.5)")
+    assert helps["admm_momentum"].endswith(
+        "default: 0.7 for MLPs, 0.5 for CNNs; graph data with admm: 0.5)"
+    )
     assert helps["seed"].endswith("(default: 0)")
 
 

@@ -178,8 +178,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         const=0,
         default=None,
         metavar="N",
-        help="run the N best predicted configurations for real (all without N) and print "
-        "predicted against measured",
+        help="run the N best predicted configurations for real (all without N; with N also "
+        "the best one-worker configuration ranked below them) and print predicted against "
+        "measured",
     )
     p.add_argument(
         "--repeats",

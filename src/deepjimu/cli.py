@@ -14,8 +14,9 @@ from deepjimu.config import RunConfig, flag_values, read_toml
 from deepjimu.errors import Interrupted, JimuError, OutOfMemory, signals_interrupt
 from deepjimu.launchers import Placement, placement
 from deepjimu.leave import leave
+from deepjimu.plan.measuring import measuring_threads
 from deepjimu.record.folder import saved_config
-from deepjimu.threads import ThreadPlan, plan_threads, set_env
+from deepjimu.threads import ThreadPlan, plan_threads, scoped_env, set_env
 
 __all__ = ["main"]
 
@@ -106,14 +107,33 @@ def _command(args: argparse.Namespace, place: Placement) -> int:
         sbatch_from_args(args, config_from_args(args))
         return 0
     if args.command == "plan":
-        from deepjimu.plan.command import plan_from_args
-
-        plan_from_args(args)
+        _plan(args)
         return 0
     from deepjimu.bench.run import bench_from_args
 
     bench_from_args(args)
     return 0
+
+
+def _plan(args: argparse.Namespace) -> None:
+    """``jimu plan``, its own measurements under a one-worker run's OpenMP wait policy.
+
+    The plan times the model's work in this process, and a one-worker configuration's
+    figures come from there alone: they must be taken as its run would take them. A run on
+    a busy machine gets a passive OpenMP wait (:mod:`deepjimu.threads`); measured with
+    OpenMP's own spinning wait instead, one was predicted at 192-594 samples/s while its
+    run did 28,202 (issue 48). OpenMP reads the policy once, when torch loads it, so it is
+    set for the import alone: the probe's workers and the checked runs start with the
+    user's environment and make their own thread plans. One process has one policy: the
+    figures of several workers are measured under one worker's too (the probe's ranks,
+    which step under their own plan, measure what sharing the cores adds).
+    """
+    threads = measuring_threads(args)
+    wait = {"OMP_WAIT_POLICY": threads.env()["OMP_WAIT_POLICY"]} if threads else {}
+    with scoped_env(wait):
+        from deepjimu.plan.command import plan_from_args  # loads torch, and with it OpenMP
+
+    plan_from_args(args, threads)
 
 
 def entry() -> NoReturn:

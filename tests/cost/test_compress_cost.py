@@ -15,6 +15,7 @@ from deepjimu.cost.probe import (
     format_probe,
     message_key,
     noisy_points,
+    noisy_repeats,
 )
 from deepjimu.errors import JimuError
 from deepjimu.measure.links import COLLECTIVES, SIZES
@@ -196,3 +197,21 @@ def test_a_probe_whose_timings_contradict_themselves_says_so() -> None:
     warned = [line for line in format_probe(probe).splitlines() if line.startswith("warning")]
     assert warned == [f"warning: {noisy_points('all_reduce', probe.points['all_reduce'])}"]
     assert "3.99 ms for 4.0 KB but 0.374 ms for 64.0 KB" in warned[0]
+
+
+def test_a_probe_whose_plain_step_spreads_past_its_tolerance_says_so_in_one_line() -> None:
+    probe = _probe(1e-4, 1.0, CODEC)
+    probe.compute_rounds_s = [0.040, 0.041, 0.039]
+    assert "warning" not in format_probe(probe)
+    # another task had the cores for two rounds: (0.090 - 0.039) / 0.041 = 124% > 50%
+    probe.compute_rounds_s = [0.040, 0.041, 0.039, 0.090, 0.085]
+    warned = [line for line in format_probe(probe).splitlines() if line.startswith("warning")]
+    assert warned == [f"warning: {probe.noisy_step()}"]
+    assert "the probe's plain step (2 worker(s), 32 rows each)" in warned[0]
+    assert "39 to 90 ms over 5 repeats: a spread of 124% of its median" in warned[0]
+    assert "\n" not in warned[0]
+    assert noisy_repeats("a step", [1.0, 1.0, 1.5]) is None  # 50%: within the tolerance
+    assert noisy_repeats("a step", [1.0, 1.0, 1.51]) is not None
+    # a probe file of an earlier version has no rounds: nothing to say
+    old = {k: v for k, v in probe.to_dict().items() if k != "compute_rounds_s"}
+    assert Probe.from_dict(old).noisy_step() is None

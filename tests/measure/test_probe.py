@@ -79,10 +79,11 @@ def test_a_probed_step_counts_at_its_slowest_rank_on_every_rank(
         model.register_forward_pre_hook(lambda *_: time.sleep(0.02))
     x, y = torch.randn(4, 64), torch.randint(0, 10, (4,))
     solo, _ = dist.new_subgroups(group_size=1)
-    steps, _, _ = probe_module._time_options(["none", "fp16"], model, x, y, cfg, run, solo,
-                                             warm=1, rounds=3)  # fmt: skip
+    steps, _, _, plain = probe_module._time_options(["none", "fp16"], model, x, y, cfg, run,
+                                                    solo, warm=1, rounds=3)  # fmt: skip
     dist.destroy_process_group(solo)
     assert min(steps.values()) >= 0.02  # rank 0 too reports rank 1's time
+    assert len(plain) == 3 and min(plain) >= 0.02  # each round of the plain step, rank 1's
     assert run.gather_objects(steps) == [steps] * world
 
 

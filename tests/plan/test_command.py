@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,143 @@ def test_ctrl_c_in_the_probe_removes_its_empty_folder_and_says_what_was_not_done
     assert err.count("\n") == 1 and "0 of 1 configurations predicted" in err
     assert "no checkpoint" not in err
     assert not out.exists()
+
+
+def _machine(monkeypatch, cores: int, busy: int) -> None:
+    """This machine seen as ``cores`` cores with ``busy`` runnable threads of other jobs, and
+    a user's environment that sets no thread variable."""
+    import deepjimu.plan.setup
+    import deepjimu.threads
+
+    monkeypatch.setattr(deepjimu.threads, "available_cores", lambda: cores)
+    monkeypatch.setattr(deepjimu.plan.setup, "available_cores", lambda: cores)
+    monkeypatch.setattr(deepjimu.threads, "busy_elsewhere", lambda *a, **k: busy)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+
+def _fake_steps(monkeypatch, seconds: list[float]) -> list[int]:
+    """The plan's in-process step made instant: each measurement's repeats take ``seconds``.
+    Returns the threads each measurement ran at."""
+    import torch
+
+    import deepjimu.measure.compute
+
+    threads: list[int] = []
+
+    def step_times(model, x, y, cfg, repeats: int = 15) -> list[float]:
+        threads.append(torch.get_num_threads())
+        return list(seconds)
+
+    monkeypatch.setattr(deepjimu.measure.compute, "step_times", step_times)
+    return threads
+
+
+def _plan_one_worker(tmp_path, monkeypatch, *flags: str) -> None:
+    """``jimu plan --cluster probe`` of one worker of a small model, in ``tmp_path``."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", "--strategies", "local", "--workers", "1", "--models", "mlp:16x1"]
+    assert main([*argv, "--out", "p", *flags]) == 0
+
+
+def test_a_probe_plan_measures_one_worker_as_its_run_would_on_a_busy_machine(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    _machine(monkeypatch, cores=2, busy=1)
+    threads = _fake_steps(monkeypatch, [0.001] * 15)
+    _plan_one_worker(tmp_path, monkeypatch)
+    text = capsys.readouterr().out
+    # a one-worker run on 2 cores with another job busy waits passively (issue 48)
+    assert (
+        "measuring in this process as one worker: 1 worker x 2 threads on 2 cores, 1 other "
+        "busy, oversubscribed: OpenMP wait passive (threads: cores / workers, wait: rule)"
+    ) in text
+    assert threads and set(threads) == {2}  # a step of each batch size the run takes
+    assert "OMP_WAIT_POLICY" not in os.environ  # set for torch's load alone
+    assert "warning" not in text  # repeats that agree
+
+
+def test_a_probe_plan_measures_one_worker_at_the_threads_its_run_gets(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    _machine(monkeypatch, cores=2, busy=0)
+    threads = _fake_steps(monkeypatch, [0.001] * 15)
+    _plan_one_worker(tmp_path, monkeypatch, "--threads", "1")
+    text = capsys.readouterr().out
+    assert threads and set(threads) == {1}  # --threads 1, not every core
+    assert "1 worker x 1 thread on 2 cores: OpenMP wait default (threads: --threads" in text
+    cluster = json.loads(Path("p/plan.json").read_text())["cluster"]
+    assert cluster["name"].endswith(", 2 cores, 1 thread)")
+
+
+def test_a_probe_plan_says_in_one_line_that_its_step_timings_disagree(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    _machine(monkeypatch, cores=2, busy=0)
+    threads = _fake_steps(monkeypatch, [0.010, 0.011, 0.030])  # another job took the cores once
+    _plan_one_worker(tmp_path, monkeypatch)
+    warned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning")]
+    assert len(warned) == len(threads) > 0  # one line per measurement
+    for line in warned:
+        assert line.startswith("warning: the step measured in this process (mlp:16x1, ")
+        # (30 - 10) / 11 ms
+        assert "took 10 to 30 ms over 3 repeats: a spread of 182% of its median" in line
+
+
+@pytest.mark.slow
+def test_openmp_loads_in_a_probe_plan_with_a_busy_machines_passive_wait(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import deepjimu.threads as t\n"
+        "t.busy_elsewhere = lambda *a, **k: 1\n"
+        "from deepjimu.cli import main\n"
+        "raise SystemExit(main(['plan', '--strategies', 'local', '--workers', '1', "
+        "'--models', 'mlp:16x1', '--out', 'p']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+        env={**env, "OMP_DISPLAY_ENV": "VERBOSE"}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # what torch's libgomp, the first OpenMP to load, read: passive, no spinning at all
+    torchs = done.stderr.split("OPENMP DISPLAY ENVIRONMENT END")[0]
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in torchs
+    assert "GOMP_SPINCOUNT = '0'" in torchs, torchs
+
+
+def test_check_of_the_top_also_runs_the_best_one_worker_row_below_and_says_what_it_left(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    import deepjimu.plan.command
+
+    out = tmp_path / "plan"
+    seen = _fake_check(monkeypatch, 10, out)
+    ran: list[str] = []
+
+    def measure(run_dir: Path) -> dict:
+        ran.append(run_dir.name)
+        speed = 150.0 if run_dir.name.startswith("ddp-w1") else 100.0
+        return {"samples_per_s": speed, "bytes_per_sample": 0.0, "peak_mem_mb": 1.0, "train_s": 1}
+
+    monkeypatch.setattr(deepjimu.plan.command, "measure", measure)
+    code = main(
+        [
+            "plan", "--cluster", str(EXAMPLES / "here-2cores.toml"), "--strategies", "local,ddp",
+            "--workers", "1,2", "--models", "mlp:16x2", "--out", str(out), "--check", "1",
+        ]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0, text
+    ranked = json.loads((out / "plan.json").read_text())["rows"]
+    assert [(r["strategy"], r["workers"]) for r in ranked] == [("local", 1), ("ddp", 1), ("ddp", 2)]
+    # the top 1, then the best-ranked row of one worker below it; ddp x2 is not run
+    assert len(seen) == 2 and ran == ["local-w1-mlp-16x2", "ddp-w1-mlp-16x2"]
+    summary = next(ln for ln in text.splitlines() if ln.startswith("check:"))
+    assert "is 33% slower than the measured fastest (ddp x1 mlp:16x2)" in summary
+    assert summary.endswith(
+        "; only the predicted top 1 and ddp x1 mlp:16x2, the best of one worker below them, "
+        "were checked: the ranking of the other 1 is unverified"
+    )

@@ -9,6 +9,8 @@ same probe.
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from deepjimu.errors import JimuError
 from deepjimu.units import format_bytes
 
 __all__ = [
+    "SPREAD_TOLERANCE",
     "TIMED_AT_SIZE",
     "LinkFit",
     "Probe",
@@ -28,6 +31,7 @@ __all__ = [
     "format_probe",
     "message_key",
     "noisy_points",
+    "noisy_repeats",
     "read_probe",
     "write_probe",
 ]
@@ -113,7 +117,9 @@ class Probe:
     split strategy's step the planning layer solves its runtime's own cost per action
     (:attr:`deepjimu.cost.cluster.Cluster.action_s`); from a data-parallel step, what its
     all-reduce costs beyond its fitted time when the ranks reach it at different moments
-    (:attr:`deepjimu.cost.cluster.Cluster.ddp_sync_s`).
+    (:attr:`deepjimu.cost.cluster.Cluster.ddp_sync_s`). ``compute_rounds_s``: the plain
+    step of each timed round, whose median is ``compute_s`` (empty in a probe file of an
+    earlier version).
     """
 
     world: int
@@ -127,6 +133,13 @@ class Probe:
     buckets: list[list[list[int]]] = field(default_factory=list)
     message_s: dict[str, float] = field(default_factory=dict)
     steps: dict[str, TimedStep] = field(default_factory=dict)
+    compute_rounds_s: list[float] = field(default_factory=list)
+
+    def noisy_step(self) -> str | None:
+        """One line where the rounds of the plain step disagree past
+        :data:`SPREAD_TOLERANCE` (:func:`noisy_repeats`); None where they agree."""
+        what = f"the probe's plain step ({self.world} worker(s), {self.batch_per_rank} rows each)"
+        return noisy_repeats(what, self.compute_rounds_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,6 +209,36 @@ def noisy_points(kind: str, points: list[tuple[int, float]]) -> str | None:
     return None
 
 
+SPREAD_TOLERANCE = 0.5
+"""Repeats of one measurement that spread by more than this fraction of their median
+((slowest - fastest) / median) are noise (another task took the cores part of the time),
+not the work: a prediction from their median may be far off."""
+
+
+def noisy_repeats(what: str, seconds: Sequence[float]) -> str | None:
+    """One line where the repeated timings of ``what`` spread past :data:`SPREAD_TOLERANCE`;
+    None where they agree (or there are fewer than two).
+
+    Example:
+        >>> noisy_repeats("the step", [0.010, 0.011, 0.025])[:59]
+        'the step took 10 to 25 ms over 3 repeats: a spread of 136% '
+        >>> noisy_repeats("the step", [0.010, 0.011, 0.012]) is None
+        True
+    """
+    if len(seconds) < 2:
+        return None
+    median = statistics.median(seconds)
+    spread = (max(seconds) - min(seconds)) / median if median > 0 else 0.0
+    if spread <= SPREAD_TOLERANCE:
+        return None
+    return (
+        f"{what} took {min(seconds) * 1e3:.3g} to {max(seconds) * 1e3:.3g} ms over "
+        f"{len(seconds)} repeats: a spread of {spread:.0%} of its median (tolerance "
+        f"{SPREAD_TOLERANCE:.0%}), the timings are noisy (another task had the cores), so "
+        "what is predicted from it may be far off; measure again on a quieter machine"
+    )
+
+
 def format_probe(probe: Probe) -> str:
     """A short table of the probe's fits and device times."""
     lines = [
@@ -218,6 +261,9 @@ def format_probe(probe: Probe) -> str:
     if probe.message_s:
         lines.append(f"messages timed at their own sizes: {len(probe.message_s)}")
     lines.append(f"compute per step: {probe.compute_s * 1e3:.2f} ms")
+    noisy = probe.noisy_step()
+    if noisy:
+        lines.append(f"warning: {noisy}")
     codec = ", ".join(f"{o} {s * 1e3:.2f} ms" for o, s in probe.codec_s.items() if o != "none")
     lines.append(f"encode/decode per step: {codec}")
     return "\n".join(lines)

@@ -21,10 +21,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from deepjimu.compress.sync import sparse_embeddings
 from deepjimu.config import RunConfig
 from deepjimu.cost.profile import BlockTimes, Layer
-from deepjimu.measure.timing import median_s
+from deepjimu.measure.timing import median_s, timed_runs
 from deepjimu.strategies.base import make_optimizer
 
-__all__ = ["block_times", "layers_of", "plain_step", "step_time", "update_time", "use_threads"]
+__all__ = ["block_times", "layers_of", "plain_step", "step_times", "update_time", "use_threads"]
 
 
 @contextmanager
@@ -131,16 +131,17 @@ def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes
     return BlockTimes(rows=len(x), threads=torch.get_num_threads(), fwd_s=fwd, bwd_s=bwd)
 
 
-def step_time(
+def step_times(
     model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 15
-) -> float:
-    """Seconds of one plain training step (``local``'s) on ``x``: zero_grad, forward, loss,
-    backward and the optimizer's step, on a copy of ``model`` under a forked RNG."""
+) -> list[float]:
+    """Seconds of each of ``repeats`` plain training steps (``local``'s) on ``x``, after a
+    warm one: zero_grad, forward, loss, backward and the optimizer's step, on a copy of
+    ``model`` under a forked RNG (their median is the step; their spread, how noisy it is)."""
     probe = copy.deepcopy(model).to(x.device)
     step = plain_step(probe, make_optimizer(probe.parameters(), cfg, probe), x, y)
     devices = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        return median_s(step, repeats, x.device)
+        return timed_runs(step, repeats, x.device)
 
 
 def plain_step(

@@ -5,7 +5,9 @@ come from when the cluster is the machine we run on (``jimu plan --cluster probe
 Every figure is the median of a few repeats after a warm-up, measured in this process
 with a given number of threads (a worker of ``P`` on ``C`` cores runs with ``C // P``,
 :func:`deepjimu.threads.plan_threads`), so a prediction for ``P`` workers uses what one
-of them really gets (the blocks and the step: :mod:`deepjimu.measure.blocks`).
+of them really gets (the blocks and the step: :mod:`deepjimu.measure.blocks`); ``jimu
+plan`` sets this process's OpenMP wait policy to a one-worker run's before torch loads
+(:mod:`deepjimu.plan.measuring`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from deepjimu.choices import Optimizer
 from deepjimu.comm import Comm, CommStats
 from deepjimu.compress.hooks import comm_hook
 from deepjimu.config import RunConfig
+from deepjimu.cost.probe import noisy_repeats
 from deepjimu.cost.profile import AdmmTimes, BlockTimes, KfacTimes
 from deepjimu.kfac.precondition import decompose
-from deepjimu.measure.blocks import block_times, plain_step, step_time, update_time, use_threads
-from deepjimu.measure.timing import median_s, timed_s
+from deepjimu.measure.blocks import block_times, plain_step, step_times, update_time, use_threads
+from deepjimu.measure.timing import median_s, timed_runs, timed_s
 from deepjimu.options.compress import parse_compress
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import Exchange, choose_readout, init_blocks_forward
@@ -41,7 +44,7 @@ from deepjimu.strategies.admm.model import admm_layers, new_block
 from deepjimu.strategies.admm.settings import admm_settings
 from deepjimu.strategies.base import make_optimizer
 
-__all__ = ["MeasuredCompute", "admm_times", "ddp_step_time", "kfac_times", "pipeline_action_time"]
+__all__ = ["MeasuredCompute", "admm_times", "ddp_step_times", "kfac_times", "pipeline_action_time"]
 
 
 def kfac_times(
@@ -187,12 +190,12 @@ def solo_group() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def ddp_step_time(
+def ddp_step_times(
     model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int = 15
-) -> float:
-    """Seconds of one ``ddp`` step on ``x`` under torch's DDP over this process alone: the
-    plain step plus DDP's own work (its buckets, the strategy's comm hook and the
-    all-reduce call)."""
+) -> list[float]:
+    """Seconds of each of ``repeats`` ``ddp`` steps on ``x`` under torch's DDP over this
+    process alone: the plain step plus DDP's own work (its buckets, the strategy's comm hook
+    and the all-reduce call)."""
     devices = [x.device] if x.device.type == "cuda" else []
     with solo_group(), torch.random.fork_rng(devices=devices):
         seconds = _ddp_steps(model, x, y, cfg, repeats)
@@ -203,7 +206,9 @@ def ddp_step_time(
         return seconds
 
 
-def _ddp_steps(model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int) -> float:
+def _ddp_steps(
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repeats: int
+) -> list[float]:
 
     ids = [x.device.index] if x.device.type == "cuda" else None
     ddp = DistributedDataParallel(copy.deepcopy(model).to(x.device), device_ids=ids)
@@ -219,7 +224,7 @@ def _ddp_steps(model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, repea
 
     for _ in range(3):  # DDP rebuilds its buckets after the first step
         step()
-    return median_s(step, repeats, x.device)
+    return timed_runs(step, repeats, x.device)
 
 
 def pipeline_action_time(
@@ -253,11 +258,15 @@ class MeasuredCompute:
         x, y: training rows and labels (on the device): a figure for ``rows`` times their
             first ``rows`` (repeated when there are fewer).
         cfg: the run's config (optimizer, admm options).
+
+    ``notes`` holds a line for each step measured so far whose repeats disagreed past the
+    tolerance (:func:`~deepjimu.cost.probe.noisy_repeats`).
     """
 
     def __init__(self, model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig) -> None:
         self.model, self.x, self.y, self.cfg = model, x, y, cfg
         self._kept: dict[tuple[object, ...], Any] = {}
+        self.notes: list[str] = []
 
     def _once(self, key: tuple[object, ...], threads: int, measure: Callable[[], Any]) -> Any:
         """``measure()`` with ``threads`` threads the first time ``key`` (with ``threads``) is
@@ -268,6 +277,20 @@ class MeasuredCompute:
                 self._kept[full] = measure()
         return self._kept[full]
 
+    def _median(
+        self, what: str, key: tuple[Any, int], threads: int, measure: Callable[[], list[float]]
+    ) -> float:
+        """The median of the repeats that ``measure()`` times on ``key``'s rows (kept as
+        :meth:`_once` keeps them); the first time, a line in :attr:`notes` where they spread
+        past the tolerance."""
+        new = (*key, threads) not in self._kept
+        seconds = self._once(key, threads, measure)
+        where = f"{self.cfg.model}, {key[1]} rows, {threads} thread(s)"
+        noisy = noisy_repeats(f"{what} measured in this process ({where})", seconds)
+        if new and noisy:
+            self.notes.append(noisy)
+        return statistics.median(seconds)
+
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:
         index = torch.arange(rows, device=self.x.device) % len(self.x)
         return self.x[index], self.y[index]
@@ -277,8 +300,8 @@ class MeasuredCompute:
         return self._once((block_times, rows), threads, run)  # type: ignore[no-any-return]
 
     def step(self, rows: int, threads: int) -> float:
-        run = lambda: step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once((step_time, rows), threads, run)  # type: ignore[no-any-return]
+        run = lambda: step_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
+        return self._median("the step", (step_times, rows), threads, run)
 
     def update(self, first: int, count: int, threads: int) -> float:
         run = lambda: update_time(self.model, self._rows(1)[0], self.cfg, first, count)  # noqa: E731
@@ -293,8 +316,8 @@ class MeasuredCompute:
         return self._once((kfac_times, rows), threads, run)  # type: ignore[no-any-return]
 
     def ddp_step(self, rows: int, threads: int) -> float:
-        run = lambda: ddp_step_time(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once((ddp_step_time, rows), threads, run)  # type: ignore[no-any-return]
+        run = lambda: ddp_step_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
+        return self._median("the DDP step", (ddp_step_times, rows), threads, run)
 
     def pipeline_action(self, rows: int, m: int, threads: int) -> float:
         run = lambda: pipeline_action_time(self.model, *self._rows(rows), m)  # noqa: E731

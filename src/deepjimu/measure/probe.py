@@ -114,7 +114,7 @@ def _time_options(
     group: Any,
     warm: int = 10,
     rounds: int = 9,
-) -> tuple[dict[str, float], dict[str, float], list[list[list[int]]]]:
+) -> tuple[dict[str, float], dict[str, float], list[list[list[int]]], list[float]]:
     """Collective: step time of each option on a DDP over ``group`` (this rank alone).
 
     The options take turns, one step each per round, so that other work on the machine
@@ -129,7 +129,8 @@ def _time_options(
 
     Returns:
         the median step per option (the same on every rank), this rank's median decode
-        time per step, and DDP's bucket layout.
+        time per step, DDP's bucket layout, and the first option's step of each round (the
+        slowest rank's), whose spread says how noisy the medians are.
     """
     ids = [run.device.index] if run.device.type == "cuda" else None
     setups = {}
@@ -163,12 +164,13 @@ def _time_options(
         [t[warm:] for t in times.values()], dtype=torch.float64, device=run.device
     )
     dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
-    medians = {o: statistics.median(row) for o, row in zip(times, per_step.tolist(), strict=True)}
+    by_round = per_step.tolist()
+    medians = {o: statistics.median(row) for o, row in zip(times, by_round, strict=True)}
     # the median, not the mean: a memory-bound decode that shares the cores with the other
     # rank's backward pass has rare slow steps (QSGD's: 46 to 273 ms), which a mean over the
     # rounds let into the prediction (+44% to +78%, BENCHMARKS.md section 6)
     decode = {o: statistics.median(d[warm:]) for o, d in decodes.items()}
-    return medians, decode, layout
+    return medians, decode, layout, by_round[0]
 
 
 def measure(
@@ -195,7 +197,7 @@ def measure(
     extra = [wanted] if wanted not in ("auto", *PROBED) else []
     options = ["none", *(o for o in [*PROBED, *extra] if o != "none")]
     solo, _ = dist.new_subgroups(group_size=1)
-    steps, decode, layout = _time_options(options, model, x, y, cfg, run, solo)
+    steps, decode, layout, plain = _time_options(options, model, x, y, cfg, run, solo)
     dist.destroy_process_group(solo)
     decode = dict(zip(decode, slowest(list(decode.values()), run.device), strict=True))
     compute_s = steps["none"]
@@ -213,6 +215,7 @@ def measure(
         links=links,
         points=points,
         buckets=layout,
+        compute_rounds_s=plain,
     )
     if world > 1:  # every rank derives the same messages from the same layout
         probe.steps = _time_strategies(model, data, cfg, run, batch)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["median_s", "slowest", "timed_s"]
+__all__ = ["median_s", "slowest", "timed_runs", "timed_s"]
 
 
 def timed_s(run: Callable[[], object], device: torch.device) -> float:
@@ -27,12 +27,25 @@ def timed_s(run: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def median_s(run: Callable[[], object], repeats: int, device: torch.device, warm: int = 1) -> float:
-    """Median seconds of ``run()`` over ``repeats`` calls after ``warm`` untimed ones
-    (allocations, kernels, connections)."""
+def timed_runs(
+    run: Callable[[], object], repeats: int, device: torch.device, warm: int = 1
+) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``run()`` after ``warm`` untimed ones
+    (allocations, kernels, connections).
+
+    Example:
+        >>> len(timed_runs(lambda: None, 3, torch.device("cpu")))
+        3
+    """
     for _ in range(warm):
         timed_s(run, device)
-    return statistics.median(timed_s(run, device) for _ in range(repeats))
+    return [timed_s(run, device) for _ in range(repeats)]
+
+
+def median_s(run: Callable[[], object], repeats: int, device: torch.device, warm: int = 1) -> float:
+    """Median seconds of ``run()`` over ``repeats`` calls after ``warm`` untimed ones
+    (:func:`timed_runs`)."""
+    return statistics.median(timed_runs(run, repeats, device, warm))
 
 
 def slowest(values: Sequence[float], device: torch.device) -> list[float]:

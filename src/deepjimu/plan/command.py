@@ -4,9 +4,11 @@ The matrix is the bench's (``--strategies`` x ``--workers`` x ``--models`` x any
 list of a ``jimu train`` option), validated as ``jimu bench`` validates it. The cluster
 is either this machine (``--cluster probe``: the link is timed by ``jimu probe``'s
 collectives over real workers, the model's work measured in this process at each
-worker count's threads) or a TOML file describing one that is not here (FLOPs scaled by
-its devices' peaks). ``--check [N]`` then runs the N best predicted configurations (all
-without N) as ``jimu bench`` would run them and prints predicted against measured.
+worker count's threads, under a one-worker run's OpenMP wait policy) or a TOML file
+describing one that is not here (FLOPs scaled by its devices' peaks). ``--check [N]`` then
+runs the N best predicted configurations (all without N; with N, also the best-ranked one
+of one worker below them) as ``jimu bench`` would run them and prints predicted against
+measured.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from deepjimu.cost.profile import Layer
 from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.options import SyncGroup
-from deepjimu.plan.setup import cluster_and_compute, on_paper
+from deepjimu.plan.measuring import on_paper
+from deepjimu.plan.setup import cluster_and_compute, noisy_measurements
 from deepjimu.strategies.registry import entry, predict, rank_peaks
+from deepjimu.threads import ThreadPlan
 from deepjimu.units import format_bytes
 from deepjimu.validation import validate
 
@@ -91,9 +95,13 @@ def _configs(args: argparse.Namespace) -> tuple[list[_Config], list[Cell]]:
     return out, [c for c in cells if c.skip]
 
 
-def plan_from_args(args: argparse.Namespace) -> Path:
+def plan_from_args(args: argparse.Namespace, threads: ThreadPlan | None = None) -> Path:
     """Run ``jimu plan``: predict, print the ranked table, write ``plan.json``; ``--check``
     runs the best ones. Returns the output folder.
+
+    ``threads``: the thread plan of a one-worker run under which this process measures
+    (:func:`~deepjimu.plan.measuring.measuring_threads`; its OpenMP wait policy is set
+    before torch loads), printed in one line; None where nothing is measured here.
 
     Ctrl-C keeps what is done: ``plan.json`` is written once every configuration is
     predicted, before the check, and again with the checked runs that finished; folders of
@@ -111,9 +119,13 @@ def plan_from_args(args: argparse.Namespace) -> Path:
         raise JimuError(f"plan folder {out} already holds a plan.json; pick another --out")
     ours = not out.exists()  # a folder this plan makes, removed where it is left empty
     try:
-        rows = _predict(configs, args.cluster, out)
+        if threads is not None:
+            print(f"measuring in this process as one worker: {threads.describe()}", flush=True)
+        rows, noisy = _predict(configs, args.cluster, out)
         caveat = _caveat(args.cluster)
         print(_table(rows) + (f"\n{caveat}" if caveat else ""))
+        for line in noisy:
+            print(f"warning: {line}")
         for r in rows:
             if "_sync_table" in r:
                 print(f"\n{_label(r)}: sync plan\n{r['_sync_table']}")
@@ -186,8 +198,11 @@ def _prune(out: Path, ours: bool) -> None:
             folder.rmdir()
 
 
-def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[str, Any]]:
-    """Every configuration's row with its prediction (or why it has none), ranked.
+def _predict(
+    configs: list[_Config], cluster_arg: str, out: Path
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every configuration's row with its prediction (or why it has none), ranked, and a line
+    for each measurement whose repeats disagreed past their tolerance.
 
     Raises:
         Interrupted: Ctrl-C (or SIGTERM), in one line saying how many were predicted.
@@ -209,7 +224,7 @@ def _predict(configs: list[_Config], cluster_arg: str, out: Path) -> list[dict[s
             -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf,
         )
     )
-    return rows
+    return rows, noisy_measurements(made)
 
 
 def _predict_one(
@@ -297,8 +312,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> None:
-    """Run the best ``args.check`` rows (0: all) for real, ``args.repeats`` rounds of them;
-    add ``measured`` (the median run's figures, every run's samples/s) and the error to each.
+    """Run the rows of :func:`_to_check` for real, ``args.repeats`` rounds of them; add
+    ``measured`` (the median run's figures, every run's samples/s) and the error to each.
 
     Rounds rather than a configuration's repeats back to back: a machine whose speed drifts
     over minutes then moves every configuration alike, not one of them.
@@ -307,8 +322,8 @@ def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> N
         Interrupted: Ctrl-C (or SIGTERM), in one line saying how many runs were not done;
             the rows are compared on the runs that finished first.
     """
-    todo = [r for r in rows if r.get("predicted")]
-    todo = todo[: args.check] if args.check else todo
+    predicted = [r for r in rows if r.get("predicted")]
+    todo = _to_check(predicted, args.check)
     got: dict[int, list[dict[str, Any]]] = {id(r): [] for r in todo}
     total, finished = args.repeats * len(todo), 0
     stop: KeyboardInterrupt | None = None
@@ -326,9 +341,37 @@ def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> N
         stop = e
     for r in todo:
         _compare(r, got[id(r)])
-    print(_check_summary(todo, args.repeats))
+    print(_check_summary(todo, args.repeats, _unverified(todo, args.check, len(predicted))))
     if stop is not None:
         raise _stopped(stop, f" in the check ({total - finished} of {total} checked runs not done)")
+
+
+def _to_check(predicted: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    """The rows that ``--check top`` runs, of the ``predicted`` ones (ranked): every one for
+    0; else the ``top`` best and, where one is ranked below them, the best configuration of
+    one worker that fits.
+
+    A one-worker row's figures come from this process's measurements alone, which a busy
+    machine once put 50-150x too slow: the fastest configuration was ranked last, and a
+    check of the top two said its ranking held (issue 48). One run of it is cheap.
+    """
+    if not top:
+        return predicted
+    below = [r for r in predicted[top:] if r["workers"] == 1 and "does_not_fit" not in r]
+    return predicted[:top] + below[:1]
+
+
+def _unverified(todo: list[dict[str, Any]], top: int, predicted: int) -> str:
+    """The check summary's clause on what it did not run: empty where it ran every
+    predicted row; else that only the predicted top ``top`` (and the one-worker row of
+    :func:`_to_check`) were checked, so that the ranking of the others is unverified."""
+    if len(todo) >= predicted:
+        return ""
+    also = f" and {_label(todo[top])}, the best of one worker below them," if todo[top:] else ""
+    return (
+        f"; only the predicted top {top}{also} were checked: the ranking of the other "
+        f"{predicted - len(todo)} is unverified"
+    )
 
 
 def _check_run(
@@ -373,10 +416,11 @@ def _compare(row: dict[str, Any], runs: list[dict[str, Any]]) -> None:
     row["error"] = (row["predicted"]["samples_per_s"] - real) / real
 
 
-def _check_summary(rows: list[dict[str, Any]], repeats: int = 1) -> str:
+def _check_summary(rows: list[dict[str, Any]], repeats: int = 1, unverified: str = "") -> str:
     """Predicted against measured per row, the median and worst error of samples/s, and
     whether the predicted fastest is the fastest (with repeats: against each row's median run,
-    and how far the runs of one configuration spread)."""
+    and how far the runs of one configuration spread), then ``unverified``
+    (:func:`_unverified`)."""
     done = [r for r in rows if r.get("error") is not None]
     if not done:
         return "check: no configuration finished"
@@ -408,5 +452,6 @@ def _check_summary(rows: list[dict[str, Any]], repeats: int = 1) -> str:
     summary = (
         f"check: {len(done)} configurations, |error| of samples/s median {statistics.median(errors):.0%}, "
         f"worst {max(errors):.0%}; the predicted fastest ({_label(first)}) is {verdict}{noise}"
+        f"{unverified}"
     )
     return "\n".join([*lines, summary]) if repeats > 1 else summary

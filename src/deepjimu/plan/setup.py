@@ -4,7 +4,9 @@
 workers as the plan's largest configuration (at least 2; the ring formulas of
 :class:`~deepjimu.cost.cluster.Cluster` carry the fit to other worker counts), its cores
 (:func:`deepjimu.threads.available_cores`), and the model's work in this process
-(:class:`~deepjimu.measure.compute.MeasuredCompute`). A TOML file describes a cluster that
+(:class:`~deepjimu.measure.compute.MeasuredCompute`; one worker's at the threads its run
+gets, every figure under a one-worker run's OpenMP wait policy:
+:mod:`deepjimu.plan.measuring`). A TOML file describes a cluster that
 is not here: the model's FLOPs over its device's rate
 (:class:`~deepjimu.cost.profile.AnalyticCompute`). A ``probe.json`` of ``jimu probe``
 (run anywhere: two nodes under torchrun over their real link) gives the collectives of
@@ -39,23 +41,13 @@ from deepjimu.launch import probe
 from deepjimu.measure.blocks import layers_of
 from deepjimu.measure.compute import MeasuredCompute
 from deepjimu.models import build_model
+from deepjimu.plan.measuring import on_paper
 from deepjimu.strategies.admm.model import admm_layers
 from deepjimu.strategies.registry import entry
-from deepjimu.threads import available_cores
+from deepjimu.threads import available_cores, plan_threads
 from deepjimu.worker import pick_device
 
-__all__ = ["cluster_and_compute", "on_paper", "probe_cluster"]
-
-
-def on_paper(cluster_arg: str) -> bool:
-    """Whether ``--cluster`` is a TOML file: figures from its device's peaks, nothing measured
-    (``probe`` and a ``probe.json`` time the links, and the model's work here).
-
-    Example:
-        >>> on_paper("examples/clusters/h100-node.toml"), on_paper("probe")
-        (True, False)
-    """
-    return cluster_arg != "probe" and not cluster_arg.endswith(".json")
+__all__ = ["cluster_and_compute", "noisy_measurements", "probe_cluster"]
 
 
 def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any]:
@@ -174,25 +166,30 @@ def _cluster_and_compute(
     compute, layers, n = _model_figures(cfg, made, made.get("file"), measured)
     if not measured or cluster_arg.endswith(".json"):
         return made["file"], compute, layers, n
+    if p < 2:
+        # one worker computes on the threads its run gets (--threads, else OMP_NUM_THREADS,
+        # else every core; busy=0: the wait policy, the rest of its plan, is not asked here)
+        threads = plan_threads(1, cfg.threads, cfg.omp_wait, busy=0).threads
+        if ("cluster", p, threads) not in made:
+            made["cluster", p, threads] = _alone(pick_device(cfg, 0, 1), threads)
+        return made["cluster", p, threads], compute, layers, n
     if ("cluster", p) not in made:
-        if p < 2:
-            made["cluster", p] = _alone(pick_device(cfg, 0, 1))
-        else:
-            cluster, found = probe_cluster(cfg, p, out)
-            t = cluster.threads_per_rank(p) or 1
-            own, own_layers, _ = _model_figures(
-                dataclasses.replace(cfg, model=found.model), made, None, True
-            )
-            fair = own.ddp_step(found.batch_per_rank, t) * cluster.ranks_sharing_cores(p)
-            # the probe's ranks step together: what their step took beyond a fair share of
-            # the cores is lost once per synchronisation
-            sync = {p: max(0.0, found.compute_s - fair)}
-            cluster = dataclasses.replace(cluster, sync_s=sync)
-            made["cluster", p] = dataclasses.replace(
-                cluster,
-                action_s=_action_s(cluster, found, cfg, own, own_layers),
-                ddp_sync_s=_ddp_sync(cluster, found, cfg, own_layers),
-            )
+        cluster, found = probe_cluster(cfg, p, out)
+        made["probe", p] = found  # its repeats' spread: noisy_measurements
+        t = cluster.threads_per_rank(p) or 1
+        own, own_layers, _ = _model_figures(
+            dataclasses.replace(cfg, model=found.model), made, None, True
+        )
+        fair = own.ddp_step(found.batch_per_rank, t) * cluster.ranks_sharing_cores(p)
+        # the probe's ranks step together: what their step took beyond a fair share of
+        # the cores is lost once per synchronisation
+        sync = {p: max(0.0, found.compute_s - fair)}
+        cluster = dataclasses.replace(cluster, sync_s=sync)
+        made["cluster", p] = dataclasses.replace(
+            cluster,
+            action_s=_action_s(cluster, found, cfg, own, own_layers),
+            ddp_sync_s=_ddp_sync(cluster, found, cfg, own_layers),
+        )
     return made["cluster", p], compute, layers, n
 
 
@@ -257,19 +254,34 @@ def _ddp_sync(
     return {found.world: max(0.0, steps[0].step_s - found.compute_s - comm_s)}
 
 
-def _alone(device: torch.device) -> Cluster:
-    """This machine for one worker on ``device``: no link is used."""
+def _alone(device: torch.device, threads: int) -> Cluster:
+    """This machine for one worker on ``device`` computing on ``threads`` threads (on a CPU
+    the cluster's cores: its one rank's threads are its cores): no link is used."""
     cores = available_cores() if device.type == "cpu" else None
+    own = f", {threads} thread{'s' if threads > 1 else ''}" if cores and threads != cores else ""
     return Cluster(
-        name=f"this machine ({device}" + (f", {cores} cores)" if cores else ")"),
+        name=f"this machine ({device}" + (f", {cores} cores{own})" if cores else ")"),
         nodes=1,
         ranks_per_node=1,
         device=Device(str(device), {"fp32": 1.0}, 0),
         intra=Link(0.0, float("inf")),
         inter=None,
-        cores_per_node=cores,
+        cores_per_node=threads if cores else None,
         source="probe",
     )
+
+
+def noisy_measurements(made: dict[Any, Any]) -> list[str]:
+    """A line for each measurement of a plan (``made``: what :func:`cluster_and_compute`
+    kept) whose repeated timings disagreed past their tolerance: the steps measured in this
+    process, each probe's plain step (:func:`~deepjimu.cost.probe.noisy_repeats`)."""
+    out = []
+    for kept in made.values():
+        if isinstance(kept, tuple) and isinstance(kept[0], MeasuredCompute):
+            out += kept[0].notes
+        elif isinstance(kept, Probe) and (noisy := kept.noisy_step()):
+            out.append(noisy)
+    return out
 
 
 def _model_figures(
