@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ __all__ = [
     "check_fit",
     "out_of_memory",
     "peak_memory_mb",
+    "return_freed_memory",
 ]
 
 # the share of the available memory a run's workers may take: the rest is the launcher's,
@@ -144,3 +147,29 @@ def out_of_memory(limit: str, device: torch.device, e: Exception) -> OutOfMemory
         )
     first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
     return OutOfMemory(f"{device} ran out of memory (its allocator's peak: {peak}): {first}")
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+FREED_FROM = 1 << 20
+"""Allocations of at least this many bytes get their own mapping under
+:func:`return_freed_memory`, handed back to the system when freed."""
+
+
+def return_freed_memory() -> bool:
+    """Have glibc's allocator return what a process frees: allocations of
+    :data:`FREED_FROM` bytes or more in mappings of their own, and no dynamic threshold.
+
+    glibc raises its threshold to the size of a freed mapping (up to 32 MiB), and serves what
+    is smaller from a heap that keeps what is freed: a strategy that gathers every block's
+    weights and frees them each step (fsdp) then grew a CPU worker to about twice its state
+    (mlp:1024x8, fsdp x2: 761 MB, 407 MB with this; at 197 against 198 samples/s). Not for
+    every strategy: ddp, whose buckets are reused, lost 22% of its speed to the page faults
+    of fresh mappings. No-op (False) where the C library is not glibc.
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to set
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, FREED_FROM))

@@ -96,8 +96,9 @@ def replicated_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> li
 
 def fsdp_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
     """1/P of the weights, gradients and optimizer state; one block unsharded at a time
-    (its weights, and its gradients before the reduce-scatter) and the next one's weights
-    gathered ahead; the activations of a rank's share of the batch."""
+    (its weights, and its gradients before the reduce-scatter: a step's transients) and the
+    next one's weights gathered ahead; the activations of a rank's share of the batch. On a
+    CPU, as the strategy has glibc return what it frees (``memory.return_freed_memory``)."""
     p = _workers(cfg)
     params = sum(l.params for l in layers)
     blocks = sorted((l.params for l in layers), reverse=True)

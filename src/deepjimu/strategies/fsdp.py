@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 
 from deepjimu.comm import Comm, CommStats, nbytes
 from deepjimu.data import DataSplits
+from deepjimu.memory import return_freed_memory
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
@@ -103,6 +104,8 @@ class FSDPStrategy(DataParallel):
         return cls.balance_problems(str(cfg.balance))
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
+        if run.device.type == "cpu":  # the gathered blocks freed each step go back at once
+            return_freed_memory()
         self.run, self.model = run, model
         self.setup_shards(data, run)
         self.sharded = self._shard(model, run)  # the engine's model freed meanwhile

@@ -369,6 +369,8 @@ def rank_peaks(
             listed_balance(str(cfg.balance)) or cfg.balance == "size"
         )
         states = with_whole_model(states, layers, not e.traits.splits_model, timed)
-    if e.memory is not staged_state:  # a stage's rank: its own blocks', in its state
+    # a step's transients: in the state of a stage's rank (its own blocks') and of fsdp's
+    # (the unsharded block's gradient is the backward's; its optimizer steps on shards)
+    if e.memory not in (staged_state, fsdp_state):
         states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
