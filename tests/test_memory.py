@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from deepjimu.errors import JimuError
 from deepjimu.memory import MARGIN, Limit, available_memory, check_fit
+from processes import env
 
 MB = 2**20
 
@@ -58,3 +62,29 @@ def test_a_budget_counts_the_training_state_and_refuses_only_past_the_margin() -
     # a limit of the whole process (RLIMIT_AS) is held to the whole peak
     with pytest.raises(JimuError, match=r"worker 0 needs about 500\.0 MB .* and the process"):
         check_fit(peaks, [Limit(300 * MB, "RLIMIT_AS", shared=False)], states)
+
+
+_FRAGMENTS = """
+import sys, torch
+from deepjimu.memory import return_freed_memory
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) >> 10
+big = torch.ones(16 << 20, dtype=torch.uint8); del big  # glibc raises its threshold to 16 MiB
+if sys.argv[1] == "1":
+    return_freed_memory()
+blocks = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(20)]
+before = rss()
+del blocks[::2]  # every other block freed: 40 MB of holes in the heap
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_return_freed_memory_hands_freed_blocks_back_to_the_system() -> None:
+    def returned(flag: str) -> int:
+        r = subprocess.run([sys.executable, "-c", _FRAGMENTS, flag], capture_output=True,
+                           text=True, env=env(), timeout=60, check=True)  # fmt: skip
+        return int(r.stdout)
+
+    assert returned("0") < 10  # glibc keeps the holes
+    assert returned("1") >= 35  # each block had its own mapping, returned when freed
