@@ -168,8 +168,12 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         help="probe (measure this machine), a probe.json of jimu probe (its link; the model's "
         "work measured here) or a cluster TOML file (see examples/clusters)",
     )
+    p.add_argument("--name", default=None, help="plan folder name (default: plan-YYYYmmdd-HHMMSS)")
     p.add_argument(
-        "--out", default=None, help="folder for plan.json (default: plans/plan-YYYYmmdd-HHMMSS)"
+        "--plans-dir", default="plans", help="folder that holds plan folders (default: plans)"
+    )
+    p.add_argument(
+        "--out", default=None, help="the plan folder itself, instead of --plans-dir/--name"
     )
     p.add_argument(
         "--check",

@@ -167,6 +167,14 @@ def test_a_paper_plan_says_where_its_figures_come_from_and_how_far_off(tmp_path,
     assert json.loads((out / "plan.json").read_text())["caveat"] == below
 
 
+def test_a_plan_folder_is_named_as_a_bench_folder_is(tmp_path, capsys) -> None:
+    common = ["plan", "--cluster", str(EXAMPLES / "h100-node.toml"), "--strategies", "local",
+              "--workers", "1", "--models", "mlp:16x2"]  # fmt: skip
+    assert main([*common, "--plans-dir", str(tmp_path / "p"), "--name", "n"]) == 0
+    assert (tmp_path / "p" / "n" / "plan.json").exists()
+    assert capsys.readouterr().out.splitlines()[-1] == f"plan: {tmp_path / 'p' / 'n' / 'plan.json'}"
+
+
 def _fake_check(monkeypatch, calls: int, out: Path) -> list[str]:
     """``run_cell`` and ``measure`` of the check made instant: the first ``calls`` runs finish
     at 100 samples/s, the next leaves its run folder holding only its lock and is stopped by

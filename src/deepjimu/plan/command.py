@@ -114,7 +114,9 @@ def plan_from_args(args: argparse.Namespace, threads: ThreadPlan | None = None) 
     if args.repeats < 1:
         raise JimuError(f"--repeats must be >= 1 (repeats: {args.repeats})")
     configs, skipped = _configs(args)
-    out = Path(args.out or f"plans/plan-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    # as jimu train's --runs-dir/--name and jimu bench's --bench-dir/--name; --out names it whole
+    name = args.name or f"plan-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    out = Path(args.out or Path(args.plans_dir) / name)
     if (out / "plan.json").exists():
         raise JimuError(f"plan folder {out} already holds a plan.json; pick another --out")
     ours = not out.exists()  # a folder this plan makes, removed where it is left empty
