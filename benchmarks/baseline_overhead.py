@@ -45,12 +45,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
+from deepjimu.devices import free_port
 from deepjimu.launch import train
 from deepjimu.leave import group_started, leave_at_exit
 from deepjimu.models import build_model
 from deepjimu.strategies.base import epoch_order, split_steps
 from deepjimu.threads import available_cores
-from deepjimu.worker import free_port
 
 __all__ = ["deepjimu_ddp_epochs", "deepjimu_local", "main", "plain_ddp_epochs", "plain_local"]
 

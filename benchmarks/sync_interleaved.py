@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     if "RANK" in os.environ:  # started by torchrun
         _rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, None)
         return
-    from deepjimu.worker import free_port
+    from deepjimu.devices import free_port
 
     mp.spawn(_rank, args=(2, args, free_port()), nprocs=2)
 

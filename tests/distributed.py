@@ -18,7 +18,7 @@ import torch._dynamo  # imported once here, not in every forked rank
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from deepjimu.worker import free_port
+from deepjimu.devices import free_port
 
 __all__ = ["distributed_test", "free_port", "run_world"]
 

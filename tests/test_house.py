@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run", ("run",)),
     ("strategies", ("strategies",)),
     ("measure", ("measure",)),
-    ("validation", ("validation", "flags", "worker", "summary")),
+    ("validation", ("validation", "flags", "devices", "worker", "summary")),
     ("launch", ("launch", "preflight")),
     ("commands", ("bench", "plan", "report", "api", "sbatch")),
     ("cli", ("arguments", "cli", "__main__", "")),

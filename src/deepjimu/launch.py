@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from deepjimu.atomic import atomic_write_text, space_error
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, DataSplits, load_dataset
+from deepjimu.devices import pick_device
 from deepjimu.emulate import parse_speeds, speed_groups
 from deepjimu.errors import Interrupted, JimuError, OutOfMemory, signals_interrupt
 from deepjimu.launchers import Launcher, Placement, placement
@@ -49,7 +50,6 @@ from deepjimu.worker import (
     UNREPORTED_EXIT,
     ModelFactory,
     error_dir,
-    pick_device,
     run_dir_of,
     spawned_worker,
     worker_main,

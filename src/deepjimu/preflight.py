@@ -26,6 +26,7 @@ from deepjimu.budget import (
 from deepjimu.config import RunConfig
 from deepjimu.cost.profile import Layer
 from deepjimu.data import DataSplits
+from deepjimu.devices import pick_device
 from deepjimu.errors import JimuError
 from deepjimu.measure.blocks import layers_of
 from deepjimu.memory import Limit, available_memory, check_fit
@@ -34,7 +35,6 @@ from deepjimu.record.folder import latest_checkpoint
 from deepjimu.strategies.registry import rank_peaks
 from deepjimu.threads import ThreadPlan, scoped_env
 from deepjimu.units import format_bytes
-from deepjimu.worker import pick_device
 
 if TYPE_CHECKING:
     from torch import nn

@@ -6,7 +6,6 @@ import contextlib
 import datetime
 import json
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -19,10 +18,10 @@ from torch import nn
 
 from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.budget import join_memory_group
-from deepjimu.choices import Device
 from deepjimu.config import RunConfig
 from deepjimu.cost.compress import CostModel, save_choice
 from deepjimu.data import DataOptions, DataSplits, load_dataset
+from deepjimu.devices import free_port, pick_device
 from deepjimu.emulate import free_comm_threads, join_own_group, thread_ids
 from deepjimu.errors import Interrupted, JimuError, OutOfMemory, one_line, signals_interrupt
 from deepjimu.launchers import placement
@@ -44,7 +43,7 @@ from deepjimu.record.folder import (
 )
 from deepjimu.run import Run
 from deepjimu.strategies import get_strategy
-from deepjimu.strategies.registry import entry
+from deepjimu.strategies.registry import builds_in_parts, entry
 from deepjimu.summary import summarise
 from deepjimu.threads import ThreadPlan, plan_threads
 
@@ -52,7 +51,6 @@ __all__ = [
     "ModelFactory",
     "default_run_name",
     "error_dir",
-    "free_port",
     "run_dir_of",
     "spawned_worker",
     "worker_main",
@@ -98,31 +96,8 @@ def error_dir(out_dir: Path) -> Path:
     return out_dir / ".errors"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
-
-
-def pick_device(cfg: RunConfig, local_rank: int, local_world: int) -> torch.device:
-    """CUDA when asked or available with one GPU per local worker; otherwise the CPU.
-
-    Raises:
-        JimuError: ``--device cuda`` without enough GPUs.
-    """
-    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg.device == Device.CUDA and n_gpu < local_world:
-        raise JimuError(
-            f"--device cuda needs one GPU per worker (GPUs: {n_gpu}, workers on this machine: {local_world})"
-        )
-    if cfg.device == Device.CPU or n_gpu < local_world:
-        return torch.device("cpu")
-    return torch.device("cuda", local_rank)
 
 
 def worker_main(
@@ -410,12 +385,21 @@ def _train(
     if rank == 0 and data.info and not cfg.quiet:
         print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))
     strategy = strategy_cls(cfg)
-    model = _model(cfg, data, model_factory)
-    # each rank's speed, where the run may balance its work by it (--balance auto, speed)
     traits = entry(cfg.strategy).traits
+    parts = world > 1 and model_factory is None and builds_in_parts(cfg)
+    # a split model's worker plans on the model's shapes, then builds its own blocks alone
+    with torch.device("meta") if parts else contextlib.nullcontext():
+        model = _model(cfg, data, model_factory)
+    # each rank's speed, where the run may balance its work by it (--balance auto, speed)
     if traits.balances:
         sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
         balance_speeds(model, *sample, run, resume, time_shared(cfg.emulate_speeds, plan, device))
+    if parts:
+        own = strategy.own_blocks(model, data, run)
+        assert own is not None, "a split model's strategy names its blocks"
+        model = build_model(
+            cfg.model, data.feature_shape, data.num_classes, cfg.seed, own.__contains__
+        )
     if traits.shards_data:
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
@@ -453,8 +437,12 @@ def _resume(cfg: RunConfig, run: Run, model: nn.Module, resume: Path, how: str) 
     if ckpt is None and cfg.resume:
         raise JimuError(f"--resume {resume}: no checkpoint in {resume / 'checkpoint'}")
     if ckpt is not None:
+        held = model.state_dict()  # a split model's rank: its own blocks, the others meta
         try:
-            model.load_state_dict(ckpt.model_state)
+            if set(ckpt.model_state) != set(held):
+                raise RuntimeError(f"keys {sorted(set(ckpt.model_state) ^ set(held))[:4]}")
+            own = {k: v for k, v in ckpt.model_state.items() if not held[k].is_meta}
+            model.load_state_dict(own, strict=False)
         except RuntimeError as e:
             raise JimuError(
                 f"checkpoint of {resume} does not fit model {cfg.model}: {one_line(e)[:200]}"

@@ -20,12 +20,12 @@ from deepjimu.cli import main
 from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions
 from deepjimu.data.digits import load_digits_raw
+from deepjimu.devices import free_port
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
 from deepjimu.models import build_model
 from deepjimu.record.checkpoint import model_state_of
 from deepjimu.record.folder import latest_checkpoint
-from deepjimu.worker import free_port
 from processes import env
 
 

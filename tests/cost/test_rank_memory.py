@@ -111,6 +111,8 @@ def test_a_cpu_worker_adds_the_process_base_and_the_data(strategy: str) -> None:
         state = with_whole_model(state, LAYERS, kept=False, timed=True)
         assert with_whole_model([0.0, 4e5], LAYERS, kept=False) == [16000, 4e5]
         assert with_whole_model([0.0, 0.0], LAYERS, False, timed=True) == [24000, 16000]
+        # built in parts (an mlp's blocks, each rank its own): no whole model at the start
+        assert with_whole_model([0.0, 0.0], LAYERS, False, True, parts=True) == [8000, 0]
         # a sharded model's keeps the whole model beside its shards (the copy, the gather)
         assert with_whole_model([0.0, 4e5], LAYERS, kept=True) == [16000, 16000 + 4e5]
     else:  # a step's transients, beside the state

@@ -162,3 +162,17 @@ def test_a_factory_spec_names_the_factory_and_builds_nothing() -> None:
         JimuError, match=r"built by a Python function that only deepjimu\.fit can call"
     ):
         build_model(spec, (4,), 2)
+
+
+@pytest.mark.parametrize("spec", ["mlp:16x3", "cnn:4-8", "lenet"])
+def test_a_worker_builds_its_own_blocks_as_the_whole_model_would(spec: str) -> None:
+    whole = build_model(spec, (1, 8, 8), 10, seed=5)
+    part = build_model(spec, (1, 8, 8), 10, seed=5, keep=lambda i: i in (1, 2))
+    for (name, a), (name2, b) in zip(
+        whole.state_dict().items(), part.state_dict().items(), strict=True
+    ):
+        assert name == name2
+        if name.split(".")[0] in ("1", "2"):
+            assert torch.equal(a, b), name  # the same random stream, block by block
+        else:
+            assert b.is_meta, name  # drawn and freed: another worker's

@@ -201,3 +201,8 @@ def test_each_rank_checkpoints_its_own_blocks_and_a_resume_is_exact(tmp_path: Pa
     assert full.keys() == resumed.keys() and len(full) == 8
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
+    # each rank built its own blocks alone, as the whole model would have: local's weights
+    local = {**common, "strategy": "local", "workers": 1, "balance": "auto"}
+    train(RunConfig(epochs=4, name="local", **local))
+    for k, v in params(tmp_path / "local").items():
+        assert torch.allclose(full[k], v, rtol=0, atol=1e-6), k

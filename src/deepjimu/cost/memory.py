@@ -148,16 +148,18 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
 
 
 def with_whole_model(
-    states: list[float], layers: list[Layer], kept: bool, timed: bool = False
+    states: list[float], layers: list[Layer], kept: bool, timed: bool = False, parts: bool = False
 ) -> list[float]:
-    """A split or sharded strategy's ranks, with the whole model they were built from: every
+    """A split or sharded strategy's ranks, with the whole model they were built from: a
     worker builds the whole ``nn.Sequential`` first (where the run balances by speed, each
-    steps it one block at a time, within its own transients). A split model's rank then
-    frees the other ranks' blocks (its part alone after that); a sharded model's (``kept``)
-    keeps it beside its shards while it copies them, and rank 0 gathers the trained one into
-    it at the end. Where the split follows the blocks' measured times (``timed``), rank 0
-    times a copy of each block and its gradients beside the whole model first."""
-    whole = sum(l.params for l in layers) * FLOAT
+    steps it one block at a time, within its own transients), but a split model's built in
+    ``parts`` (``registry.builds_in_parts``: each rank its own blocks, another's drawn and
+    freed one at a time). A split model's rank then frees the other ranks' blocks (its part
+    alone after that); a sharded model's (``kept``) keeps it beside its shards while it
+    copies them, and rank 0 gathers the trained one into it at the end. Where the split
+    follows the blocks' measured times (``timed``), rank 0 times a copy of each block and its
+    gradients beside the model first."""
+    whole = 0 if parts else sum(l.params for l in layers) * FLOAT
     out = [max(whole, whole + s if kept else s) for s in states]
     if timed and out:
         out[0] = max(out[0], whole + transients(layers))

@@ -24,7 +24,28 @@ from deepjimu.cost.profile import BlockTimes, Layer
 from deepjimu.measure.timing import median_s, timed_runs
 from deepjimu.strategies.base import make_optimizer
 
-__all__ = ["block_times", "layers_of", "plain_step", "step_times", "update_time", "use_threads"]
+__all__ = [
+    "block_times",
+    "layers_of",
+    "plain_step",
+    "runnable",
+    "step_times",
+    "update_time",
+    "use_threads",
+]
+
+
+def runnable(block: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of ``block`` on ``device`` to time. A block on the meta device (another
+    worker's, which this one never built) gets weights of its shapes, zero: a dense
+    layer's time does not depend on its values, and zeros are no denormals."""
+    if not any(t.is_meta for t in [*block.parameters(), *block.buffers()]):
+        return copy.deepcopy(block).to(device)
+    made = copy.deepcopy(block).to_empty(device=device)
+    with torch.no_grad():
+        for t in [*made.parameters(), *made.buffers()]:
+            t.zero_()
+    return made
 
 
 @contextmanager
@@ -112,7 +133,7 @@ def block_times(model: nn.Sequential, x: Tensor, repeats: int = 7) -> BlockTimes
     with torch.random.fork_rng(devices=devices):
         inp = x
         for original in model:
-            block = copy.deepcopy(original).to(x.device)
+            block = runnable(original, x.device)
             inp = inp.detach().requires_grad_(inp.is_floating_point())
             with torch.no_grad():
                 out = block(inp)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from deepjimu.atomic import atomic_write_text
 from deepjimu.balance import SPEED_BALANCES, chosen_balance
 from deepjimu.emulate import parse_speeds
+from deepjimu.measure.blocks import runnable
 from deepjimu.measure.timing import timed_s
 from deepjimu.run import Run
 from deepjimu.threads import ThreadPlan
@@ -58,7 +59,8 @@ def calibrate(
     one block at a time, each block's gradients dropped before the next (a whole step would
     hold the whole model's gradients too); the rates of the ranks compare alike.
     """
-    here = all(t.device == x.device for t in model.parameters())
+    # a split model's other blocks (on the meta device) are made, one at a time, each step
+    here = all(t.device == x.device or t.is_meta for t in model.parameters())
     probe = model if here else copy.deepcopy(model).to(x.device)
     buffers = {name: b.detach().clone() for name, b in probe.named_buffers()}
     devices = [x.device] if x.device.type == "cuda" else []
@@ -69,7 +71,8 @@ def calibrate(
             F.cross_entropy(probe(x), y).backward()
             return
         inp = x
-        for i, block in enumerate(probe):
+        for i, held in enumerate(probe):
+            block = runnable(held, x.device) if _meta(held) else held
             inp = inp.detach().requires_grad_(inp.is_floating_point())
             out = block(inp)
             last = i == len(probe) - 1
@@ -124,6 +127,10 @@ def emulation_unmet(asked: list[float], measured: list[float]) -> str | None:
         "them more than the emulated quotas do, so the emulation has little effect; run it on "
         "an idle machine, or with fewer threads (--threads)"
     )
+
+
+def _meta(block: nn.Module) -> bool:
+    return any(t.is_meta for t in block.parameters())
 
 
 def time_shared(emulate_speeds: str, plan: ThreadPlan, device: torch.device) -> bool:

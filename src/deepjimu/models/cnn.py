@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from deepjimu.models.parts import Keep, placed
+
 __all__ = ["BasicBlock", "cnn", "lenet", "pool_plan", "resnet"]
 
 
@@ -31,9 +33,11 @@ def pool_plan(depth: int, size: tuple[int, int]) -> list[bool]:
 
 
 def cnn(
-    feature_shape: tuple[int, ...], channels: tuple[int, ...], num_classes: int
+    feature_shape: tuple[int, ...], channels: tuple[int, ...], num_classes: int, keep: Keep = None
 ) -> nn.Sequential:
-    """Blocks ``Conv2d(3x3, same), ReLU[, AvgPool2d(2)]`` per channel count, then a linear classifier.
+    """Blocks ``Conv2d(3x3, same), ReLU[, AvgPool2d(2)]`` per channel count, then a linear
+    classifier; only the blocks ``keep`` names hold their weights
+    (:func:`~deepjimu.models.parts.placed`).
 
     The pooling follows :func:`pool_plan`; the last block is ``Flatten, Linear``. Average
     pooling (not max) keeps every map a linear function of the previous ReLU output, which
@@ -54,10 +58,10 @@ def cnn(
         if pools:
             layers.append(nn.AvgPool2d(2))
             h, w = h // 2, w // 2
-        blocks.append(nn.Sequential(*layers))
+        blocks.append(placed(len(blocks), nn.Sequential(*layers), keep))
         c = c_out
-    blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes)))
-    return nn.Sequential(*blocks)
+    last = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes))
+    return nn.Sequential(*blocks, placed(len(blocks), last, keep))
 
 
 def lenet(feature_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:

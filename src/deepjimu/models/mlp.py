@@ -6,11 +6,16 @@ import math
 
 from torch import nn
 
+from deepjimu.models.parts import Keep, placed
+
 __all__ = ["mlp"]
 
 
-def mlp(feature_shape: tuple[int, ...], widths: tuple[int, ...], num_classes: int) -> nn.Sequential:
-    """Blocks ``[Flatten,] Linear, ReLU`` per hidden width, then ``Linear`` to the classes.
+def mlp(
+    feature_shape: tuple[int, ...], widths: tuple[int, ...], num_classes: int, keep: Keep = None
+) -> nn.Sequential:
+    """Blocks ``[Flatten,] Linear, ReLU`` per hidden width, then ``Linear`` to the classes;
+    only the blocks ``keep`` names hold their weights (:func:`~deepjimu.models.parts.placed`).
 
     Example:
         >>> mlp((1, 8, 8), (256, 256, 256), 10)[0]
@@ -24,8 +29,8 @@ def mlp(feature_shape: tuple[int, ...], widths: tuple[int, ...], num_classes: in
     blocks: list[nn.Module] = []
     for i, w in enumerate(widths):
         head = [nn.Flatten()] if i == 0 and len(feature_shape) > 1 else []
-        blocks.append(nn.Sequential(*head, nn.Linear(d, w), nn.ReLU()))
+        blocks.append(placed(i, nn.Sequential(*head, nn.Linear(d, w), nn.ReLU()), keep))
         d = w
     head = [nn.Flatten()] if not widths and len(feature_shape) > 1 else []
-    blocks.append(nn.Sequential(*head, nn.Linear(d, num_classes)))
+    blocks.append(placed(len(widths), nn.Sequential(*head, nn.Linear(d, num_classes)), keep))
     return nn.Sequential(*blocks)

@@ -14,6 +14,7 @@ from deepjimu.models.cnn import cnn, lenet, resnet
 from deepjimu.models.embed import embed
 from deepjimu.models.gcn import gcn
 from deepjimu.models.mlp import mlp
+from deepjimu.models.parts import Keep, placed
 
 __all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_spec"]
 
@@ -122,9 +123,14 @@ def count_blocks(spec: str) -> int:
 
 
 def build_model(
-    spec: str, feature_shape: tuple[int, ...], num_classes: int, seed: int = 0
+    spec: str, feature_shape: tuple[int, ...], num_classes: int, seed: int = 0, keep: Keep = None
 ) -> nn.Sequential:
     """Build the model of ``spec`` for inputs of ``feature_shape``; weights drawn from ``seed``.
+
+    ``keep``: the blocks this worker holds (None: all); the others end on the meta device,
+    their weights drawn and freed as the model is built (an ``mlp`` or ``cnn`` one block at
+    a time: the kept blocks equal the whole model's, and a worker never holds more than
+    them and one other; any other model is built whole first).
 
     Returns:
         ``nn.Sequential`` whose children are the blocks. For ``mlp``, block l is
@@ -146,21 +152,31 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if ms.kind == "mlp":
-            return mlp(feature_shape, ms.widths, num_classes)
-        if ms.kind == "embed":
-            return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes, ms.widths[2:])
-        if ms.kind == "gcn":
-            if len(feature_shape) != 1:
-                raise JimuError(
-                    f"model {spec!r} needs node feature rows; the data has shape {feature_shape}"
-                )
-            return gcn(feature_shape[0], ms.widths[0], num_classes)
-        if len(feature_shape) != 3:
+            return mlp(feature_shape, ms.widths, num_classes, keep)
+        if ms.kind == "cnn" and len(feature_shape) == 3:
+            return cnn(feature_shape, ms.widths, num_classes, keep)
+        model = _whole(ms, spec, feature_shape, num_classes)
+    if keep is None or not isinstance(model, nn.Sequential):
+        return model
+    return nn.Sequential(*(placed(i, b, keep) for i, b in enumerate(model)))
+
+
+def _whole(
+    ms: ModelSpec, spec: str, feature_shape: tuple[int, ...], num_classes: int
+) -> nn.Sequential:
+    """The model of a spec that is built whole (not an ``mlp`` or an image ``cnn``)."""
+    if ms.kind == "embed":
+        return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes, ms.widths[2:])
+    if ms.kind == "gcn":
+        if len(feature_shape) != 1:
             raise JimuError(
-                f"model {spec!r} needs image inputs (C, H, W); the data has shape {feature_shape}"
+                f"model {spec!r} needs node feature rows; the data has shape {feature_shape}"
             )
-        if ms.kind == "cnn":
-            return cnn(feature_shape, ms.widths, num_classes)
-        if ms.kind == "lenet":
-            return lenet(feature_shape, num_classes)
-        return resnet(feature_shape, num_classes, ms.blocks_per_stage)
+        return gcn(feature_shape[0], ms.widths[0], num_classes)
+    if len(feature_shape) != 3:
+        raise JimuError(
+            f"model {spec!r} needs image inputs (C, H, W); the data has shape {feature_shape}"
+        )
+    if ms.kind == "lenet":
+        return lenet(feature_shape, num_classes)
+    return resnet(feature_shape, num_classes, ms.blocks_per_stage)

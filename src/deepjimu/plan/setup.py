@@ -34,6 +34,7 @@ from deepjimu.cost.predict.staged import staged_step
 from deepjimu.cost.probe import Probe, read_probe
 from deepjimu.cost.profile import AnalyticCompute, Compute, Layer
 from deepjimu.data import DataOptions, load_dataset
+from deepjimu.devices import pick_device
 from deepjimu.emulate import parse_speeds
 from deepjimu.errors import JimuError
 from deepjimu.kfac.layers import kfac_candidates
@@ -45,7 +46,6 @@ from deepjimu.plan.measuring import on_paper
 from deepjimu.strategies.admm.model import admm_layers
 from deepjimu.strategies.registry import entry
 from deepjimu.threads import available_cores, plan_threads
-from deepjimu.worker import pick_device
 
 __all__ = ["cluster_and_compute", "noisy_measurements", "probe_cluster"]
 

@@ -114,6 +114,12 @@ class Strategy(ABC):
         """Where the engine puts the data splits (default: the compute device)."""
         return device
 
+    def own_blocks(self, model: nn.Sequential, data: DataSplits, run: Run) -> set[int] | None:
+        """Collective: the blocks of ``model`` (its shapes: every block on the meta device)
+        this rank holds, where the strategy splits the model: the worker then builds those
+        alone, each as the whole model would have (default None: the whole model)."""
+        return None
+
     @classmethod
     def tune_space(cls, cfg: Any, trials: int) -> list[dict[str, Any]]:
         """``trials`` settings to try for ``jimu bench --tune``, the strategy's default first.

@@ -122,12 +122,19 @@ class ModelParallelStrategy(GradientStrategy):
             sizes, how = parse_balance(how, len(model), n), "list"
         return StagePlan(tuple(sizes), run.world, how)
 
+    def own_blocks(self, model: nn.Sequential, data: DataSplits, run: Run) -> set[int]:
+        """Collective: this rank's stages' blocks, the stage plan made (once) on ``model``'s
+        shapes (a split by the blocks' times times a copy of each, one at a time)."""
+        if getattr(self, "plan", None) is None:
+            self.shapes = block_shapes(model, data.train_x[:1])
+            self.plan = self.plan_stages(model, data, run)
+            if run.is_main and not self.cfg.quiet:
+                print(self.plan.summary(self.name), flush=True)
+        return set(self.plan.blocks_of(run.rank))
+
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         self.run, self.model = run, model
-        self.shapes = block_shapes(model, data.train_x[:1].cpu())
-        self.plan = self.plan_stages(model, data, run)
-        if run.is_main and not self.cfg.quiet:
-            print(self.plan.summary(self.name), flush=True)
+        self.own_blocks(model, data, run)  # planned already where the worker built our part
         own = set(self.plan.blocks_of(run.rank))
         for b, block in enumerate(model):
             # another rank's blocks are freed: each rank holds and checkpoints only its own

@@ -25,6 +25,7 @@ from deepjimu.balance import partition
 from deepjimu.comm import Comm, CommStats
 from deepjimu.data import DataSplits
 from deepjimu.run import Run
+from deepjimu.strategies.sharding import skeleton
 
 __all__ = [
     "StagePlan",
@@ -41,19 +42,19 @@ Shape = tuple[tuple[int, ...], torch.dtype]
 def block_shapes(model: nn.Sequential, sample: Tensor) -> list[Shape]:
     """Per-sample shape and dtype of the input of every block, then of the output.
 
-    Runs ``sample`` (a batch of one row is enough) through ``model`` in eval mode, so no
-    batch-norm statistics change and no random numbers are drawn.
+    Runs ``sample``'s shape (a batch of one row is enough) through a copy of ``model`` on the
+    meta device, in eval mode: nothing is computed or allocated, and a split model's blocks
+    that another rank holds (on the meta device here) have their shapes too.
 
     Returns:
         ``len(model) + 1`` pairs ``(shape without the batch dimension, dtype)``.
     """
-    was_training = model.training
-    model.eval()
-    x, shapes = sample, [(tuple(sample.shape[1:]), sample.dtype)]
-    for block in model:
+    shaped = skeleton(model).eval()
+    assert isinstance(shaped, nn.Sequential)
+    x, shapes = sample.to("meta"), [(tuple(sample.shape[1:]), sample.dtype)]
+    for block in shaped:
         x = block(x)
         shapes.append((tuple(x.shape[1:]), x.dtype))
-    model.train(was_training)
     return shapes
 
 

@@ -40,6 +40,7 @@ from deepjimu.cost.predict.staged import chain, pipelined
 from deepjimu.cost.predict.tensor import tensor_parallel
 from deepjimu.cost.profile import Compute, Layer
 from deepjimu.errors import JimuError
+from deepjimu.models import parse_spec
 from deepjimu.options import (
     AdmmOptions,
     DdpOptions,
@@ -58,6 +59,7 @@ __all__ = [
     "Predictor",
     "Traits",
     "applies",
+    "builds_in_parts",
     "compressing",
     "entry",
     "entry_traits",
@@ -368,9 +370,20 @@ def rank_peaks(
         timed = e.memory is staged_state and not (
             listed_balance(str(cfg.balance)) or cfg.balance == "size"
         )
-        states = with_whole_model(states, layers, not e.traits.splits_model, timed)
+        parts = (cfg.workers or 1) > 1 and builds_in_parts(cfg)
+        states = with_whole_model(states, layers, not e.traits.splits_model, timed, parts)
     # a step's transients: in the state of a stage's rank (its own blocks') and of fsdp's
     # (the unsharded block's gradient is the backward's; its optimizer steps on shards)
     if e.memory not in (staged_state, fsdp_state):
         states = [s + transients(layers) for s in states]
     return [worker_peak(s, base, data_bytes, cuda, whole) for s in states]
+
+
+def builds_in_parts(cfg: RunConfig) -> bool:
+    """Whether a worker of ``cfg``'s run (of several, its model from its spec) builds only
+    its own blocks: a split model (``splits_model``) whose spec is built a block at a time
+    (``mlp``, ``cnn``); another spec's model, or a factory's, is built whole and its other
+    blocks freed after."""
+    if not entry(cfg.strategy).traits.splits_model or cfg.model.startswith("factory:"):
+        return False
+    return parse_spec(cfg.model).kind in ("mlp", "cnn")

@@ -97,7 +97,8 @@ class AdmmStrategy(Strategy):
         # one linear map per block, the model's own modules: a factory's flat Sequential too
         blocks, maps, ops = admm_layers(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
-        sizes = self._plan_stages(ops, L, cfg.admm_batch or len(data.train_y), run)
+        self.own_blocks(model, data, run)  # planned already where the worker built our part
+        sizes = list(self.plan.sizes)
         lo, hi = self.plan.bounds(run.rank)
         self.shapes = block_shapes(blocks, data.train_x[:1].cpu())
         # this rank's blocks' W, b live on the device, where its model holds them for evaluation
@@ -146,6 +147,14 @@ class AdmmStrategy(Strategy):
             }
             | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
         )
+
+    def own_blocks(self, model: nn.Sequential, data: DataSplits, run: Run) -> set[int]:
+        """This rank's layers (an ``mlp:``/``cnn:`` model's blocks are its layers), the plan
+        made once from ``model``'s shapes (:meth:`_plan_stages`)."""
+        if getattr(self, "plan", None) is None:
+            ops = admm_layers(model, data.feature_shape, cg_max_iter=self.cfg.admm_cg_iters).ops
+            self._plan_stages(ops, len(ops), self.cfg.admm_batch or len(data.train_y), run)
+        return set(range(*self.plan.bounds(run.rank)))
 
     def _plan_stages(self, ops: list[LayerOp], L: int, batch: int, run: Run) -> list[int]:
         """Each rank's layers (``self.plan``), balanced by their estimated cost on ``batch``
