@@ -40,7 +40,6 @@ from deepjimu.cost.predict.staged import chain, pipelined
 from deepjimu.cost.predict.tensor import tensor_parallel
 from deepjimu.cost.profile import Compute, Layer
 from deepjimu.errors import JimuError
-from deepjimu.models import parse_spec
 from deepjimu.options import (
     AdmmOptions,
     DdpOptions,
@@ -384,6 +383,6 @@ def builds_in_parts(cfg: RunConfig) -> bool:
     its own blocks: a split model (``splits_model``) whose spec is built a block at a time
     (``mlp``, ``cnn``); another spec's model, or a factory's, is built whole and its other
     blocks freed after."""
-    if not entry(cfg.strategy).traits.splits_model or cfg.model.startswith("factory:"):
-        return False
-    return parse_spec(cfg.model).kind in ("mlp", "cnn")
+    # the spec's kind by its prefix: parsing it would load the models, and torch, into the
+    # CLI's parser (which must plan threads first)
+    return entry(cfg.strategy).traits.splits_model and cfg.model.split(":")[0] in ("mlp", "cnn")
