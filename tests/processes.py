@@ -24,6 +24,7 @@ __all__ = [
     "env",
     "events",
     "fault_flags",
+    "groups_left",
     "params",
     "run_warm",
     "start",
@@ -216,3 +217,16 @@ def params(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model of a run folder's latest checkpoint."""
     latest = (run_dir / "checkpoint" / "latest").read_text().strip()
     return model_state_of(run_dir / "checkpoint" / latest)
+
+
+def groups_left(parent: Path, before: set[str], wait: float = 180.0) -> set[str]:
+    """The ``deepjimu-*`` cgroups under ``parent`` that were not there ``before`` and are still
+    there after ``wait`` seconds: a run removes its own when it ends, and another test's run
+    beside this one (the suite runs several at once) removes its own when that run ends, so
+    only a group its run left behind stays."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = {p.name for p in parent.glob("deepjimu-*")} - before
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)

@@ -290,7 +290,9 @@ def test_help_says_where_each_flag_applies() -> None:
     add_options(parser)
     helps = {a.dest: a.help or "" for a in parser._actions}
     assert helps["graph_hops"].endswith("(for graph data; default: 2)")
-    assert "(for strategy admm with --admm-batch > 0; default: None)" in helps["admm_memory"]
+    assert helps["admm_memory"].endswith(
+        "(for strategy admm with --admm-batch > 0; default: 0.8 for MLPs, 0 for CNNs)"
+    )
     assert (
         "(for strategies local, ddp with --optimizer kfac; default: 0.1)" in helps["kfac_damping"]
     )
