@@ -79,6 +79,7 @@ print(before - rss())
 """
 
 
+@pytest.mark.slow  # starts python processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_return_freed_memory_hands_freed_blocks_back_to_the_system() -> None:
     def returned(flag: str) -> int:

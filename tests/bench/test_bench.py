@@ -406,6 +406,7 @@ def test_the_report_misses_a_pipeline_plot_only_when_a_pipeline_was_asked_for(
     assert "No pipeline run finished" not in report("local")
 
 
+@pytest.mark.slow  # starts a python process
 def test_run_cell_records_a_run_its_memory_cannot_hold_as_a_result(tmp_path: Path) -> None:
     short = run_cell(
         [sys.executable, "-c", "import sys; print('error: needs 9 GB, has 1 GB', file=sys.stderr); sys.exit(3)"],

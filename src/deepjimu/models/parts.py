@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
-__all__ = ["Keep", "placed"]
+__all__ = ["Keep", "placed", "skeleton"]
 
 Keep = Callable[[int], bool] | None
 """Which blocks (by index) a worker keeps; None: all."""
@@ -23,3 +25,13 @@ def placed(index: int, block: nn.Module, keep: Keep) -> nn.Module:
         True
     """
     return block if keep is None or keep(index) else block.to("meta")
+
+
+def skeleton(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (no memory)."""
+    memo: dict[int, Any] = {
+        id(t): (nn.Parameter(t.to("meta"), t.requires_grad) if isinstance(t, nn.Parameter)
+                else t.to("meta"))
+        for t in [*model.parameters(), *model.buffers()]
+    }  # fmt: skip
+    return copy.deepcopy(model, memo)

@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from deepjimu.balance import partition
 from deepjimu.comm import Comm, CommStats
 from deepjimu.data import DataSplits
+from deepjimu.models.parts import skeleton
 from deepjimu.run import Run
-from deepjimu.strategies.sharding import skeleton
 
 __all__ = [
     "StagePlan",

@@ -10,7 +10,6 @@ the meta device meanwhile and gets the whole weights back on rank 0 (:func:`whol
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -23,17 +22,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-__all__ = ["load_optimizer_state", "optimizer_state", "shard_copy", "skeleton", "whole_model"]
+from deepjimu.models.parts import skeleton
 
-
-def skeleton(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose parameters and buffers are on the meta device (no memory)."""
-    memo: dict[int, Any] = {
-        id(t): (nn.Parameter(t.to("meta"), t.requires_grad) if isinstance(t, nn.Parameter)
-                else t.to("meta"))
-        for t in [*model.parameters(), *model.buffers()]
-    }  # fmt: skip
-    return copy.deepcopy(model, memo)
+__all__ = ["load_optimizer_state", "optimizer_state", "shard_copy", "whole_model"]
 
 
 def shard_copy(
