@@ -167,3 +167,33 @@ def test_a_kill_counted_by_the_jobs_own_group_is_named_as_out_of_memory(tmp_path
         f"worker 1 was ended by the kernel's out-of-memory killer: the memory cgroup {group}"
     )
     assert line.endswith(f"ran out; {run} has no checkpoint yet")
+
+
+def test_a_killed_worker_of_a_split_names_the_largest_workers_prediction_too(
+    tmp_path: Path,
+) -> None:
+    # a split model is cut at run time by measured times: the worker the kernel ended may
+    # hold the part the prediction gave another (model-parallel x2 on mlp:6144x4: rank 0
+    # predicted 956 MB under the FLOPs' cut, ended at 1.5 GB, rank 1 predicted 1.5 GB)
+    from deepjimu.budget import MemoryGroups
+    from deepjimu.preflight import Budget
+
+    for rank, (killed, peak) in enumerate([(1, 1536), (0, 900)]):
+        group = tmp_path / "groups" / f"rank{rank}"
+        group.mkdir(parents=True)
+        (group / "memory.oom_control").write_text(
+            f"oom_kill_disable 0\nunder_oom 0\noom_kill {killed}\n"
+        )
+        (group / "memory.max_usage_in_bytes").write_text(f"{peak * 2**20}\n")
+    groups = MemoryGroups(Controller(tmp_path, 1), tmp_path / "groups", 1536 * 2**20)
+    run = tmp_path / "run"
+    run.mkdir()
+    line = Budget(groups, need=(956 * 2**20, 1530 * 2**20)).line(2, run)
+    assert line == (
+        "worker 0 passed its memory budget of 1.5 GB (--memory-limit) and the kernel's "
+        "out-of-memory killer ended it (its peak: 1.5 GB; predicted: 956.0 MB as the "
+        "prediction cut the model, 1.5 GB for its largest worker); "
+        f"{run} has no checkpoint yet"
+    )
+    even = Budget(groups, need=(1530 * 2**20, 1530 * 2**20)).line(2, run)
+    assert even is not None and "predicted: 1.5 GB); " in even

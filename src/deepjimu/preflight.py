@@ -126,11 +126,16 @@ class Budget:
             return self._job_line(killed, out_dir)
         assert self.groups is not None
         peak = self.groups.peak(rank)
-        predicted = self.need[rank] if rank < len(self.need) else None
+        predicted = format_bytes(self.need[rank] if rank < len(self.need) else None)
+        if rank < len(self.need) and self.need[rank] < max(self.need):
+            # a split model is cut at run time by measured block times, the prediction by
+            # FLOPs: where two cuts tie, the larger part can land on another worker
+            predicted += f" as the prediction cut the model, {format_bytes(max(self.need))} "
+            predicted += "for its largest worker"
         return (
             f"worker {rank} passed its memory budget of {format_bytes(self.groups.limit)} "
             f"(--memory-limit) and the kernel's out-of-memory killer ended it (its peak: "
-            f"{format_bytes(peak)}; predicted: {format_bytes(predicted)}); {_kept(out_dir)}"
+            f"{format_bytes(peak)}; predicted: {predicted}); {_kept(out_dir)}"
         )
 
     def _job_line(self, killed: int | None, out_dir: Path) -> str | None:
