@@ -43,6 +43,8 @@ def test_every_module_imports_alone() -> None:
         import importlib, os, sys, traceback
         import matplotlib.pyplot, numpy, scipy.sparse, sklearn.datasets, torch, tqdm.auto
         import torch.distributed.pipelining  # seconds to load; every fork would pay it
+        import torch._dynamo, torch.distributed.checkpoint.state_dict  # likewise
+        import torch.distributed.fsdp, torch.distributed.tensor.parallel
 
         def child(name):
             try:
