@@ -24,12 +24,18 @@ _FORMAT = 1  # raised whenever _split's arrays change, so that no older cache is
 def split_cache(seed: int) -> Path | None:
     """Where the split at ``seed`` is kept between processes: the user's cache folder
     (``$XDG_CACHE_HOME``, else ``~/.cache``), named by scikit-learn's version, which makes
-    the split; None where scikit-learn is not installed (the load then says so)."""
+    the split; None where scikit-learn is not installed (the load then says so) or there is
+    no home folder to find."""
     try:
         version = importlib.metadata.version("scikit-learn")
     except importlib.metadata.PackageNotFoundError:
         return None
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = os.environ.get("XDG_CACHE_HOME")
+    if not root:
+        try:
+            root = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError):  # no home to find: no cache
+            return None
     return Path(root) / "deepjimu" / f"digits-v{_FORMAT}-sklearn{version}-seed{seed}.npz"
 
 
