@@ -28,7 +28,6 @@ def test_the_kept_split_is_scikit_learns_and_is_read_back(cache_home: Path) -> N
     cache = split_cache(3)
     assert cache is not None and cache.is_file() and cache.is_relative_to(cache_home)
     _same(first, made)
-    cache.write_bytes(cache.read_bytes())  # the same file, read back below
     stamp = cache.stat().st_mtime_ns
     again = load_digits_raw(DataOptions(seed=3))
     _same(again, made)
