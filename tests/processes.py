@@ -213,6 +213,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def whole_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: ``model``'s parameters whole, its DTensors' shards gathered on every rank."""
+    from torch.distributed.tensor import DTensor  # here: most tests never load it
+
+    return {
+        k: p.full_tensor() if isinstance(p, DTensor) else p for k, p in model.named_parameters()
+    }
+
+
 def params(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model of a run folder's latest checkpoint."""
     latest = (run_dir / "checkpoint" / "latest").read_text().strip()

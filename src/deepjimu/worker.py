@@ -387,7 +387,8 @@ def _train(
     strategy = strategy_cls(cfg)
     traits = entry(cfg.strategy).traits
     parts = world > 1 and model_factory is None and builds_in_parts(cfg)
-    # a split model's worker plans on the model's shapes, then builds its own blocks alone
+    # a split or sharded model's worker plans on the model's shapes, then builds it a block
+    # at a time, keeping its own blocks (or its shards of each) alone
     with torch.device("meta") if parts else contextlib.nullcontext():
         model = _model(cfg, data, model_factory)
     # each rank's speed, where the run may balance its work by it (--balance auto, speed)
@@ -395,11 +396,9 @@ def _train(
         sample = data.train_x[:64].to(device), data.train_y[:64].to(device)
         balance_speeds(model, *sample, run, resume, time_shared(cfg.emulate_speeds, plan, device))
     if parts:
-        own = strategy.own_blocks(model, data, run)
-        assert own is not None, "a split model's strategy names its blocks"
-        model = build_model(
-            cfg.model, data.feature_shape, data.num_classes, cfg.seed, own.__contains__
-        )
+        place = strategy.placer(model, data, run)
+        assert place is not None, "a strategy that builds in parts places its blocks"
+        model = build_model(cfg.model, data.feature_shape, data.num_classes, cfg.seed, place)
     if traits.shards_data:
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
@@ -441,7 +440,7 @@ def _resume(cfg: RunConfig, run: Run, model: nn.Module, resume: Path, how: str) 
         try:
             if set(ckpt.model_state) != set(held):
                 raise RuntimeError(f"keys {sorted(set(ckpt.model_state) ^ set(held))[:4]}")
-            own = {k: v for k, v in ckpt.model_state.items() if not held[k].is_meta}
+            own = {k: ckpt.model_state[k] for k, v in held.items() if not v.is_meta}
             model.load_state_dict(own, strict=False)
         except RuntimeError as e:
             raise JimuError(

@@ -9,6 +9,7 @@ import torch
 
 from deepjimu.errors import JimuError
 from deepjimu.models import build_model, count_blocks, factory_spec, parse_spec
+from deepjimu.models.parts import keeping
 from deepjimu.models.spec import ModelSpec
 
 
@@ -167,7 +168,7 @@ def test_a_factory_spec_names_the_factory_and_builds_nothing() -> None:
 @pytest.mark.parametrize("spec", ["mlp:16x3", "cnn:4-8", "lenet"])
 def test_a_worker_builds_its_own_blocks_as_the_whole_model_would(spec: str) -> None:
     whole = build_model(spec, (1, 8, 8), 10, seed=5)
-    part = build_model(spec, (1, 8, 8), 10, seed=5, keep=lambda i: i in (1, 2))
+    part = build_model(spec, (1, 8, 8), 10, seed=5, place=keeping({1, 2}))
     for (name, a), (name2, b) in zip(
         whole.state_dict().items(), part.state_dict().items(), strict=True
     ):

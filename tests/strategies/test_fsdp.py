@@ -20,7 +20,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.fsdp import FSDPStrategy
 from deepjimu.validation import validate
 from distributed import recording, run_world
-from processes import params
+from processes import params, whole_params
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,7 @@ def _fsdp(rank: int, world: int, tmp: str, speeds: list[float] | None) -> dict[s
     result = strategy.fit(model, full.shard(rank, world, speeds), run)
     steps = run.gather_objects([(x, y) for x, y in strategy.seen])
     counted = run.gather_objects((run.stats.bytes_sent, run.stats.bytes_recv))
+    trained = whole_params(strategy.sharded)  # collective: every rank's shards
     if rank != 0:
         return {}
     alone = start
@@ -70,7 +71,7 @@ def _fsdp(rank: int, world: int, tmp: str, speeds: list[float] | None) -> dict[s
         torch.nn.functional.cross_entropy(alone(x), y).backward()
         optimizer.step()
     return {
-        "fsdp": dict(model.named_parameters()),
+        "fsdp": trained,
         "alone": dict(alone.named_parameters()),
         "steps": result.steps,
         "counted": counted,

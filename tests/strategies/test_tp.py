@@ -21,7 +21,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.tp import TensorParallelStrategy, tp_plan
 from deepjimu.validation import validate
 from distributed import recording, run_world
-from processes import params
+from processes import params, whole_params
 
 _Recording = recording(TensorParallelStrategy)  # keeps every batch it trains on
 
@@ -44,6 +44,7 @@ def _tp(rank: int, world: int, tmp: str, model_spec: str) -> dict[str, Any]:
     strategy = _Recording(cfg)
     result = strategy.fit(model, data, run)
     counted = run.gather_objects((run.stats.bytes_sent, run.stats.bytes_recv))
+    trained = whole_params(strategy.sharded)  # collective: every rank's shards
     if rank != 0:
         return {}
     alone = start
@@ -53,7 +54,7 @@ def _tp(rank: int, world: int, tmp: str, model_spec: str) -> dict[str, Any]:
         torch.nn.functional.cross_entropy(alone(x), y).backward()
         optimizer.step()
     return {
-        "tp": dict(model.named_parameters()),
+        "tp": trained,
         "alone": dict(alone.named_parameters()),
         "steps": result.steps,
         "rows": [len(y) for _, y in strategy.seen],

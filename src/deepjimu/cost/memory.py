@@ -152,13 +152,13 @@ def with_whole_model(
 ) -> list[float]:
     """A split or sharded strategy's ranks, with the whole model they were built from: a
     worker builds the whole ``nn.Sequential`` first (where the run balances by speed, each
-    steps it one block at a time, within its own transients), but a split model's built in
-    ``parts`` (``registry.builds_in_parts``: each rank its own blocks, another's drawn and
-    freed one at a time). A split model's rank then frees the other ranks' blocks (its part
-    alone after that); a sharded model's (``kept``) keeps it beside its shards while it
-    copies them, and rank 0 gathers the trained one into it at the end. Where the split
-    follows the blocks' measured times (``timed``), rank 0 times a copy of each block and its
-    gradients beside the model first."""
+    steps it one block at a time, within its own transients), unless it builds in ``parts``
+    (``registry.builds_in_parts``: each block drawn in turn, kept, loaded into the rank's
+    shards or freed at once: one block beside the rank's part, within its step's
+    transients). A split model's rank then frees the other ranks' blocks (its part alone
+    after that); a sharded model's (``kept``) holds the whole beside its shards while it
+    copies them. Where the split follows the blocks' measured times (``timed``), rank 0
+    times a copy of each block and its gradients beside the model first."""
     whole = 0 if parts else sum(l.params for l in layers) * FLOAT
     out = [max(whole, whole + s if kept else s) for s in states]
     if timed and out:

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from deepjimu.models.parts import Keep, placed
+from deepjimu.models.parts import Place, placed
 
 __all__ = ["BasicBlock", "cnn", "lenet", "pool_plan", "resnet"]
 
@@ -33,10 +33,10 @@ def pool_plan(depth: int, size: tuple[int, int]) -> list[bool]:
 
 
 def cnn(
-    feature_shape: tuple[int, ...], channels: tuple[int, ...], num_classes: int, keep: Keep = None
+    feature_shape: tuple[int, ...], channels: tuple[int, ...], num_classes: int, place: Place = None
 ) -> nn.Sequential:
     """Blocks ``Conv2d(3x3, same), ReLU[, AvgPool2d(2)]`` per channel count, then a linear
-    classifier; only the blocks ``keep`` names hold their weights
+    classifier; each block handed to ``place`` as it is built
     (:func:`~deepjimu.models.parts.placed`).
 
     The pooling follows :func:`pool_plan`; the last block is ``Flatten, Linear``. Average
@@ -58,10 +58,10 @@ def cnn(
         if pools:
             layers.append(nn.AvgPool2d(2))
             h, w = h // 2, w // 2
-        blocks.append(placed(len(blocks), nn.Sequential(*layers), keep))
+        blocks.append(placed(len(blocks), nn.Sequential(*layers), place))
         c = c_out
     last = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes))
-    return nn.Sequential(*blocks, placed(len(blocks), last, keep))
+    return nn.Sequential(*blocks, placed(len(blocks), last, place))
 
 
 def lenet(feature_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:

@@ -14,7 +14,7 @@ from deepjimu.models.cnn import cnn, lenet, resnet
 from deepjimu.models.embed import embed
 from deepjimu.models.gcn import gcn
 from deepjimu.models.mlp import mlp
-from deepjimu.models.parts import Keep, placed
+from deepjimu.models.parts import Place, placed
 
 __all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_spec"]
 
@@ -123,14 +123,16 @@ def count_blocks(spec: str) -> int:
 
 
 def build_model(
-    spec: str, feature_shape: tuple[int, ...], num_classes: int, seed: int = 0, keep: Keep = None
-) -> nn.Sequential:
+    spec: str, feature_shape: tuple[int, ...], num_classes: int, seed: int = 0,
+    place: Place = None,
+) -> nn.Sequential:  # fmt: skip
     """Build the model of ``spec`` for inputs of ``feature_shape``; weights drawn from ``seed``.
 
-    ``keep``: the blocks this worker holds (None: all); the others end on the meta device,
-    their weights drawn and freed as the model is built (an ``mlp`` or ``cnn`` one block at
-    a time: the kept blocks equal the whole model's, and a worker never holds more than
-    them and one other; any other model is built whole first).
+    ``place``: what this worker does with each block as it is built (None: keeps it): keeps
+    it, frees it to the meta device or loads its weights into its shards first
+    (:mod:`deepjimu.models.parts`). An ``mlp`` or ``cnn`` is built one block at a time, so
+    every block's weights equal the whole model's and a worker never holds more than what
+    it keeps and one block besides; any other model is built whole first.
 
     Returns:
         ``nn.Sequential`` whose children are the blocks. For ``mlp``, block l is
@@ -152,13 +154,13 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if ms.kind == "mlp":
-            return mlp(feature_shape, ms.widths, num_classes, keep)
+            return mlp(feature_shape, ms.widths, num_classes, place)
         if ms.kind == "cnn" and len(feature_shape) == 3:
-            return cnn(feature_shape, ms.widths, num_classes, keep)
+            return cnn(feature_shape, ms.widths, num_classes, place)
         model = _whole(ms, spec, feature_shape, num_classes)
-    if keep is None or not isinstance(model, nn.Sequential):
+    if place is None or not isinstance(model, nn.Sequential):
         return model
-    return nn.Sequential(*(placed(i, b, keep) for i, b in enumerate(model)))
+    return nn.Sequential(*(placed(i, b, place) for i, b in enumerate(model)))
 
 
 def _whole(

@@ -6,13 +6,14 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from deepjimu.atomic import atomic_write_text, no_space, space_error
 from deepjimu.bookkeeping import Bookkeeping
@@ -22,7 +23,7 @@ from deepjimu.errors import JimuError
 from deepjimu.record.events import EventLog
 from deepjimu.record.folder import MORE_ROOM, latest_checkpoint
 
-__all__ = ["Checkpoint", "Checkpointer", "load_file", "model_state_of"]
+__all__ = ["Checkpoint", "Checkpointer", "ModelState", "load_file", "model_state_of"]
 
 # every rank reads and writes the one run folder: across machines it must be shared
 _SHARED = (
@@ -33,7 +34,8 @@ _SHARED = (
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: progress counters, the full model state and this rank's own state.
+    """A loaded checkpoint: progress counters, the full model state (read from disk a tensor
+    at a time, as it is asked: :class:`ModelState`) and this rank's own state.
 
     ``time_s`` and ``fit_s`` are the run's clocks when it was written, and ``counters`` this
     rank's byte and time counters (see :meth:`Checkpointer.continue_history`).
@@ -41,7 +43,7 @@ class Checkpoint:
 
     step: int
     epoch: int
-    model_state: dict[str, Any]
+    model_state: Mapping[str, Tensor]
     rank_state: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     time_s: float = 0.0
@@ -54,10 +56,11 @@ class Checkpointer:
 
     A checkpoint is a folder ``step-<step>`` holding the model (``model.pt``, rank 0's
     entries of its ``state_dict``, and ``model-rank<r>.pt``, those of another rank that holds
-    a part: a split model's rank writes its own blocks, so no rank gathers the whole model;
-    :func:`model_state` reads them back as one), ``rank<r>.pt`` (each rank's own state:
-    optimizer, ADMM variables, ...) and
-    ``meta.json`` (progress, the clocks, every rank's counters, the config); ``latest``
+    a part: a split model's rank writes its own blocks, a sharded model's its shards, so no
+    rank gathers the whole model; :func:`model_state_of` reads them back as one),
+    ``rank<r>.pt`` (each rank's own state: optimizer, ADMM variables, ...) and
+    ``meta.json`` (progress, the clocks, every rank's counters, the dimension each sharded
+    entry is cut on, the config); ``latest``
     names the complete one. Every rank writes its state into the same folder, so a run on
     several machines needs the run folder on a shared file system: both methods check that
     every rank's file is where rank 0 looks, and refuse in one line naming the missing file.
@@ -110,7 +113,7 @@ class Checkpointer:
 
         Each rank passes the model it holds (None: nothing to save; a replicated model's
         copies are passed by rank 0 alone): the entries it holds, those not on the meta
-        device, are its part. Every rank passes its own ``rank_state``. Files go into a temporary folder that is renamed into place once
+        device, are its part; of a sharded model (torch's DTensors), its shards. Every rank passes its own ``rank_state``. Files go into a temporary folder that is renamed into place once
         every rank has written, then ``latest`` is switched. A run resumed at the step of
         its checkpoint keeps that checkpoint: it holds this very state.
 
@@ -125,6 +128,7 @@ class Checkpointer:
         if self.resumed is not None and self.resumed.step == step:
             return final
         counters = self.bookkeeping.gather_objects(self.counters.state())
+        held, cuts = _held_state(model, self.rank) if model is not None else ({}, {})
         parts = [
             r for r, has in enumerate(self.bookkeeping.gather_objects(model is not None)) if has
         ]
@@ -141,7 +145,7 @@ class Checkpointer:
                 tmp.mkdir(parents=True, exist_ok=True)  # own, which rank 0 finds missing below
             _torch_save(rank_state, tmp / f"rank{self.rank}.pt")
             if model is not None:
-                _torch_save(_cpu_state(model), tmp / _model_file(self.rank))
+                _torch_save(held, tmp / _model_file(self.rank))
 
         self._each(start, step, tmp, final)
         self._each(states, step, tmp, final)
@@ -159,6 +163,7 @@ class Checkpointer:
                 "fit_s": self.counters.fit_s(),
                 "counters": counters,
                 "model_parts": parts,
+                "model_cuts": cuts,
                 "config": self.cfg.to_saved(),
             }
             (tmp / "meta.json").write_text(json.dumps(meta))
@@ -372,30 +377,80 @@ def _torch_save(obj: Any, path: Path) -> None:
             raise
 
 
-def _cpu_state(model: nn.Module) -> dict[str, Any]:
-    """The entries of ``model``'s state that this rank holds (a split model's other blocks
-    are on the meta device), on the CPU."""
-    return {k: v.detach().cpu() for k, v in model.state_dict().items() if not v.is_meta}
+def _held_state(model: nn.Module, rank: int) -> tuple[dict[str, Tensor], dict[str, int]]:
+    """The entries of ``model``'s state that this rank writes, on the CPU, and the dimension
+    each sharded one is cut on. Not a split model's other blocks (on the meta device); of a
+    sharded model (torch's DTensors, on a mesh of one dimension), this rank's piece of each
+    sharded entry, and the replicated ones and the plain ones beside them by rank 0 alone."""
+    # only a run that shards has loaded DTensor; importing it here would load it for every run
+    dtensor_module = sys.modules.get("torch.distributed.tensor")
+    dtensor = dtensor_module.DTensor if dtensor_module is not None else None
+    state = model.state_dict()
+    sharded = dtensor is not None and any(isinstance(v, dtensor) for v in state.values())
+    out: dict[str, Tensor] = {}
+    cuts: dict[str, int] = {}
+    for k, v in state.items():
+        if dtensor is not None and isinstance(v, dtensor):
+            (placement,) = v.placements
+            if placement.is_shard():
+                cuts[k] = placement.dim
+            elif rank:
+                continue
+            v = v.to_local()
+        elif v.is_meta or (sharded and rank):
+            continue
+        out[k] = v.detach().cpu()
+    return out, cuts
 
 
 def _model_file(rank: int) -> str:
     return "model.pt" if rank == 0 else f"model-rank{rank}.pt"
 
 
+def _meta(folder: Path) -> dict[str, Any]:
+    """Checkpoint ``folder``'s ``meta.json`` (none: empty)."""
+    path = folder / "meta.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def _model_files(folder: Path) -> list[Path]:
     """The model's files in checkpoint ``folder``: ``model.pt`` and each other rank's part."""
-    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
-    return [folder / _model_file(r) for r in meta.get("model_parts", [0])]
+    return [folder / _model_file(r) for r in _meta(folder).get("model_parts", [0])]
 
 
-def model_state_of(folder: Path) -> dict[str, Any]:
-    """The whole model's state in checkpoint ``folder``: every rank's part, read as one (memory
-    mapped: a rank that loads only its own blocks reads only theirs from disk).
+class ModelState(Mapping[str, Tensor]):
+    """The whole model's state in checkpoint ``folder``: every rank's part read as one, each
+    file memory mapped and each entry made as it is asked (a sharded entry's pieces joined on
+    the dimension they were cut on): a rank that loads only its own blocks reads only theirs
+    from disk, and one that loads its shards a tensor at a time holds one whole at a time.
 
     Raises:
         JimuError: a part is missing or damaged (named).
     """
-    state: dict[str, Any] = {}
-    for path in _model_files(folder):
-        state |= load_file(path, mmap=True)
-    return state
+
+    def __init__(self, folder: Path) -> None:
+        meta = _meta(folder)
+        self._parts = [load_file(path, mmap=True) for path in _model_files(folder)]
+        self._cuts: dict[str, int] = meta.get("model_cuts", {})
+        self._keys = list(dict.fromkeys(k for part in self._parts for k in part))
+
+    def __getitem__(self, key: str) -> Tensor:
+        pieces = [part[key] for part in self._parts if key in part]
+        if not pieces:
+            raise KeyError(key)
+        return torch.cat(pieces, self._cuts[key]) if key in self._cuts else pieces[0]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def model_state_of(folder: Path) -> ModelState:
+    """The whole model's state in checkpoint ``folder`` (:class:`ModelState`).
+
+    Raises:
+        JimuError: a part is missing or damaged (named).
+    """
+    return ModelState(folder)

@@ -21,6 +21,7 @@ from deepjimu.defaults import DEFAULT_LR
 from deepjimu.errors import JimuError
 from deepjimu.kfac.optimizer import KFAC
 from deepjimu.kfac.preconditioner import KFACSettings
+from deepjimu.models.parts import Place, keeping
 from deepjimu.options import DdpOptions, GradientOptions, KfacGroup, OptimGroup, RunGroup, narrow
 from deepjimu.run import Run
 from deepjimu.strategies.registry import entry
@@ -119,6 +120,14 @@ class Strategy(ABC):
         this rank holds, where the strategy splits the model: the worker then builds those
         alone, each as the whole model would have (default None: the whole model)."""
         return None
+
+    def placer(self, model: nn.Sequential, data: DataSplits, run: Run) -> Place:
+        """Collective: what this rank does with each block of ``model`` (its shapes: every
+        block on the meta device) as the worker builds it, where the strategy builds in parts
+        (``registry.builds_in_parts``; default: keeps its :meth:`own_blocks`, frees the
+        others; a sharding strategy loads each into its shards)."""
+        own = self.own_blocks(model, data, run)
+        return None if own is None else keeping(own)
 
     @classmethod
     def tune_space(cls, cfg: Any, trials: int) -> list[dict[str, Any]]:

@@ -35,14 +35,17 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from deepjimu.comm import Comm, CommStats, nbytes
 from deepjimu.data import DataSplits
 from deepjimu.memory import return_freed_memory
+from deepjimu.models.parts import Place
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
 from deepjimu.strategies.sharding import (
     load_optimizer_state,
+    load_shards,
     optimizer_state,
     shard_copy,
-    whole_model,
+    sharded_skeleton,
+    sharding_place,
 )
 
 __all__ = ["CountedAllGather", "CountedReduceScatter", "FSDPStrategy"]
@@ -83,15 +86,16 @@ class CountedReduceScatter(DefaultReduceScatter):
 class FSDPStrategy(DataParallel):
     """Fully sharded data parallel (ZeRO-3) with torch's FSDP2, one unit per block.
 
-    The training copy is sharded before any of it is allocated and takes the model's
-    weights; the engine's model is freed meanwhile and gets the whole weights back on rank
-    0 for each checkpoint and at the end (:mod:`deepjimu.strategies.sharding`), so rank 0
-    saves a plain ``nn.Sequential`` as for every strategy. Accuracies are measured by the
-    sharded model, every rank taking part.
+    The training copy is sharded before any of it is allocated: a model built in parts
+    loads each block into its shards as it is drawn (:meth:`placer`), one built whole is
+    copied into them and freed (:mod:`deepjimu.strategies.sharding`); no rank holds the
+    whole model, in training or in a checkpoint (each rank writes its shards). Accuracies
+    are measured by the sharded model, every rank taking part.
     """
 
     name = "fsdp"
     cfg: GradientOptions
+    _built: nn.Module | None = None  # the training copy, where the worker built it in parts
 
     @classmethod
     def problems(cls, cfg: GradientOptions, n_blocks: int) -> list[str]:
@@ -103,12 +107,19 @@ class FSDPStrategy(DataParallel):
             ]
         return cls.balance_problems(str(cfg.balance))
 
+    def placer(self, model: nn.Sequential, data: DataSplits, run: Run) -> Place:
+        """Collective: the training copy made from ``model``'s shapes, each block loaded into
+        it as the worker draws it."""
+        self._built = self._shard(model, run, whole=False)
+        return sharding_place(self._built)
+
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
-        if run.device.type == "cpu":  # the gathered blocks freed each step go back at once
-            return_freed_memory()
         self.run, self.model = run, model
         self.setup_shards(data, run)
-        self.sharded = self._shard(model, run)  # the engine's model freed meanwhile
+        built = self._built
+        self.sharded = built if built is not None else self._shard(model, run, whole=True)
+        if run.resumed is not None:  # a tensor at a time: no rank holds the whole model
+            load_shards(self.sharded, run.resumed.model_state)
         self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg)
 
     @contextlib.contextmanager
@@ -123,17 +134,19 @@ class FSDPStrategy(DataParallel):
             for c in self._comms:
                 c.comm = self.run.comm
 
-    def _shard(self, model: nn.Sequential, run: Run) -> nn.Module:
-        """The training copy (:func:`~deepjimu.strategies.sharding.shard_copy`): each block,
-        then the whole (the root holds what no block does), sharded over the ranks' mesh,
-        every unit's collectives counted."""
+    def _shard(self, model: nn.Sequential, run: Run, whole: bool) -> nn.Module:
+        """The training copy of ``model`` (loaded with its weights where it is built
+        ``whole``): each block, then the whole (the root holds what no block does), sharded
+        over the ranks' mesh, every unit's collectives counted."""
+        if run.device.type == "cpu":  # the gathered blocks freed each step go back at once
+            return_freed_memory()
         mesh = init_device_mesh(run.device.type, (run.world,))
 
         def shard(m: nn.Module) -> None:
             for unit in [*m.children(), m]:
                 fully_shard(unit, mesh=mesh)
 
-        sharded = shard_copy(model, shard, run.device)
+        sharded = (shard_copy if whole else sharded_skeleton)(model, shard, run.device)
         self._comms: list[CountedAllGather | CountedReduceScatter] = []
         for unit in [*sharded.children(), sharded]:
             assert isinstance(unit, FSDPModule)
@@ -179,6 +192,5 @@ class FSDPStrategy(DataParallel):
         load_optimizer_state(self.optimizer, state["optimizer"])
 
     def full_model(self, run: Run) -> nn.Module | None:
-        """Collective: the whole trained model on rank 0, gathered from the shards into the
-        engine's ``nn.Sequential``."""
-        return whole_model(self.sharded, self.model, run.is_main, run.device)
+        """Every rank's sharded model: each checkpoints its own shards."""
+        return self.sharded

@@ -83,8 +83,8 @@ class Traits:
     ``default_workers`` / ``default_epochs``: used where the user gives none;
     ``min_workers`` / ``max_workers``: e.g. 1 and 1 for one process (None: any);
     ``splits_model``: each worker owns
-    contiguous blocks, so workers <= blocks; ``shards_data``: each worker loads only its
-    rows; ``needs_group``: a process group even for one worker (as DDP wants);
+    contiguous blocks, so workers <= blocks; ``shards_model``: each worker holds a shard
+    of every parameter; ``shards_data``: each worker loads only its rows; ``needs_group``: a process group even for one worker (as DDP wants);
     ``graph_models``: it trains models that take the whole graph (``gcn``);
     ``precisions``: the ``--precision`` values it supports (bf16 only where its compute
     runs under :meth:`~deepjimu.run.Run.autocast` and its messages do not depend on the
@@ -101,6 +101,7 @@ class Traits:
     min_workers: int = 1
     max_workers: int | None = None
     splits_model: bool = False
+    shards_model: bool = False
     shards_data: bool = False
     needs_group: bool = False
     graph_models: bool = False
@@ -185,6 +186,7 @@ ENTRIES: tuple[Entry, ...] = (
         Traits(
             default_workers=2,
             shards_data=True,
+            shards_model=True,
             needs_group=True,
             precisions=tuple(Precision),
             base_mb=5,
@@ -197,7 +199,9 @@ ENTRIES: tuple[Entry, ...] = (
         "tp",
         "deepjimu.strategies.tp:TensorParallelStrategy",
         GradientOptions,
-        Traits(default_workers=2, needs_group=True, base_mb=6),  # torch.distributed.tensor
+        Traits(
+            default_workers=2, shards_model=True, needs_group=True, base_mb=6
+        ),  # torch.distributed.tensor
         predict=tensor_parallel,
         memory=tensor_state,
         color="#e377c2",
@@ -379,10 +383,12 @@ def rank_peaks(
 
 
 def builds_in_parts(cfg: RunConfig) -> bool:
-    """Whether a worker of ``cfg``'s run (of several, its model from its spec) builds only
-    its own blocks: a split model (``splits_model``) whose spec is built a block at a time
-    (``mlp``, ``cnn``); another spec's model, or a factory's, is built whole and its other
-    blocks freed after."""
+    """Whether a worker of ``cfg``'s run (of several, its model from its spec) builds its
+    model a block at a time, holding only its part: its own blocks (``splits_model``) or its
+    shards of each (``shards_model``), where the spec is built a block at a time (``mlp``,
+    ``cnn``); another spec's model, or a factory's, is built whole first."""
+    traits = entry(cfg.strategy).traits
     # the spec's kind by its prefix: parsing it would load the models, and torch, into the
     # CLI's parser (which must plan threads first)
-    return entry(cfg.strategy).traits.splits_model and cfg.model.split(":")[0] in ("mlp", "cnn")
+    splits = traits.splits_model or traits.shards_model
+    return splits and cfg.model.split(":")[0] in ("mlp", "cnn")

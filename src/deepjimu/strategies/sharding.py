@@ -1,60 +1,86 @@
-"""What the strategies that shard the parameters (``fsdp``, ``tp``) share: a model's training copy built on the meta device, and the whole model gathered back on rank 0.
+"""What the strategies that shard the parameters (``fsdp``, ``tp``) share: a training copy sharded before it is allocated, loaded a tensor at a time, so that no rank ever holds the whole model.
 
-The engine hands every strategy its ``nn.Sequential`` and expects rank 0's to hold the
-trained weights when ``fit`` returns (evaluation, checkpoints and the summary are written
-once for all strategies). A sharding strategy trains a copy whose parameters are torch's
-DTensors: the copy is made without memory (:func:`skeleton`), sharded, allocated as shards
-and loaded with the model's weights (:func:`shard_copy`); the engine's model is freed to
-the meta device meanwhile and gets the whole weights back on rank 0 (:func:`whole_model`).
+A sharding strategy trains a copy of the model whose parameters are torch's DTensors: the
+copy is made without memory (:func:`~deepjimu.models.parts.skeleton`), sharded, and
+allocated as this rank's shards (:func:`sharded_skeleton`). Its weights come in one block or
+one tensor at a time (:func:`load_shards`): from each block as the worker builds the model
+in parts (:func:`sharding_place`), from a model built whole (:func:`shard_copy`: a
+factory's, or a spec that is not built a block at a time), or from a checkpoint. Each rank
+checkpoints its own shards (``record.checkpoint``), so no rank gathers the whole model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from deepjimu.models.parts import skeleton
+from deepjimu.models.parts import Place, skeleton
 
-__all__ = ["load_optimizer_state", "optimizer_state", "shard_copy", "whole_model"]
+__all__ = [
+    "load_optimizer_state",
+    "load_shards",
+    "optimizer_state",
+    "shard_copy",
+    "sharded_skeleton",
+    "sharding_place",
+]
+
+
+def sharded_skeleton(
+    model: nn.Module, shard: Callable[[nn.Module], None], device: torch.device
+) -> nn.Module:
+    """Collective: a training copy of ``model`` (whose weights are not read: its blocks may be
+    on the meta device), sharded by ``shard`` (in place, on its meta skeleton) and allocated
+    as this rank's shards on ``device``, not yet loaded (:func:`load_shards`)."""
+    copy_ = skeleton(model)
+    shard(copy_)
+    copy_.to_empty(device=device)
+    return copy_
+
+
+def load_shards(sharded: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Load whole tensors into ``sharded``'s shards, one key of ``state`` at a time (so a
+    mapping that reads each from disk as it is asked holds one at a time): each rank keeps
+    its own piece of a DTensor (``distribute_tensor`` without a source rank: every rank holds
+    the same whole tensor, nothing is sent) and the whole of a plain one."""
+    targets = dict(sharded.named_parameters()) | dict(sharded.named_buffers())
+    with torch.no_grad():
+        for key in state:
+            target = targets[key]
+            whole = state[key].to(device=target.device, dtype=target.dtype)
+            if isinstance(target, DTensor):
+                whole = distribute_tensor(
+                    whole, target.device_mesh, target.placements, src_data_rank=None
+                )
+            target.copy_(whole)
+
+
+def sharding_place(sharded: nn.Module) -> Place:
+    """The ``Place`` of a worker that builds its model in parts for ``sharded`` (made from
+    the model's shapes): each block's weights, as they are drawn, loaded into its shards and
+    the block freed at once."""
+
+    def place(index: int, block: nn.Module) -> nn.Module:
+        load_shards(sharded, {f"{index}.{k}": v for k, v in block.state_dict().items()})
+        return block.to("meta")
+
+    return place
 
 
 def shard_copy(
     model: nn.Module, shard: Callable[[nn.Module], None], device: torch.device
 ) -> nn.Module:
-    """Collective: ``model``'s training copy, sharded by ``shard`` (in place, on its meta
-    skeleton), allocated as this rank's shards on ``device`` and loaded with ``model``'s
-    weights (every rank holds them: the worker built the model on each); ``model`` is
-    then freed to the meta device."""
-    copy_ = skeleton(model)
-    shard(copy_)
-    copy_.to_empty(device=device)
-    set_model_state_dict(copy_, model.state_dict(), options=StateDictOptions(full_state_dict=True))
+    """Collective: the training copy of a model built whole on every rank
+    (:func:`sharded_skeleton`), loaded with ``model``'s weights; ``model`` is then freed to
+    the meta device."""
+    copy_ = sharded_skeleton(model, shard, device)
+    load_shards(copy_, model.state_dict())
     model.to("meta")
     return copy_
-
-
-def whole_model(
-    sharded: nn.Module, model: nn.Module, main: bool, device: torch.device
-) -> nn.Module | None:
-    """Collective: ``sharded``'s weights gathered whole into ``model`` on the main rank (it is
-    allocated on ``device`` again for them); None on the others."""
-    full = get_model_state_dict(
-        sharded, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if not main:
-        return None
-    model.to_empty(device=device)
-    model.load_state_dict(full)
-    return model
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -33,14 +33,17 @@ from deepjimu.comm import nbytes
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import parse_spec
+from deepjimu.models.parts import Place
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, accuracies, make_optimizer
 from deepjimu.strategies.sharding import (
     load_optimizer_state,
+    load_shards,
     optimizer_state,
     shard_copy,
-    whole_model,
+    sharded_skeleton,
+    sharding_place,
 )
 
 __all__ = ["TensorParallelStrategy", "tp_plan"]
@@ -83,13 +86,13 @@ class TensorParallelStrategy(GradientStrategy):
 
     Every rank holds the whole data and runs every step on the whole batch; its share of
     each paired Linear layer's weights, gradients and optimizer state is 1/world. The
-    training copy is sharded before it is allocated, and the engine's model gets the whole
-    weights back on rank 0 for each checkpoint and at the end
-    (:mod:`deepjimu.strategies.sharding`).
+    training copy is sharded before it is allocated and loaded a block or a tensor at a
+    time; each rank checkpoints its own shards (:mod:`deepjimu.strategies.sharding`).
     """
 
     name = "tp"
     cfg: GradientOptions
+    _built: nn.Module | None = None  # the training copy, where the worker built it in parts
 
     @classmethod
     def model_blocks(cls, model: nn.Sequential) -> int:
@@ -113,8 +116,34 @@ class TensorParallelStrategy(GradientStrategy):
             ]
         return []
 
+    def placer(self, model: nn.Sequential, data: DataSplits, run: Run) -> Place:
+        """Collective: the training copy made from ``model``'s shapes, each block loaded into
+        it as the worker draws it."""
+        self._built = self._shard(model, run, whole=False)
+        return sharding_place(self._built)
+
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         self.run, self.model = run, model
+        built = self._built
+        self.sharded = built if built is not None else self._shard(model, run, whole=True)
+        if run.resumed is not None:  # a tensor at a time: no rank holds the whole model
+            load_shards(self.sharded, run.resumed.model_state)
+        self._counting = True
+        plan = tp_plan(self.sharded)
+        first = next(iter(plan))  # its input is the data: no gradient, no all-reduce
+        for name, style in plan.items():
+            layer = self.sharded.get_submodule(name)
+            if isinstance(style, RowwiseParallel):
+                layer.register_forward_hook(self._forward_all_reduce)
+            elif name != first:
+                layer.register_full_backward_hook(self._backward_all_reduce)
+        # the paired layers' parameters are DTensors, an unpaired last layer's plain tensors:
+        # torch's multi-tensor kernels (its default on a GPU) refuse such a mix
+        self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg, foreach=False)
+
+    def _shard(self, model: nn.Sequential, run: Run, whole: bool) -> nn.Module:
+        """The training copy of ``model`` (loaded with its weights where it is built
+        ``whole``), its Linear pairs cut over the ranks' mesh."""
         mesh = init_device_mesh(run.device.type, (run.world,))
         plan = tp_plan(model)
         for name, style in plan.items():
@@ -130,18 +159,7 @@ class TensorParallelStrategy(GradientStrategy):
         def shard(m: nn.Module) -> None:
             parallelize_module(m, mesh, plan, src_data_rank=None)
 
-        self.sharded = shard_copy(model, shard, run.device)
-        self._counting = True
-        first = next(iter(plan))  # its input is the data: no gradient, no all-reduce
-        for name, style in plan.items():
-            layer = self.sharded.get_submodule(name)
-            if isinstance(style, RowwiseParallel):
-                layer.register_forward_hook(self._forward_all_reduce)
-            elif name != first:
-                layer.register_full_backward_hook(self._backward_all_reduce)
-        # the paired layers' parameters are DTensors, an unpaired last layer's plain tensors:
-        # torch's multi-tensor kernels (its default on a GPU) refuse such a mix
-        self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg, foreach=False)
+        return (shard_copy if whole else sharded_skeleton)(model, shard, run.device)
 
     def _count(self, t: Tensor) -> None:
         if self._counting:
@@ -179,9 +197,8 @@ class TensorParallelStrategy(GradientStrategy):
         return out if run.is_main else {}
 
     def full_model(self, run: Run) -> nn.Module | None:
-        """Collective: the whole trained model on rank 0, gathered from the shards."""
-        with self._uncounted():
-            return whole_model(self.sharded, self.model, run.is_main, run.device)
+        """Every rank's sharded model: each checkpoints its own shards."""
+        return self.sharded
 
     def rank_state(self) -> dict[str, Any]:
         """This rank's optimizer state (of its shards)."""
