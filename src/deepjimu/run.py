@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -14,13 +14,16 @@ from deepjimu.balance import chosen_balance
 from deepjimu.bookkeeping import Bookkeeping
 from deepjimu.config import RunConfig
 from deepjimu.cost.probe import Probe
-from deepjimu.cost.sync import SyncPlan
+from deepjimu.cost.sync import SyncPlan, SyncTrial
 from deepjimu.counters import Counters
 from deepjimu.data import DataSplits
 from deepjimu.options import DdpOptions
 from deepjimu.precision import autocast
 from deepjimu.record.checkpoint import Checkpoint, Checkpointer
 from deepjimu.record.events import EventLog
+
+if TYPE_CHECKING:  # the executor's module loads torch.distributed: only ddp's runs need it
+    from deepjimu.compress.sync import SyncExecutor
 
 __all__ = ["Measurer", "Run"]
 
@@ -43,6 +46,18 @@ class Measurer(Protocol):
         run: Run,
     ) -> SyncPlan:
         """Collective: ddp's ``--sync-plan`` ``plan`` of ``model``, the same on every rank."""
+        ...
+
+    def sync_trial(
+        self,
+        model: nn.Module,
+        ddp: nn.Module,
+        executor: SyncExecutor,
+        batches: Sequence[tuple[Tensor, Tensor]],
+        run: Run,
+    ) -> SyncTrial:
+        """Collective: ``executor``'s plan and torch's DDP stepped alternately on ``batches``
+        (``--sync-plan auto`` held to the default)."""
         ...
 
     def block_costs(self, model: nn.Sequential, sample: Tensor, repeats: int = 3) -> list[float]:

@@ -11,6 +11,7 @@ from deepjimu.cost.cluster import Cluster, Device, Link, probed_cluster
 from deepjimu.cost.probe import LinkFit
 from deepjimu.cost.sync import (
     METHODS,
+    SyncTrial,
     TensorInfo,
     format_plan,
     fused,
@@ -206,3 +207,16 @@ def test_jimu_plan_prints_and_saves_the_sync_plan_of_ddp_rows(tmp_path, capsys) 
     assert auto["sync_plan"]["methods"]["sfb"] == 2
     assert auto["predicted"]["step_s"] < plain["predicted"]["step_s"]
     assert auto["predicted"]["bytes_per_sample"] < plain["predicted"]["bytes_per_sample"]
+
+
+def test_a_trial_keeps_the_plan_only_where_it_beats_ddp_by_more_than_ddps_spread() -> None:
+    steady = (1.0, 1.0, 1.0, 1.0, 1.0)
+    assert SyncTrial((0.9,) * 5, steady).keeps_plan  # 10% faster, DDP steady
+    assert not SyncTrial((0.99,) * 5, steady).keeps_plan  # within the 2% margin
+    assert not SyncTrial((1.2,) * 5, steady).keeps_plan
+    noisy = (1.0, 1.2, 0.8, 1.15, 0.85)  # median absolute deviation: 15%
+    trial = SyncTrial((0.9, 1.08, 0.72, 1.03, 0.77), noisy)  # 10% faster in every round
+    assert trial.ratio == pytest.approx(0.9) and trial.spread == pytest.approx(0.15)
+    assert not trial.keeps_plan  # not beyond DDP's own noise
+    assert SyncTrial((0.8, 0.96, 0.64, 0.92, 0.68), noisy).keeps_plan  # 20% faster: beyond it
+    assert SyncTrial((0.8,) * 5, noisy).to_dict()["kept"] == "plan"

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.cli import main
 from deepjimu.config import RunConfig
+from deepjimu.cost.sync import SyncTrial
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.measure.measurer import ThisMachine
 from deepjimu.models import build_model
@@ -61,7 +63,7 @@ def test_sfb_sends_the_planned_bytes_every_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_resumed_run_keeps_its_plan_and_the_summary_names_it(tmp_path: Path) -> None:
+def test_a_resumed_run_keeps_its_plan_or_ddp_and_the_summary_names_it(tmp_path: Path) -> None:
     argv = ["train", "--strategy", "ddp", "--workers", "2", "--model", "mlp:32x1"]
     argv += ["--batch-size", "50", "--optimizer", "sgd", "--lr", "0.05", "--balance", "even"]
     argv += ["--sync-plan", "auto", "--checkpoint-every", "1", "--runs-dir", str(tmp_path)]
@@ -70,14 +72,84 @@ def test_a_resumed_run_keeps_its_plan_and_the_summary_names_it(tmp_path: Path) -
     run = tmp_path / "r"
     plan = json.loads((run / "sync_plan.json").read_text())
     first = json.loads((run / "summary.json").read_text())["sync_plan"]
-    assert first == {"plan": "auto", "tensors": {t["name"]: t["method"] for t in plan["tensors"]}}
-    # a plan the planner would not pick on its own: all parameter-server
+    assert plan["trial"]["kept"] in ("plan", "ddp")  # as this machine's load had it
+    if plan["trial"]["kept"] == "plan":
+        assert first == {
+            "plan": "auto",
+            "tensors": {t["name"]: t["method"] for t in plan["tensors"]},
+        }
+    else:
+        assert first == {"plan": "auto", "kept": "ddp"}
+    # a plan the planner would not pick on its own (all parameter-server), kept by its trial
     for t in plan["tensors"]:
         t["method"] = "ps"
+    plan["trial"]["kept"] = "plan"
     (run / "sync_plan.json").write_text(json.dumps(plan))
     assert main(["train", "--resume", str(run), "--epochs", "2"]) == 0
     kept = json.loads((run / "summary.json").read_text())["sync_plan"]["tensors"]
-    assert kept == dict.fromkeys(first["tensors"], "ps")
+    assert kept == dict.fromkeys(plan_names(plan), "ps")
+    # the same run, had DDP won its trial: the resumed run keeps DDP
+    plan["trial"]["kept"] = "ddp"
+    (run / "sync_plan.json").write_text(json.dumps(plan))
+    assert main(["train", "--resume", str(run), "--epochs", "3"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sync_plan"] == {"plan": "auto", "kept": "ddp"}
+
+
+def plan_names(plan: dict) -> list[str]:
+    return [t["name"] for t in plan["tensors"]]
+
+
+class _Decided(ThisMachine):
+    """This machine, but its sync trial's verdict decided: the trial is stepped for real, and
+    its figures replaced by a plan at ``ratio`` of DDP's step with no spread."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def sync_trial(self, model, ddp, executor, batches, run) -> SyncTrial:  # type: ignore[no-untyped-def]
+        steps = super().sync_trial(model, ddp, executor, batches, run)
+        assert len(steps.ddp_s) >= 3  # it ran
+        return SyncTrial((self.ratio,) * 3, (1.0,) * 3)
+
+
+@pytest.mark.slow
+@distributed_test(world_size=[2], preload=["torch._dynamo"])
+def test_auto_keeps_ddp_unless_its_plan_wins_and_the_trial_leaves_no_trace(
+    rank: int, world: int, tmp: str
+) -> None:
+    """Whichever the trial keeps, the run trains as DDP does and counts only its own
+    messages: the trial's steps change no weight and send nothing the run counts."""
+    out = {}
+    for name, plan, measurer in [
+        ("ddp", "allreduce", ThisMachine()),
+        ("won", "auto", _Decided(0.5)),
+        ("lost", "auto", _Decided(0.99)),
+    ]:
+        cfg = validate(
+            RunConfig(
+                strategy="ddp", workers=world, model="mlp:32x1", batch_size=50, optimizer="sgd",
+                lr=0.05, epochs=2, sync_plan=plan, quiet=True, runs_dir=tmp, name=name,
+                balance="even",
+            )
+        )  # fmt: skip
+        run = Run(cfg, Path(tmp) / name, rank, world, measurer=measurer)
+        data = load_dataset(cfg.dataset, DataOptions.from_config(cfg)).shard(rank, world)
+        model = build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+        strategy = DDPStrategy(cfg)
+        result = strategy.fit(model, data, run)
+        out[name] = (strategy, result, run.stats.bytes_sent, list(model.parameters()))
+    won, lost = out["won"][0], out["lost"][0]
+    assert won.sync is not None and not won.kept_ddp  # the plan, by its executor
+    assert lost.sync is None and lost.kept_ddp and isinstance(lost.ddp, DistributedDataParallel)
+    assert out["lost"][1].extra["sync_plan"] == {"plan": "auto", "kept": "ddp"}
+    assert out["lost"][2] == out["ddp"][2]  # DDP's bytes alone: the trial's were not counted
+    for name in ("won", "lost"):
+        for got, want in zip(out[name][3], out["ddp"][3], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
+    if rank == 0:
+        saved = json.loads((Path(tmp) / "lost" / "sync_plan.json").read_text())["trial"]
+        assert saved["kept"] == "ddp" and saved["ratio"] == 0.99
 
 
 @pytest.mark.slow

@@ -76,7 +76,9 @@ class SyncExecutor:
         native: hand sparse rows to the backend's own sparse all-reduce (default: where the
             backend has one, gloo); else all-gather them by hand (NCCL has none).
 
-    Use: ``loss.backward()``, then :meth:`finish` before the optimizer step.
+    Use: ``loss.backward()``, then :meth:`finish` before the optimizer step. While
+    :attr:`enabled` is False its hooks do nothing (another synchronisation steps the same
+    model: ``--sync-plan auto``'s trial against DDP); :meth:`close` removes them.
     """
 
     def __init__(
@@ -97,6 +99,8 @@ class SyncExecutor:
         self._pending: list[tuple[str, nn.Parameter, Any, dict[str, Any]]] = []
         self._fused: list[nn.Parameter] = []  # small all-reduced gradients, in one message
         self._factors: dict[str, list[Tensor]] = {}
+        self.enabled = True
+        self._handles: list[Any] = []
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(t, 0, group=group)
@@ -106,11 +110,16 @@ class SyncExecutor:
             method = methods.get(name, "allreduce")
             if method == "sfb":
                 m = linears[name]
-                m.register_forward_hook(self._capture(name, m))
-            if method == "allreduce" and fuses(name in embeddings, p.numel()):
-                p.register_post_accumulate_grad_hook(self._fused.append)  # type: ignore[arg-type]
-            else:
-                p.register_post_accumulate_grad_hook(self._ready(name, method))
+                self._handles.append(m.register_forward_hook(self._capture(name, m)))
+            fused = method == "allreduce" and fuses(name in embeddings, p.numel())
+            ready = self._fuse if fused else self._ready(name, method)
+            self._handles.append(p.register_post_accumulate_grad_hook(ready))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Remove every hook: the model is synchronised another way from now on."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
     @property
     def compressing(self) -> bool:
@@ -119,7 +128,7 @@ class SyncExecutor:
 
     def _capture(self, name: str, m: nn.Linear) -> Callable[..., None]:
         def hook(_m: nn.Module, inputs: tuple[Tensor, ...], out: Tensor) -> None:
-            if not (torch.is_grad_enabled() and m.training):
+            if not (self.enabled and torch.is_grad_enabled() and m.training):
                 return
             a = inputs[0].detach().reshape(-1, m.in_features)
             self._factors[name] = [a]
@@ -131,6 +140,8 @@ class SyncExecutor:
 
     def _ready(self, name: str, method: str) -> Callable[[Tensor], None]:
         def hook(p: Tensor) -> None:
+            if not self.enabled:
+                return
             self.last_call = time.perf_counter()
             assert isinstance(p, nn.Parameter) and p.grad is not None
             start = getattr(self, f"_start_{method}")
@@ -138,6 +149,11 @@ class SyncExecutor:
             self._pending.append((method, p, work, state))
 
         return hook
+
+    def _fuse(self, p: nn.Parameter) -> None:
+        """A small gradient to all-reduce: it waits for the end of the backward pass."""
+        if self.enabled:
+            self._fused.append(p)
 
     # phase 1, in the backward pass: each method's first collective
     def _start_allreduce(self, name: str, g: Tensor) -> tuple[Any, dict[str, Any]]:
@@ -250,7 +266,7 @@ class SyncExecutor:
         """The small gradients that waited for the end of the backward pass, all-reduced as
         one flat message and averaged (the order autograd readied them: every rank's)."""
         params = list(self._fused)
-        self._fused.clear()  # in place: the hooks hold this list's append
+        self._fused.clear()
         if not params:
             return
         flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]

@@ -46,6 +46,7 @@ whole tensor from the averaged gradient), so the result is DDP's to the last rou
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -61,8 +62,10 @@ __all__ = [
     "FUSE_BYTES",
     "METHODS",
     "PLANS",
+    "TRIAL_MARGIN",
     "Option",
     "SyncEntry",
+    "SyncTrial",
     "TensorInfo",
     "applicable",
     "format_plan",
@@ -162,6 +165,56 @@ class SyncPlan:
     entries: list[SyncEntry]
     links: dict[str, Any]
     measured: dict[str, float]
+
+
+TRIAL_MARGIN = 0.02
+"""The least a plan must beat DDP by in its trial, whatever DDP's measured spread."""
+
+
+@dataclass(frozen=True)
+class SyncTrial:
+    """``--sync-plan auto``'s plan held to torch's DDP (the default), both stepped alternately
+    in the same processes on the run's first batches: each round's step seconds of each (the
+    slowest rank's). Predictions miss what DDP really does (its buckets overlap the backward
+    pass) and one run's noise is 10-40% here; steps taken side by side see the same load.
+
+    Example:
+        >>> SyncTrial(plan_s=(0.8, 0.82, 0.81), ddp_s=(1.0, 1.02, 0.98)).keeps_plan
+        True
+        >>> SyncTrial(plan_s=(0.97, 0.99, 0.98), ddp_s=(1.0, 1.1, 0.9)).keeps_plan
+        False
+    """
+
+    plan_s: tuple[float, ...]
+    ddp_s: tuple[float, ...]
+
+    @property
+    def ratio(self) -> float:
+        """The median over the rounds of the plan's step over DDP's."""
+        return statistics.median(p / d for p, d in zip(self.plan_s, self.ddp_s, strict=True))
+
+    @property
+    def spread(self) -> float:
+        """DDP's own steps' spread: their median absolute deviation over their median."""
+        middle = statistics.median(self.ddp_s)
+        return statistics.median(abs(d - middle) for d in self.ddp_s) / middle
+
+    @property
+    def keeps_plan(self) -> bool:
+        """Whether the plan replaces DDP: only where it is faster by more than DDP's own
+        spread, and by more than :data:`TRIAL_MARGIN` (a plan that caught a quiet moment, or
+        a few rounds that happened to agree, do not replace the default)."""
+        return self.ratio < 1 - max(self.spread, TRIAL_MARGIN)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trial as ``sync_plan.json`` keeps it."""
+        return {
+            "plan_step_s": list(self.plan_s),
+            "ddp_step_s": list(self.ddp_s),
+            "ratio": self.ratio,
+            "spread": self.spread,
+            "kept": "plan" if self.keeps_plan else "ddp",
+        }
 
 
 def applicable(t: TensorInfo) -> tuple[str, ...]:

@@ -12,12 +12,13 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from deepjimu.compress.sync import SyncExecutor
 from deepjimu.cost.probe import Probe
-from deepjimu.cost.sync import SyncPlan
+from deepjimu.cost.sync import SyncPlan, SyncTrial
 from deepjimu.data import DataSplits
 from deepjimu.measure.blocks import block_times
 from deepjimu.measure.probe import measure
-from deepjimu.measure.sync import make_plan
+from deepjimu.measure.sync import make_plan, trial_steps
 from deepjimu.options import DdpOptions
 from deepjimu.run import Run
 
@@ -49,6 +50,18 @@ class ThisMachine:
         """Collective: ddp's ``--sync-plan`` of ``model`` over the run's group
         (:func:`deepjimu.measure.sync.make_plan`)."""
         return make_plan(model, batches, rows, plan, run.device)
+
+    def sync_trial(
+        self,
+        model: nn.Module,
+        ddp: nn.Module,
+        executor: SyncExecutor,
+        batches: Sequence[tuple[Tensor, Tensor]],
+        run: Run,
+    ) -> SyncTrial:
+        """Collective: ``executor``'s plan and torch's DDP stepped alternately
+        (:func:`deepjimu.measure.sync.trial_steps`)."""
+        return trial_steps(model, ddp, executor, batches, run.device)
 
     def block_costs(self, model: nn.Sequential, sample: Tensor, repeats: int = 3) -> list[float]:
         """Forward + backward seconds of each block on ``sample``, the median of ``repeats``

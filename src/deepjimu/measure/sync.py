@@ -12,6 +12,7 @@ Linear's sufficient factors is timed; the link is the probe's own timing
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -21,14 +22,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.compress.sync import linear_weights, sparse_all_reduce, sparse_embeddings
+from deepjimu.compress.sync import (
+    SyncExecutor,
+    linear_weights,
+    sparse_all_reduce,
+    sparse_embeddings,
+)
 from deepjimu.cost.cluster import probed_cluster
 from deepjimu.cost.probe import fit_alpha_beta
-from deepjimu.cost.sync import SyncPlan, TensorInfo, applicable, method_messages, plan_sync
+from deepjimu.cost.sync import (
+    SyncPlan,
+    SyncTrial,
+    TensorInfo,
+    applicable,
+    method_messages,
+    plan_sync,
+)
 from deepjimu.measure.links import measure_links, time_messages
-from deepjimu.measure.timing import median_s, slowest
+from deepjimu.measure.timing import median_s, slowest, timed_s
 
-__all__ = ["make_plan", "tensor_infos"]
+__all__ = ["make_plan", "tensor_infos", "trial_steps"]
 
 _LINKS = ["all_reduce", "reduce_scatter", "all_gather"]
 
@@ -126,3 +139,55 @@ def make_plan(
         k: {"alpha_s": f.alpha_s, "beta_s_per_byte": f.beta_s_per_byte} for k, f in links.items()
     }
     return SyncPlan(entries, fits, measured)
+
+
+def trial_steps(
+    model: nn.Module,
+    ddp: nn.Module,
+    executor: SyncExecutor,
+    batches: Sequence[tuple[Tensor, Tensor]],
+    device: torch.device,
+    rounds: int = 7,
+    budget_s: float = 10.0,
+) -> SyncTrial:
+    """Collective: ``executor``'s plan and ``ddp`` (torch's DDP wrapping ``model``, the
+    executor's hooks on the same parameters) stepped alternately on ``batches``: a forward,
+    a backward and the gradients' synchronisation, no optimizer step (the weights stay as
+    they are). Each plays first in every other round; after a warm-up step of each (DDP
+    builds its buckets), ``rounds`` rounds, fewer (at least 3) where they would pass
+    ``budget_s``. Every figure is the slowest rank's.
+
+    A forward through ``model`` itself leaves DDP's hooks idle (torch's DDP synchronises
+    only a backward whose forward went through it); the executor's are switched off
+    (:attr:`~deepjimu.compress.sync.SyncExecutor.enabled`) while DDP steps.
+    """
+    turn = [0]
+
+    def step(plan: bool) -> None:
+        x, y = batches[turn[0] % len(batches)]
+        turn[0] += 1
+        executor.enabled = plan
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy((model if plan else ddp)(x.to(device)), y.to(device)).backward()
+        if plan:
+            executor.finish()
+
+    plan_s: list[float] = []
+    ddp_s: list[float] = []
+    try:
+        step(False)  # warm-up
+        step(True)
+        spent = 0.0
+        for r in range(rounds):
+            order = (False, True) if r % 2 == 0 else (True, False)
+            times = {plan: timed_s(functools.partial(step, plan), device) for plan in order}
+            t_plan, t_ddp = slowest([times[True], times[False]], device)
+            plan_s.append(t_plan)
+            ddp_s.append(t_ddp)
+            spent += t_plan + t_ddp
+            if r >= 2 and spent * (r + 2) / (r + 1) > budget_s:
+                break
+    finally:
+        executor.enabled = True
+        model.zero_grad(set_to_none=True)
+    return SyncTrial(tuple(plan_s), tuple(ddp_s))

@@ -167,8 +167,8 @@ class SyncGroup(Group):
         "per-tensor gradient synchronisation: allreduce (DDP's buckets), ps (sharded parameter "
         "server: reduce-scatter, all-gather), sfb (Linear weights as sufficient factors), "
         "sparse (sparse embedding gradients as their touched rows), or auto (per tensor the "
-        "method the cost model predicts fastest, from a probe of the link); the tensors a "
-        "method cannot take are all-reduced",
+        "method the cost model predicts fastest, from a probe of the link, kept only if it "
+        "beats DDP stepped beside it); the tensors a method cannot take are all-reduced",
         choices=("allreduce", "ps", "sfb", "sparse", "auto"),
     )
     local_sgd: int = option(

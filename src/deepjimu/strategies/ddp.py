@@ -12,11 +12,12 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.atomic import atomic_write_text
+from deepjimu.comm import Comm, CommStats
 from deepjimu.compress.base import HookState
 from deepjimu.compress.hooks import Averaging, LocalSGDState, comm_hook, local_sgd_hook
 from deepjimu.compress.sync import SyncExecutor
 from deepjimu.cost.compress import CostModel, save_choice
-from deepjimu.cost.sync import format_plan, plan_to_dict
+from deepjimu.cost.sync import SyncTrial, format_plan, plan_to_dict
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError, one_line
 from deepjimu.models import parse_spec
@@ -100,37 +101,48 @@ class DDPStrategy(DataParallel):
         self.sync_methods: dict[str, str] = {}  # each tensor's method under a sync plan
         self.ddp: nn.Module
         self.hook: HookState | SyncExecutor
+        self.trial: SyncTrial | None = None
+        self.kept_ddp = False  # auto's plan lost to DDP (in its trial, or the resumed run's)
         # config: no compressor, local SGD or K-FAC with a sync plan; one worker has nothing
         # to synchronise (and no link to probe), so it keeps DDP's path
         if cfg.sync_plan != "allreduce" and run.world > 1:
-            self.sync = self.hook = self._plan_sync(data, run)
+            self.sync = self._plan_sync(data, run)  # None: auto's plan lost to DDP
+        if self.sync is not None:
+            self.hook = self.sync
             self.ddp = self.model  # the executor's hooks are on the model's parameters
-        else:
-            ids = [run.device.index] if run.device.type == "cuda" else None
-            ddp = self.ddp = DistributedDataParallel(self.model, device_ids=ids)
-            if self.spec.kind == "auto":
-                self.spec = self._choose(data, run)
-            if cfg.local_sgd:
-                warmup = cfg.local_sgd_warmup if cfg.local_sgd_warmup is not None else tenth
-                self.hook = LocalSGDState(run.comm, warmup)
-                ddp.register_comm_hook(self.hook, local_sgd_hook)
-                self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
-            else:
-                self.hook, hook = comm_hook(
-                    self.spec,
-                    run.comm,
-                    cfg.compress_start if cfg.compress_start is not None else tenth,
-                    run.device,
-                    error_feedback=cfg.error_feedback,
-                    warm_start=cfg.warm_start,
-                    seed=cfg.seed,
-                )
-                ddp.register_comm_hook(self.hook, hook)
+        elif self.trial is None:  # (a trial wrapped the model in DDP already)
+            self._wrap(data, run, tenth)
         self.optimizer = make_optimizer(
             self.ddp.parameters(), cfg, self.model, run.comm, speeds=run.speeds
         )
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
+
+    def _wrap(self, data: DataSplits, run: Run, tenth: int) -> None:
+        """Wrap the model in torch's DDP, with the comm hook of ``--compress`` (``auto``:
+        chosen by the cost model first) or of local SGD; ``tenth``: a tenth of the run's
+        steps, the warm-up that neither sets."""
+        cfg = self.cfg
+        ids = [run.device.index] if run.device.type == "cuda" else None
+        ddp = self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        if self.spec.kind == "auto":
+            self.spec = self._choose(data, run)
+        if cfg.local_sgd:
+            warmup = cfg.local_sgd_warmup if cfg.local_sgd_warmup is not None else tenth
+            self.hook = LocalSGDState(run.comm, warmup)
+            ddp.register_comm_hook(self.hook, local_sgd_hook)
+            self.averaging = Averaging(run.comm, cfg.local_sgd, warmup)
+        else:
+            self.hook, hook = comm_hook(
+                self.spec,
+                run.comm,
+                cfg.compress_start if cfg.compress_start is not None else tenth,
+                run.device,
+                error_feedback=cfg.error_feedback,
+                warm_start=cfg.warm_start,
+                seed=cfg.seed,
+            )
+            ddp.register_comm_hook(self.hook, hook)
 
     def _choose(self, data: DataSplits, run: Run) -> CompressSpec:
         """Collective: probe the link and this device (the run's measurer), and let the cost
@@ -143,14 +155,20 @@ class DDPStrategy(DataParallel):
             print(save_choice(probe, choice, predictions, run.out_dir / "probe.json"), flush=True)
         return parse_compress(choice)
 
-    def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor:
+    def _plan_sync(self, data: DataSplits, run: Run) -> SyncExecutor | None:
         """Collective: measure and plan (``--sync-plan``, the run's measurer), print and save
-        the plan; its executor. A resumed run keeps the plan its run folder holds: planned
-        again, a plan measured on a noisy machine could differ, and the run would change
-        its method halfway."""
+        the plan; its executor. ``auto``'s plan must then beat torch's DDP, stepped beside it
+        in these processes (:meth:`_hold_to_ddp`); where it does not, None: the run keeps
+        DDP. A resumed run keeps what its run folder holds: planned again, a plan measured
+        on a noisy machine could differ, and the run would change its method halfway."""
         kept = self._kept_plan(run)
-        if kept is not None:
+        if isinstance(kept, SyncExecutor):
             return kept
+        if kept is False:
+            if run.is_main and not self.cfg.quiet:
+                print("sync plan: DDP kept, as the run it resumes kept it", flush=True)
+            self.kept_ddp = True
+            return None
         rows = self.step_rows(data)
         # this rank's first rows, in batches of a step's size: what the plan measures
         batches = [
@@ -159,12 +177,41 @@ class DDPStrategy(DataParallel):
         ]
         plan = run.measurer.sync_plan(self.model, batches, rows, self.cfg.sync_plan, run)
         self.sync_plan = plan
+        executor = self._executor([(e.name, e.method, e.rows) for e in plan.entries], run)
+        if self.cfg.sync_plan == "auto":
+            self.trial = self._hold_to_ddp(executor, batches, data, run)
+        out = {**plan_to_dict(plan.entries, self.cfg.sync_plan, run.world), "links": plan.links}
+        if self.trial is not None:
+            out["trial"] = self.trial.to_dict()
         if run.is_main:
-            out = {**plan_to_dict(plan.entries, self.cfg.sync_plan, run.world), "links": plan.links}
             atomic_write_text(run.out_dir / "sync_plan.json", json.dumps(out, indent=2))
             if not self.cfg.quiet:
                 print(format_plan(plan.entries, self.cfg.sync_plan), flush=True)
-        return self._executor([(e.name, e.method, e.rows) for e in plan.entries], run)
+                if self.trial is not None:
+                    print(_trial_line(self.trial), flush=True)
+        if self.trial is not None and not self.trial.keeps_plan:
+            executor.close()
+            self.kept_ddp = True
+            return None
+        return executor
+
+    def _hold_to_ddp(
+        self, executor: SyncExecutor, batches: list[tuple[Tensor, Tensor]], data: DataSplits,
+        run: Run,
+    ) -> SyncTrial:  # fmt: skip
+        """Collective: ``executor``'s plan and torch's DDP as this run would wrap the model
+        (:meth:`_wrap`), stepped alternately on ``batches`` (the run's measurer); neither's
+        messages are counted as the run's. DDP stays wrapped, for the run if it wins."""
+        self._wrap(data, run, tenth=0)
+        hook = self.hook
+        assert isinstance(hook, HookState), "a sync plan runs without a compressor or local SGD"
+        hook.comm = executor.comm = Comm(CommStats())  # the trial's messages: not training's
+        try:
+            trial = run.measurer.sync_trial(self.model, self.ddp, executor, batches, run)
+        finally:
+            hook.comm = executor.comm = run.comm
+        executor.iter = hook.iter = 0
+        return trial
 
     def _executor(self, tensors: list[tuple[str, str, float]], run: Run) -> SyncExecutor:
         """The executor of a plan's (tensor, method, rows); the methods go into the summary."""
@@ -173,21 +220,23 @@ class DDPStrategy(DataParallel):
         self.sync_methods = methods
         return SyncExecutor(self.model, methods, run.comm, factor_rows)
 
-    def _kept_plan(self, run: Run) -> SyncExecutor | None:
+    def _kept_plan(self, run: Run) -> SyncExecutor | bool | None:
         """A resumed run's executor of the plan in its folder's ``sync_plan.json`` (every rank
-        reads the one run folder, as it reads the checkpoint); None for a new run."""
+        reads the one run folder, as it reads the checkpoint), or False where the run kept
+        DDP instead (its plan lost the trial); None for a new run."""
         saved = run.out_dir / "sync_plan.json"
         if run.resumed is None or not saved.exists():
             return None
         try:
-            tensors = [
-                (t["name"], t["method"], t["rows"])
-                for t in json.loads(saved.read_text())["tensors"]
-            ]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            held = json.loads(saved.read_text())
+            tensors = [(t["name"], t["method"], t["rows"]) for t in held["tensors"]]
+            kept = held.get("trial", {}).get("kept", "plan")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise JimuError(
                 f"{saved} is damaged ({one_line(e)}); the resumed run cannot keep its sync plan"
             ) from None
+        if kept == "ddp":
+            return False
         if run.is_main and not self.cfg.quiet:
             print(f"sync plan: kept from {saved}, as the run it resumes planned it", flush=True)
         return self._executor(tensors, run)
@@ -248,4 +297,15 @@ class DDPStrategy(DataParallel):
             result.extra["compress_predictions"] = self.predictions
         if self.sync is not None:  # which method each tensor was synchronised by
             result.extra["sync_plan"] = {"plan": self.cfg.sync_plan, "tensors": self.sync_methods}
+        elif self.kept_ddp:  # auto's plan lost to DDP
+            result.extra["sync_plan"] = {"plan": self.cfg.sync_plan, "kept": "ddp"}
         return result
+
+
+def _trial_line(trial: SyncTrial) -> str:
+    """What ``--sync-plan auto``'s trial found, in one line."""
+    kept = "the plan kept" if trial.keeps_plan else "DDP kept"
+    return (
+        f"sync plan against DDP, stepped alternately ({len(trial.ddp_s)} rounds): "
+        f"{trial.ratio:.3f}x DDP's step (DDP's own spread {trial.spread:.1%}); {kept}"
+    )
