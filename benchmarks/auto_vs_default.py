@@ -1,0 +1,112 @@
+"""``--sync-plan auto`` against the default (DDP) and every single method, timed in the same processes.
+
+For each workload, ``jimu train --sync-plan auto`` decides ``--repeats`` times in separate
+runs (each plans, then holds its plan to DDP in its own trial: ``sync_plan.json``); then
+``benchmarks/sync_interleaved.py`` steps, alternately in the same two processes, torch's
+DDP, every plan those runs kept, and each single method applied wherever it can (the rest
+all-reduced). Prints each plan's median step and, per run, auto's step over the best single
+method's (DDP included): the figure ``--sync-plan auto`` is held to (at most 1.05)::
+
+    python benchmarks/auto_vs_default.py                       # the three workloads, 3 runs each
+    python benchmarks/auto_vs_default.py --workloads mlp --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# name -> (model, dataset, extra train flags); 16 rows per rank and step, as issue 47 measured
+WORKLOADS = {
+    "embed": ("embed:100000:64", "bow", ["--synthetic-features", "100000"]),
+    "mlp": ("mlp:4096x3", "digits", []),
+    "embed-mlp": ("embed:100000:64:4096x2", "bow", ["--synthetic-features", "100000"]),
+}
+ROWS = 16
+
+
+def decide(name: str, runs: Path, i: int) -> dict:
+    """One ``jimu train --sync-plan auto`` run of workload ``name``: its ``sync_plan.json``."""
+    model, dataset, extra = WORKLOADS[name]
+    folder = f"{name}-{i}"
+    cmd = [
+        sys.executable, "-m", "deepjimu", "train", "--strategy", "ddp", "--workers", "2",
+        "--model", model, "--dataset", dataset, *extra, "--batch-size", str(2 * ROWS),
+        "--optimizer", "sgd", "--lr", "0.05", "--balance", "even", "--sync-plan", "auto",
+        "--epochs", "1", "--quiet", "--runs-dir", str(runs), "--name", folder,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    plan: dict = json.loads((runs / folder / "sync_plan.json").read_text())
+    return plan
+
+
+def as_text(plan: dict) -> str:
+    """A kept plan as ``sync_interleaved.py`` takes it: ``ddp``, or its tensors' methods."""
+    if plan["trial"]["kept"] == "ddp":
+        return "ddp"
+    return ",".join(
+        f"{t['name']}={t['method']}" for t in plan["tensors"] if t["method"] != "allreduce"
+    )
+
+
+def singles(plan: dict) -> dict[str, str]:
+    """Each single method applied wherever it can (the rest all-reduced), as plan texts."""
+    out = {"ddp": "ddp"}
+    for method in ("ps", "sfb", "sparse"):
+        named = [t["name"] for t in plan["tensors"] if method in t["options"]]
+        if named:
+            out[method] = ",".join(f"{n}={method}" for n in named)
+    return out
+
+
+def interleaved(name: str, plans: list[str], steps: int) -> dict[str, float]:
+    """Each plan's median step (ms), stepped alternately in the same two processes."""
+    model, dataset, _ = WORKLOADS[name]
+    cmd = [
+        sys.executable, str(HERE / "sync_interleaved.py"), "--model", model, "--dataset",
+        dataset, "--rows", str(ROWS), "--steps", str(steps), "--plans", *plans,
+    ]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    times = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d.]+) ms  (.*)$", line)
+        if m:
+            times[m.group(2)] = float(m.group(1))
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=120)
+    args = ap.parse_args()
+    runs = Path(tempfile.mkdtemp(prefix="auto-vs-default-"))
+    for name in args.workloads.split(","):
+        decided = [decide(name, runs, i) for i in range(args.repeats)]
+        single = singles(decided[0])
+        kept = [as_text(p) for p in decided]
+        texts = list(dict.fromkeys([*single.values(), *kept]))
+        times = interleaved(name, texts, args.steps)
+        best = min(times[t] for t in single.values())
+        print(f"\n{name} ({WORKLOADS[name][0]}, {ROWS} rows per rank):")
+        for label, text in single.items():
+            print(f"  {label:<8}{times[text]:>10.3f} ms  {text if label != 'ddp' else ''}")
+        for i, (plan, text) in enumerate(zip(decided, kept, strict=True)):
+            trial = plan["trial"]
+            print(
+                f"  auto #{i + 1}: kept {trial['kept']} (trial: {trial['ratio']:.3f}x DDP, "
+                f"spread {trial['spread']:.1%}); {times[text]:.3f} ms, "
+                f"{times[text] / best:.3f}x the best single method"
+            )
+
+
+if __name__ == "__main__":
+    main()
