@@ -102,15 +102,15 @@ def plan_names(plan: dict) -> list[str]:
 
 class _Decided(ThisMachine):
     """This machine, but its sync trial's verdict decided: the trial is stepped for real, and
-    its figures replaced by a plan at ``ratio`` of DDP's step with no spread."""
+    its figures replaced by nine rounds of a plan at ``ratio`` of DDP's step."""
 
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
 
     def sync_trial(self, model, ddp, executor, batches, run) -> SyncTrial:  # type: ignore[no-untyped-def]
         steps = super().sync_trial(model, ddp, executor, batches, run)
-        assert len(steps.ddp_s) >= 3  # it ran
-        return SyncTrial((self.ratio,) * 3, (1.0,) * 3)
+        assert len(steps.ddp_s) >= 7  # it ran
+        return SyncTrial((self.ratio,) * 9, (1.0,) * 9)
 
 
 @pytest.mark.slow

@@ -168,7 +168,7 @@ class SyncPlan:
 
 
 TRIAL_MARGIN = 0.02
-"""The least a plan must beat DDP by in its trial, whatever DDP's measured spread."""
+"""The least a plan must beat DDP by in its trial (the median of the rounds' ratios)."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +176,13 @@ class SyncTrial:
     """``--sync-plan auto``'s plan held to torch's DDP (the default), both stepped alternately
     in the same processes on the run's first batches: each round's step seconds of each (the
     slowest rank's). Predictions miss what DDP really does (its buckets overlap the backward
-    pass) and one run's noise is 10-40% here; steps taken side by side see the same load.
+    pass) and one run's noise is 10-40% here; steps taken side by side see the same load,
+    so each round gives one ratio of the two.
 
     Example:
-        >>> SyncTrial(plan_s=(0.8, 0.82, 0.81), ddp_s=(1.0, 1.02, 0.98)).keeps_plan
+        >>> SyncTrial(plan_s=(0.8,) * 7, ddp_s=(1.0,) * 7).keeps_plan
         True
-        >>> SyncTrial(plan_s=(0.97, 0.99, 0.98), ddp_s=(1.0, 1.1, 0.9)).keeps_plan
+        >>> SyncTrial(plan_s=(0.8, 1.2) * 4, ddp_s=(1.0,) * 8).keeps_plan
         False
     """
 
@@ -189,22 +190,35 @@ class SyncTrial:
     ddp_s: tuple[float, ...]
 
     @property
+    def ratios(self) -> list[float]:
+        """Each round's plan step over DDP's."""
+        return [p / d for p, d in zip(self.plan_s, self.ddp_s, strict=True)]
+
+    @property
     def ratio(self) -> float:
-        """The median over the rounds of the plan's step over DDP's."""
-        return statistics.median(p / d for p, d in zip(self.plan_s, self.ddp_s, strict=True))
+        """The median of the rounds' ratios."""
+        return statistics.median(self.ratios)
 
     @property
     def spread(self) -> float:
-        """DDP's own steps' spread: their median absolute deviation over their median."""
-        middle = statistics.median(self.ddp_s)
-        return statistics.median(abs(d - middle) for d in self.ddp_s) / middle
+        """How far the rounds' ratios scatter: their median absolute deviation."""
+        middle = self.ratio
+        return statistics.median(abs(r - middle) for r in self.ratios)
+
+    @property
+    def wins(self) -> int:
+        """The rounds in which the plan's step was the faster."""
+        return sum(r < 1 for r in self.ratios)
 
     @property
     def keeps_plan(self) -> bool:
-        """Whether the plan replaces DDP: only where it is faster by more than DDP's own
-        spread, and by more than :data:`TRIAL_MARGIN` (a plan that caught a quiet moment, or
-        a few rounds that happened to agree, do not replace the default)."""
-        return self.ratio < 1 - max(self.spread, TRIAL_MARGIN)
+        """Whether the plan replaces DDP: only where its median step is below DDP's by more
+        than :data:`TRIAL_MARGIN` and it was the faster in more rounds than the noise
+        explains (a sign test: at least n/2 + sqrt(n) of n rounds, two standard deviations
+        past an even split). A plan that caught a quiet moment does not replace the
+        default."""
+        n = len(self.ratios)
+        return self.ratio < 1 - TRIAL_MARGIN and self.wins >= n / 2 + math.sqrt(n)
 
     def to_dict(self) -> dict[str, Any]:
         """The trial as ``sync_plan.json`` keeps it."""
@@ -213,6 +227,7 @@ class SyncTrial:
             "ddp_step_s": list(self.ddp_s),
             "ratio": self.ratio,
             "spread": self.spread,
+            "plan_faster_rounds": self.wins,
             "kept": "plan" if self.keeps_plan else "ddp",
         }
 

@@ -147,15 +147,16 @@ def trial_steps(
     executor: SyncExecutor,
     batches: Sequence[tuple[Tensor, Tensor]],
     device: torch.device,
-    rounds: int = 7,
+    rounds: tuple[int, int] = (7, 60),
     budget_s: float = 10.0,
 ) -> SyncTrial:
     """Collective: ``executor``'s plan and ``ddp`` (torch's DDP wrapping ``model``, the
     executor's hooks on the same parameters) stepped alternately on ``batches``: a forward,
     a backward and the gradients' synchronisation, no optimizer step (the weights stay as
     they are). Each plays first in every other round; after a warm-up step of each (DDP
-    builds its buckets), ``rounds`` rounds, fewer (at least 3) where they would pass
-    ``budget_s``. Every figure is the slowest rank's.
+    builds its buckets), as many rounds as fit in ``budget_s``, within ``rounds`` (the
+    fewest and the most: quick steps get many rounds, so that their verdict is past the
+    noise, and slow ones at least the fewest). Every figure is the slowest rank's.
 
     A forward through ``model`` itself leaves DDP's hooks idle (torch's DDP synchronises
     only a backward whose forward went through it); the executor's are switched off
@@ -178,14 +179,16 @@ def trial_steps(
         step(False)  # warm-up
         step(True)
         spent = 0.0
-        for r in range(rounds):
+        least, most = rounds
+        for r in range(most):
             order = (False, True) if r % 2 == 0 else (True, False)
             times = {plan: timed_s(functools.partial(step, plan), device) for plan in order}
             t_plan, t_ddp = slowest([times[True], times[False]], device)
             plan_s.append(t_plan)
             ddp_s.append(t_ddp)
             spent += t_plan + t_ddp
-            if r >= 2 and spent * (r + 2) / (r + 1) > budget_s:
+            # every rank stops at the same round: the times are every rank's slowest
+            if r + 1 >= least and spent * (r + 2) / (r + 1) > budget_s:
                 break
     finally:
         executor.enabled = True

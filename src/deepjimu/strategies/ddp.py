@@ -305,7 +305,8 @@ class DDPStrategy(DataParallel):
 def _trial_line(trial: SyncTrial) -> str:
     """What ``--sync-plan auto``'s trial found, in one line."""
     kept = "the plan kept" if trial.keeps_plan else "DDP kept"
+    n = len(trial.ddp_s)
     return (
-        f"sync plan against DDP, stepped alternately ({len(trial.ddp_s)} rounds): "
-        f"{trial.ratio:.3f}x DDP's step (DDP's own spread {trial.spread:.1%}); {kept}"
+        f"sync plan against DDP, stepped alternately: {trial.ratio:.3f}x DDP's step (median "
+        f"of {n} rounds, spread {trial.spread:.3f}), faster in {trial.wins} of {n}; {kept}"
     )
