@@ -99,6 +99,8 @@ def main() -> None:
         print(f"\n{name} ({WORKLOADS[name][0]}, {ROWS} rows per rank):")
         for label, text in single.items():
             print(f"  {label:<8}{times[text]:>10.3f} ms  {text if label != 'ddp' else ''}")
+        worst = max(times[text] / best for text in kept)
+        print(f"  {name}: auto over the best single method, worst of {len(kept)} runs: {worst:.3f}")
         for i, (plan, text) in enumerate(zip(decided, kept, strict=True)):
             trial = plan["trial"]
             print(

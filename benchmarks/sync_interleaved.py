@@ -6,7 +6,8 @@ Each plan is a comma list of ``tensor=method`` (tensors not named are all-reduce
 by :class:`deepjimu.compress.sync.SyncExecutor` on 2 gloo ranks on 127.0.0.1 (or, started
 by torchrun, on its ranks: ``benchmarks/sync_link.py --interleaved`` runs it over a
 rate-capped link between two network namespaces) with plain SGD (the embedding's gradient stays sparse); ``ddp`` is torch's DistributedDataParallel
-itself, and a plan written ``gathered:...`` all-gathers sparse rows by hand (as on NCCL)
+itself (``ddp-counted``: with the comm hook that counts its bytes, as ``jimu train``
+runs it), and a plan written ``gathered:...`` all-gathers sparse rows by hand (as on NCCL)
 instead of handing them to gloo's own sparse all-reduce. Prints each plan's median step.
 
 Usage:
@@ -29,9 +30,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from deepjimu.comm import Comm, CommStats
+from deepjimu.compress.hooks import comm_hook
 from deepjimu.compress.sync import SyncExecutor
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model, parse_spec
+from deepjimu.options.compress import parse_compress
 
 __all__ = ["main"]
 
@@ -48,8 +51,13 @@ def _rank(rank: int, world: int, args: argparse.Namespace, port: int | None) -> 
     for text in args.plans:
         model = build_model(args.model, data.feature_shape, data.num_classes)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        if text == "ddp":  # torch's own: DDP's reducer syncs in the backward pass
-            setups.append((DistributedDataParallel(model), _Done(), opt))
+        if text in ("ddp", "ddp-counted"):  # torch's own: its reducer syncs in the backward
+            ddp = DistributedDataParallel(model)
+            if text == "ddp-counted":  # as jimu train runs it: its buckets counted by a hook
+                ddp.register_comm_hook(
+                    *comm_hook(parse_compress("none"), Comm(CommStats()), 0, torch.device("cpu"))
+                )
+            setups.append((ddp, _Done(), opt))
             continue
         native = not text.startswith("gathered:")
         methods = dict(
