@@ -63,7 +63,8 @@ def test_fit_equals_jimu_train_on_the_same_data(tmp_path: Path) -> None:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "tp"])
 def test_fit_with_two_workers_reaches_the_workers_tensors(strategy: str) -> None:
     """The workers are spawned processes: they read the caller's tensors from the run folder,
-    and rank 0 gathers the trained weights whole (fsdp's and tp's shards too)."""
+    and the trained weights come back whole from every rank's part of the checkpoint (fsdp's
+    and tp's shards joined)."""
     x, y, xt, yt = _digits()
     factory = functools.partial(build_model, "mlp:32x1", tuple(x.shape[1:]), 10)
     fitted = fit(strategy, factory, x, y, test=(xt, yt), workers=2, epochs=3, lr=0.01)
