@@ -49,7 +49,7 @@ def decide(name: str, runs: Path, i: int) -> dict:
 
 def as_text(plan: dict) -> str:
     """A kept plan as ``sync_interleaved.py`` takes it: ``ddp``, or its tensors' methods."""
-    if plan["trial"]["kept"] == "ddp":
+    if plan["trial"]["kept"] == "DDP":
         return "ddp"
     return ",".join(
         f"{t['name']}={t['method']}" for t in plan["tensors"] if t["method"] != "allreduce"

@@ -72,14 +72,14 @@ def test_a_resumed_run_keeps_its_plan_or_ddp_and_the_summary_names_it(tmp_path: 
     run = tmp_path / "r"
     plan = json.loads((run / "sync_plan.json").read_text())
     first = json.loads((run / "summary.json").read_text())["sync_plan"]
-    assert plan["trial"]["kept"] in ("plan", "ddp")  # as this machine's load had it
+    assert plan["trial"]["kept"] in ("plan", "DDP")  # as this machine's load had it
     if plan["trial"]["kept"] == "plan":
         assert first == {
             "plan": "auto",
             "tensors": {t["name"]: t["method"] for t in plan["tensors"]},
         }
     else:
-        assert first == {"plan": "auto", "kept": "ddp"}
+        assert first == {"plan": "auto", "kept": "DDP"}
     # a plan the planner would not pick on its own (all parameter-server), kept by its trial
     for t in plan["tensors"]:
         t["method"] = "ps"
@@ -89,11 +89,11 @@ def test_a_resumed_run_keeps_its_plan_or_ddp_and_the_summary_names_it(tmp_path: 
     kept = json.loads((run / "summary.json").read_text())["sync_plan"]["tensors"]
     assert kept == dict.fromkeys(plan_names(plan), "ps")
     # the same run, had DDP won its trial: the resumed run keeps DDP
-    plan["trial"]["kept"] = "ddp"
+    plan["trial"]["kept"] = "DDP"
     (run / "sync_plan.json").write_text(json.dumps(plan))
     assert main(["train", "--resume", str(run), "--epochs", "3"]) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["sync_plan"] == {"plan": "auto", "kept": "ddp"}
+    assert summary["sync_plan"] == {"plan": "auto", "kept": "DDP"}
 
 
 def plan_names(plan: dict) -> list[str]:
@@ -142,14 +142,14 @@ def test_auto_keeps_ddp_unless_its_plan_wins_and_the_trial_leaves_no_trace(
     won, lost = out["won"][0], out["lost"][0]
     assert won.sync is not None and not won.kept_ddp  # the plan, by its executor
     assert lost.sync is None and lost.kept_ddp and isinstance(lost.ddp, DistributedDataParallel)
-    assert out["lost"][1].extra["sync_plan"] == {"plan": "auto", "kept": "ddp"}
+    assert out["lost"][1].extra["sync_plan"] == {"plan": "auto", "kept": "DDP"}
     assert out["lost"][2] == out["ddp"][2]  # DDP's bytes alone: the trial's were not counted
     for name in ("won", "lost"):
         for got, want in zip(out[name][3], out["ddp"][3], strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=name)
     if rank == 0:
         saved = json.loads((Path(tmp) / "lost" / "sync_plan.json").read_text())["trial"]
-        assert saved["kept"] == "ddp" and saved["ratio"] == 0.99
+        assert saved["kept"] == "DDP" and saved["ratio"] == 0.99
 
 
 @pytest.mark.slow

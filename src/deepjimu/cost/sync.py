@@ -228,7 +228,7 @@ class SyncTrial:
             "ratio": self.ratio,
             "spread": self.spread,
             "plan_faster_rounds": self.wins,
-            "kept": "plan" if self.keeps_plan else "ddp",
+            "kept": "plan" if self.keeps_plan else "DDP",
         }
 
 

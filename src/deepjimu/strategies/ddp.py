@@ -47,8 +47,9 @@ class DDPStrategy(DataParallel):
     no gradient all-reduce after the warm-up; the models are averaged every H steps, before
     every checkpoint and at the end). ``--sync-plan`` other than allreduce replaces DDP by
     a per-tensor plan (:mod:`deepjimu.compress.sync`: sharded parameter server, sufficient
-    factors, sparse rows, or each tensor's fastest predicted method), printed at the start
-    and saved as ``sync_plan.json``.
+    factors, sparse rows, or each tensor's fastest predicted method, which is kept only if
+    it beats DDP stepped beside it in these processes), printed at the start and saved as
+    ``sync_plan.json``.
 
     Events carry ``step_s``, the mean time of the interval's steps past the warm-up, and
     with ``auto`` the cost model's ``predicted_step_s``.
@@ -235,7 +236,7 @@ class DDPStrategy(DataParallel):
             raise JimuError(
                 f"{saved} is damaged ({one_line(e)}); the resumed run cannot keep its sync plan"
             ) from None
-        if kept == "ddp":
+        if kept == "DDP":
             return False
         if run.is_main and not self.cfg.quiet:
             print(f"sync plan: kept from {saved}, as the run it resumes planned it", flush=True)
@@ -298,7 +299,7 @@ class DDPStrategy(DataParallel):
         if self.sync is not None:  # which method each tensor was synchronised by
             result.extra["sync_plan"] = {"plan": self.cfg.sync_plan, "tensors": self.sync_methods}
         elif self.kept_ddp:  # auto's plan lost to DDP
-            result.extra["sync_plan"] = {"plan": self.cfg.sync_plan, "kept": "ddp"}
+            result.extra["sync_plan"] = {"plan": self.cfg.sync_plan, "kept": "DDP"}
         return result
 
 
