@@ -392,3 +392,24 @@ def test_check_of_the_top_also_runs_the_best_one_worker_row_below_and_says_what_
         "; only the predicted top 1 and ddp x1 mlp:16x2, the best of one worker below them, "
         "were checked: the ranking of the other 1 is unverified"
     )
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.4])
+def test_predictions_within_half_the_measured_spread_of_the_fastest_are_shown_as_a_tie(
+    tmp_path, capsys, monkeypatch, spread: float
+) -> None:
+    _machine(monkeypatch, cores=2, busy=0)
+    _fake_steps(monkeypatch, [0.010 * (1 - spread / 2), 0.010, 0.010 * (1 + spread / 2)])
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", "--strategies", "local", "--workers", "1", "--models", "mlp:16x1,mlp:32x1"]
+    assert main([*argv, "--out", "p"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(Path("p/plan.json").read_text())["rows"]
+    ranked = [r for r in rows if r.get("predicted")]
+    assert len(ranked) == 2  # the same step measured for both: the same prediction
+    if spread:
+        assert [r["tie"] for r in ranked] == [pytest.approx(0.2)] * 2
+        assert out.count("  = tie") == 2
+        assert "= tie: predicted within 20% of the fastest, half the spread" in out
+    else:  # repeats that agree: the order is the plan's
+        assert not any("tie" in r for r in ranked) and "= tie" not in out

@@ -33,6 +33,7 @@ __all__ = [
     "noisy_points",
     "noisy_repeats",
     "read_probe",
+    "relative_spread",
     "write_probe",
 ]
 
@@ -215,6 +216,19 @@ SPREAD_TOLERANCE = 0.5
 not the work: a prediction from their median may be far off."""
 
 
+def relative_spread(seconds: Sequence[float]) -> float:
+    """How far repeated timings spread: (slowest - fastest) / median (0 for fewer than two).
+
+    Example:
+        >>> round(relative_spread([0.010, 0.011, 0.012]), 3)
+        0.182
+    """
+    if len(seconds) < 2:
+        return 0.0
+    median = statistics.median(seconds)
+    return (max(seconds) - min(seconds)) / median if median > 0 else 0.0
+
+
 def noisy_repeats(what: str, seconds: Sequence[float]) -> str | None:
     """One line where the repeated timings of ``what`` spread past :data:`SPREAD_TOLERANCE`;
     None where they agree (or there are fewer than two).
@@ -225,10 +239,7 @@ def noisy_repeats(what: str, seconds: Sequence[float]) -> str | None:
         >>> noisy_repeats("the step", [0.010, 0.011, 0.012]) is None
         True
     """
-    if len(seconds) < 2:
-        return None
-    median = statistics.median(seconds)
-    spread = (max(seconds) - min(seconds)) / median if median > 0 else 0.0
+    spread = relative_spread(seconds)
     if spread <= SPREAD_TOLERANCE:
         return None
     return (

@@ -31,7 +31,7 @@ from deepjimu.choices import Optimizer
 from deepjimu.comm import Comm, CommStats
 from deepjimu.compress.hooks import comm_hook
 from deepjimu.config import RunConfig
-from deepjimu.cost.probe import noisy_repeats
+from deepjimu.cost.probe import noisy_repeats, relative_spread
 from deepjimu.cost.profile import AdmmTimes, BlockTimes, KfacTimes
 from deepjimu.kfac.precondition import decompose
 from deepjimu.measure.blocks import block_times, plain_step, step_times, update_time, use_threads
@@ -260,13 +260,15 @@ class MeasuredCompute:
         cfg: the run's config (optimizer, admm options).
 
     ``notes`` holds a line for each step measured so far whose repeats disagreed past the
-    tolerance (:func:`~deepjimu.cost.probe.noisy_repeats`).
+    tolerance (:func:`~deepjimu.cost.probe.noisy_repeats`), ``spreads`` every such step's
+    spread (:func:`~deepjimu.cost.probe.relative_spread`).
     """
 
     def __init__(self, model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig) -> None:
         self.model, self.x, self.y, self.cfg = model, x, y, cfg
         self._kept: dict[tuple[object, ...], Any] = {}
         self.notes: list[str] = []
+        self.spreads: list[float] = []
 
     def _once(self, key: tuple[object, ...], threads: int, measure: Callable[[], Any]) -> Any:
         """``measure()`` with ``threads`` threads the first time ``key`` (with ``threads``) is
@@ -289,6 +291,8 @@ class MeasuredCompute:
         noisy = noisy_repeats(f"{what} measured in this process ({where})", seconds)
         if new and noisy:
             self.notes.append(noisy)
+        if new:
+            self.spreads.append(relative_spread(seconds))
         return statistics.median(seconds)
 
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:

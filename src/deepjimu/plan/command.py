@@ -47,7 +47,7 @@ from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.options import SyncGroup
 from deepjimu.plan.measuring import on_paper
-from deepjimu.plan.setup import cluster_and_compute, noisy_measurements
+from deepjimu.plan.setup import cluster_and_compute, measured_spread, noisy_measurements
 from deepjimu.strategies.registry import entry, predict, rank_peaks
 from deepjimu.threads import ThreadPlan
 from deepjimu.units import format_bytes
@@ -226,7 +226,29 @@ def _predict(
             -r["predicted"]["samples_per_s"] if r.get("predicted") else math.inf,
         )
     )
+    mark_ties(rows, measured_spread(made) / 2)
     return rows, noisy_measurements(made)
+
+
+def mark_ties(rows: list[dict[str, Any]], band: float) -> None:
+    """Mark (``tie``: the band) the ranked ``rows`` that fit and are predicted within
+    ``band`` (a fraction) of the fastest, the fastest among them: the repeated timings they
+    come from spread by twice that, so their order is not the plan's to say.
+
+    Example:
+        >>> rows = [{"predicted": {"samples_per_s": s}} for s in (100, 95, 80)]
+        >>> mark_ties(rows, 0.1)
+        >>> ["tie" in r for r in rows]
+        [True, True, False]
+    """
+    ranked = [r for r in rows if r.get("predicted") and "does_not_fit" not in r]
+    if not ranked or band <= 0:
+        return
+    best = ranked[0]["predicted"]["samples_per_s"]
+    tied = [r for r in ranked if r["predicted"]["samples_per_s"] >= best * (1 - band)]
+    if len(tied) > 1:
+        for r in tied:
+            r["tie"] = band
 
 
 def _predict_one(
@@ -306,9 +328,16 @@ def _table(rows: list[dict[str, Any]]) -> str:
             if short
             else ""
         )
+        tie = "  = tie" if "tie" in r else ""
         lines.append(
             f"{_label(r):<{width}}{p['samples_per_s']:>12.0f}{p['step_s'] * 1e3:>10.2f}"
-            f"{format_bytes(p['bytes_per_sample']):>13}{p['peak_mem_mb']:>10.1f}{fits}"
+            f"{format_bytes(p['bytes_per_sample']):>13}{p['peak_mem_mb']:>10.1f}{fits}{tie}"
+        )
+    band = next((r["tie"] for r in rows if "tie" in r), None)
+    if band is not None:
+        lines.append(
+            f"= tie: predicted within {band:.0%} of the fastest, half the spread of the "
+            "repeated timings they come from: their order is a tie, not a ranking"
         )
     return "\n".join(lines)
 

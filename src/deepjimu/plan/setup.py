@@ -31,7 +31,7 @@ from deepjimu.cost.cluster import Cluster, Device, Link, probed_cluster
 from deepjimu.cost.cluster_file import read_cluster
 from deepjimu.cost.predict.replicated import ddp_comm
 from deepjimu.cost.predict.staged import staged_step
-from deepjimu.cost.probe import Probe, read_probe
+from deepjimu.cost.probe import Probe, read_probe, relative_spread
 from deepjimu.cost.profile import AnalyticCompute, Compute, Layer
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.devices import pick_device
@@ -47,7 +47,7 @@ from deepjimu.strategies.admm.model import admm_layers
 from deepjimu.strategies.registry import entry
 from deepjimu.threads import available_cores, plan_threads
 
-__all__ = ["cluster_and_compute", "noisy_measurements", "probe_cluster"]
+__all__ = ["cluster_and_compute", "measured_spread", "noisy_measurements", "probe_cluster"]
 
 
 def probe_cluster(cfg: RunConfig, workers: int, out: Path) -> tuple[Cluster, Any]:
@@ -282,6 +282,19 @@ def noisy_measurements(made: dict[Any, Any]) -> list[str]:
         elif isinstance(kept, Probe) and (noisy := kept.noisy_step()):
             out.append(noisy)
     return out
+
+
+def measured_spread(made: dict[Any, Any]) -> float:
+    """The largest spread of the repeated timings a plan's predictions came from (``made``,
+    as for :func:`noisy_measurements`): the steps measured in this process and each probe's
+    plain step; 0 for a plan on paper (nothing measured)."""
+    spreads = [0.0]
+    for kept in made.values():
+        if isinstance(kept, tuple) and isinstance(kept[0], MeasuredCompute):
+            spreads += kept[0].spreads
+        elif isinstance(kept, Probe):
+            spreads.append(relative_spread(kept.compute_rounds_s))
+    return max(spreads)
 
 
 def _model_figures(
