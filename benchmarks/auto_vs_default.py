@@ -1,14 +1,21 @@
-"""``--sync-plan auto`` against the default (DDP) and every single method, timed in the same processes.
+"""Every automatic choice against the default and each single alternative: ``--sync-plan auto`` in the same processes, ``--compress auto`` and ``--balance auto`` by repeated runs.
 
-For each workload, ``jimu train --sync-plan auto`` decides ``--repeats`` times in separate
-runs (each plans, then holds its plan to DDP in its own trial: ``sync_plan.json``); then
-``benchmarks/sync_interleaved.py`` steps, alternately in the same two processes, torch's
-DDP, every plan those runs kept, and each single method applied wherever it can (the rest
-all-reduced). Prints each plan's median step and, per run, auto's step over the best single
-method's (DDP included): the figure ``--sync-plan auto`` is held to (at most 1.05)::
+``--sync-plan auto`` (a per-step choice): for each workload, ``jimu train --sync-plan auto``
+decides ``--repeats`` times in separate runs (each plans, then holds its plan to DDP in its
+own trial: ``sync_plan.json``); then ``benchmarks/sync_interleaved.py`` steps, alternately
+in the same two processes, torch's DDP, every plan those runs kept, and each single method
+applied wherever it can (the rest all-reduced). Prints each plan's median step and, per
+run, auto's step over the best single method's (DDP included): the figure ``--sync-plan
+auto`` is held to (at most 1.05).
 
-    python benchmarks/auto_vs_default.py                       # the three workloads, 3 runs each
-    python benchmarks/auto_vs_default.py --workloads mlp --repeats 5
+``--compress auto`` and ``--balance auto`` (whole-run choices): ``jimu train`` with auto,
+the default and every alternative, in ``--repeats`` rounds (each round runs every variant
+once, so the machine's drift over minutes moves them alike); prints each variant's median
+samples/s and auto's against the default and the best (at least 0.95 of the default)::
+
+    python benchmarks/auto_vs_default.py                        # everything, 3 runs each
+    python benchmarks/auto_vs_default.py --workloads mlp --repeats 5 --choices sync
+    python benchmarks/auto_vs_default.py --choices compress,balance
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,14 +90,66 @@ def interleaved(name: str, plans: list[str], steps: int) -> dict[str, float]:
     return times
 
 
+# choice -> (the run's flags, the option, auto, the default, the alternatives)
+WHOLE_RUNS = {
+    "compress": (
+        ["--strategy", "ddp", "--workers", "2", "--model", "mlp:1024x4", "--epochs", "3"],
+        "--compress", "auto", "none", ["fp16", "bf16", "powersgd", "topk", "qsgd"],
+    ),
+    "balance": (
+        ["--strategy", "ddp", "--workers", "2", "--model", "mlp:256x3", "--epochs", "5"],
+        "--balance", "auto", "auto", ["even", "speed"],
+    ),
+    "balance-uneven": (  # one worker at half speed (a CPU quota: root)
+        ["--strategy", "ddp", "--workers", "2", "--model", "mlp:256x3", "--epochs", "5",
+         "--emulate-speeds", "1,0.5"],
+        "--balance", "auto", "auto", ["even", "speed"],
+    ),
+}  # fmt: skip
+
+
+def whole_runs(name: str, runs: Path, repeats: int) -> None:
+    """``jimu train`` with each value of choice ``name``'s option, ``repeats`` rounds; prints
+    each value's median samples/s and auto's over the default's and the best's."""
+    flags, option, auto, default, others = WHOLE_RUNS[name]
+    values = list(dict.fromkeys([auto, default, *others]))
+    speeds: dict[str, list[float]] = {v: [] for v in values}
+    for r in range(repeats):
+        for v in values[r % len(values) :] + values[: r % len(values)]:  # each leads once
+            folder = runs / f"{name}-{v}-{r}".replace(":", "_")
+            cmd = [
+                sys.executable, "-m", "deepjimu", "train", *flags, option, v, "--quiet",
+                "--runs-dir", str(folder.parent), "--name", folder.name,
+            ]  # fmt: skip
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            summary = json.loads((folder / "summary.json").read_text())
+            speeds[v].append(summary["samples_per_s"])
+    median = {v: statistics.median(s) for v, s in speeds.items()}
+    best = max(median.values())
+    print(f"\n{name} ({option}; {' '.join(flags)}; {repeats} rounds):")
+    for v in values:
+        label = f"{v} (auto)" if v == auto else f"{v} (default)" if v == default else v
+        runs_text = ", ".join(f"{x:.0f}" for x in speeds[v])
+        print(f"  {label:<16}{median[v]:>10.0f} samples/s  ({runs_text})")
+    print(
+        f"  {name}: auto over the default {median[auto] / median[default]:.3f}, "
+        f"over the best {median[auto] / best:.3f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--choices", default="sync," + ",".join(WHOLE_RUNS))
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="sync plan workloads")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=120)
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="auto-vs-default-"))
-    for name in args.workloads.split(","):
+    choices = args.choices.split(",")
+    for name in choices:
+        if name in WHOLE_RUNS:
+            whole_runs(name, runs, args.repeats)
+    for name in args.workloads.split(",") if "sync" in choices else []:
         decided = [decide(name, runs, i) for i in range(args.repeats)]
         single = singles(decided[0])
         kept = [as_text(p) for p in decided]
