@@ -283,16 +283,15 @@ class MeasuredCompute:
         self, what: str, key: tuple[Any, int], threads: int, measure: Callable[[], list[float]]
     ) -> float:
         """The median of the repeats that ``measure()`` times on ``key``'s rows (kept as
-        :meth:`_once` keeps them); the first time, a line in :attr:`notes` where they spread
-        past the tolerance."""
+        :meth:`_once` keeps them); the first time, their spread in :attr:`spreads` and a line
+        in :attr:`notes` where it passes the tolerance."""
         new = (*key, threads) not in self._kept
         seconds = self._once(key, threads, measure)
-        where = f"{self.cfg.model}, {key[1]} rows, {threads} thread(s)"
-        noisy = noisy_repeats(f"{what} measured in this process ({where})", seconds)
-        if new and noisy:
-            self.notes.append(noisy)
         if new:
             self.spreads.append(relative_spread(seconds))
+            where = f"{self.cfg.model}, {key[1]} rows, {threads} thread(s)"
+            if noisy := noisy_repeats(f"{what} measured in this process ({where})", seconds):
+                self.notes.append(noisy)
         return statistics.median(seconds)
 
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:

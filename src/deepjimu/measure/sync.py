@@ -13,6 +13,7 @@ Linear's sufficient factors is timed; the link is the probe's own timing
 from __future__ import annotations
 
 import functools
+import itertools
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -162,11 +163,10 @@ def trial_steps(
     only a backward whose forward went through it); the executor's are switched off
     (:attr:`~deepjimu.compress.sync.SyncExecutor.enabled`) while DDP steps.
     """
-    turn = [0]
+    turns = itertools.cycle(batches)
 
     def step(plan: bool) -> None:
-        x, y = batches[turn[0] % len(batches)]
-        turn[0] += 1
+        x, y = next(turns)
         executor.enabled = plan
         model.zero_grad(set_to_none=True)
         F.cross_entropy((model if plan else ddp)(x.to(device)), y.to(device)).backward()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -275,26 +275,24 @@ def noisy_measurements(made: dict[Any, Any]) -> list[str]:
     """A line for each measurement of a plan (``made``: what :func:`cluster_and_compute`
     kept) whose repeated timings disagreed past their tolerance: the steps measured in this
     process, each probe's plain step (:func:`~deepjimu.cost.probe.noisy_repeats`)."""
-    out = []
-    for kept in made.values():
-        if isinstance(kept, tuple) and isinstance(kept[0], MeasuredCompute):
-            out += kept[0].notes
-        elif isinstance(kept, Probe) and (noisy := kept.noisy_step()):
-            out.append(noisy)
-    return out
+    return [line for notes, _ in _timings(made) for line in notes]
 
 
 def measured_spread(made: dict[Any, Any]) -> float:
     """The largest spread of the repeated timings a plan's predictions came from (``made``,
-    as for :func:`noisy_measurements`): the steps measured in this process and each probe's
-    plain step; 0 for a plan on paper (nothing measured)."""
-    spreads = [0.0]
+    as for :func:`noisy_measurements`); 0 for a plan on paper (nothing measured)."""
+    return max([0.0, *(s for _, spreads in _timings(made) for s in spreads)])
+
+
+def _timings(made: dict[Any, Any]) -> Iterator[tuple[list[str], list[float]]]:
+    """Each repeated measurement ``made`` kept, as its noisy lines and its spreads: the steps
+    measured in this process, each probe's plain step."""
     for kept in made.values():
         if isinstance(kept, tuple) and isinstance(kept[0], MeasuredCompute):
-            spreads += kept[0].spreads
+            yield kept[0].notes, kept[0].spreads
         elif isinstance(kept, Probe):
-            spreads.append(relative_spread(kept.compute_rounds_s))
-    return max(spreads)
+            noisy = kept.noisy_step()
+            yield [noisy] if noisy else [], [relative_spread(kept.compute_rounds_s)]
 
 
 def _model_figures(

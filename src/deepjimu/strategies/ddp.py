@@ -103,7 +103,6 @@ class DDPStrategy(DataParallel):
         self.ddp: nn.Module
         self.hook: HookState | SyncExecutor
         self.trial: SyncTrial | None = None
-        self.kept_ddp = False  # auto's plan lost to DDP (in its trial, or the resumed run's)
         # config: no compressor, local SGD or K-FAC with a sync plan; one worker has nothing
         # to synchronise (and no link to probe), so it keeps DDP's path
         if cfg.sync_plan != "allreduce" and run.world > 1:
@@ -118,6 +117,11 @@ class DDPStrategy(DataParallel):
         )
         self._steps = [0.0, 0]  # steps past the warm-up since the last event: seconds, count
         self._all_steps = [0.0, 0]  # the same over the run
+
+    @property
+    def kept_ddp(self) -> bool:
+        """Whether a sync plan lost to DDP (in its trial, or in the run this one resumes)."""
+        return self.cfg.sync_plan != "allreduce" and self.run.world > 1 and self.sync is None
 
     def _wrap(self, data: DataSplits, run: Run, tenth: int) -> None:
         """Wrap the model in torch's DDP, with the comm hook of ``--compress`` (``auto``:
@@ -168,7 +172,6 @@ class DDPStrategy(DataParallel):
         if kept is False:
             if run.is_main and not self.cfg.quiet:
                 print("sync plan: DDP kept, as the run it resumes kept it", flush=True)
-            self.kept_ddp = True
             return None
         rows = self.step_rows(data)
         # this rank's first rows, in batches of a step's size: what the plan measures
@@ -192,7 +195,6 @@ class DDPStrategy(DataParallel):
                     print(_trial_line(self.trial), flush=True)
         if self.trial is not None and not self.trial.keeps_plan:
             executor.close()
-            self.kept_ddp = True
             return None
         return executor
 

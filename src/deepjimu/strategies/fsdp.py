@@ -35,18 +35,10 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from deepjimu.comm import Comm, CommStats, nbytes
 from deepjimu.data import DataSplits
 from deepjimu.memory import return_freed_memory
-from deepjimu.models.parts import Place
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
-from deepjimu.strategies.sharding import (
-    load_optimizer_state,
-    load_shards,
-    optimizer_state,
-    shard_copy,
-    sharded_skeleton,
-    sharding_place,
-)
+from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
 __all__ = ["CountedAllGather", "CountedReduceScatter", "FSDPStrategy"]
 
@@ -83,11 +75,11 @@ class CountedReduceScatter(DefaultReduceScatter):
         return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
 
-class FSDPStrategy(DataParallel):
+class FSDPStrategy(ShardedModel, DataParallel):
     """Fully sharded data parallel (ZeRO-3) with torch's FSDP2, one unit per block.
 
     The training copy is sharded before any of it is allocated: a model built in parts
-    loads each block into its shards as it is drawn (:meth:`placer`), one built whole is
+    loads each block into its shards as it is drawn (``ShardedModel.placer``), one built whole is
     copied into them and freed (:mod:`deepjimu.strategies.sharding`); no rank holds the
     whole model, in training or in a checkpoint (each rank writes its shards). Accuracies
     are measured by the sharded model, every rank taking part.
@@ -95,7 +87,6 @@ class FSDPStrategy(DataParallel):
 
     name = "fsdp"
     cfg: GradientOptions
-    _built: nn.Module | None = None  # the training copy, where the worker built it in parts
 
     @classmethod
     def problems(cls, cfg: GradientOptions, n_blocks: int) -> list[str]:
@@ -107,19 +98,10 @@ class FSDPStrategy(DataParallel):
             ]
         return cls.balance_problems(str(cfg.balance))
 
-    def placer(self, model: nn.Sequential, data: DataSplits, run: Run) -> Place:
-        """Collective: the training copy made from ``model``'s shapes, each block loaded into
-        it as the worker draws it."""
-        self._built = self._shard(model, run, whole=False)
-        return sharding_place(self._built)
-
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         self.run, self.model = run, model
         self.setup_shards(data, run)
-        built = self._built
-        self.sharded = built if built is not None else self._shard(model, run, whole=True)
-        if run.resumed is not None:  # a tensor at a time: no rank holds the whole model
-            load_shards(self.sharded, run.resumed.model_state)
+        self.sharded = self.training_copy(model, run)
         self.optimizer = make_optimizer(self.sharded.parameters(), self.cfg)
 
     @contextlib.contextmanager
@@ -183,14 +165,3 @@ class FSDPStrategy(DataParallel):
             if len(y):
                 out[f"{split}_acc"] = count_correct(self.sharded, x, y)[0] / len(y)
         return out if run.is_main else {}
-
-    def rank_state(self) -> dict[str, Any]:
-        """This rank's shard of the optimizer's state."""
-        return {"optimizer": optimizer_state(self.optimizer)}
-
-    def load_rank_state(self, state: dict[str, Any]) -> None:
-        load_optimizer_state(self.optimizer, state["optimizer"])
-
-    def full_model(self, run: Run) -> nn.Module | None:
-        """Every rank's sharded model: each checkpoints its own shards."""
-        return self.sharded

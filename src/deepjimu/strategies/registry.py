@@ -82,9 +82,10 @@ class Traits:
 
     ``default_workers`` / ``default_epochs``: used where the user gives none;
     ``min_workers`` / ``max_workers``: e.g. 1 and 1 for one process (None: any);
-    ``splits_model``: each worker owns
-    contiguous blocks, so workers <= blocks; ``shards_model``: each worker holds a shard
-    of every parameter; ``shards_data``: each worker loads only its rows; ``needs_group``: a process group even for one worker (as DDP wants);
+    ``splits_model``: each worker owns contiguous blocks, so workers <= blocks;
+    ``shards_model``: each worker holds a shard of every parameter; ``shards_data``: each
+    worker loads only its rows; ``needs_group``: a process group even for one worker (as DDP
+    wants);
     ``graph_models``: it trains models that take the whole graph (``gcn``);
     ``precisions``: the ``--precision`` values it supports (bf16 only where its compute
     runs under :meth:`~deepjimu.run.Run.autocast` and its messages do not depend on the
@@ -199,9 +200,8 @@ ENTRIES: tuple[Entry, ...] = (
         "tp",
         "deepjimu.strategies.tp:TensorParallelStrategy",
         GradientOptions,
-        Traits(
-            default_workers=2, shards_model=True, needs_group=True, base_mb=6
-        ),  # torch.distributed.tensor
+        # base: torch.distributed.tensor's modules
+        Traits(default_workers=2, shards_model=True, needs_group=True, base_mb=6),
         predict=tensor_parallel,
         memory=tensor_state,
         color="#e377c2",

@@ -12,7 +12,7 @@ checkpoints its own shards (``record.checkpoint``), so no rank gathers the whole
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,12 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from deepjimu.models.parts import Place, skeleton
 
+if TYPE_CHECKING:
+    from deepjimu.data import DataSplits
+    from deepjimu.run import Run
+
 __all__ = [
+    "ShardedModel",
     "load_optimizer_state",
     "load_shards",
     "optimizer_state",
@@ -81,6 +86,52 @@ def shard_copy(
     load_shards(copy_, model.state_dict())
     model.to("meta")
     return copy_
+
+
+class ShardedModel:
+    """What the sharding strategies (``fsdp``, ``tp``) share as strategies, ahead of their
+    ``GradientStrategy`` base: the training copy made by the strategy's :meth:`_shard`, built
+    in parts by the worker (:meth:`placer`) or copied from a model built whole, loaded from
+    the resumed checkpoint a tensor at a time (:meth:`training_copy`); each rank checkpoints
+    its shards and its shard of the optimizer's state."""
+
+    _built: nn.Module | None = None  # the training copy, where the worker built it in parts
+    sharded: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def _shard(self, model: nn.Sequential, run: Run, whole: bool) -> nn.Module:
+        """The training copy of ``model`` (loaded with its weights where it is built
+        ``whole``, else from its shapes alone)."""
+        raise NotImplementedError
+
+    def placer(self, model: nn.Sequential, data: DataSplits, run: Run) -> Place:
+        """Collective: the training copy made from ``model``'s shapes, each block loaded into
+        it as the worker draws it."""
+        self._built = self._shard(model, run, whole=False)
+        return sharding_place(self._built)
+
+    def training_copy(self, model: nn.Sequential, run: Run) -> nn.Module:
+        """Collective: the training copy, copied from ``model`` built whole (which the worker
+        loaded with a resumed run's weights), or as the worker built it in parts, a resumed
+        run's weights then loaded into it a tensor at a time (no rank holds the whole
+        model: the worker's model is all on the meta device)."""
+        built = self._built
+        if built is None:
+            return self._shard(model, run, whole=True)
+        if run.resumed is not None:
+            load_shards(built, run.resumed.model_state)
+        return built
+
+    def full_model(self, run: Run) -> nn.Module | None:
+        """Every rank's sharded model: each checkpoints its own shards."""
+        return self.sharded
+
+    def rank_state(self) -> dict[str, Any]:
+        """This rank's shard of the optimizer's state."""
+        return {"optimizer": optimizer_state(self.optimizer)}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        load_optimizer_state(self.optimizer, state["optimizer"])
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

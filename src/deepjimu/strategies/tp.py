@@ -33,18 +33,10 @@ from deepjimu.comm import nbytes
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.models import parse_spec
-from deepjimu.models.parts import Place
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, accuracies, make_optimizer
-from deepjimu.strategies.sharding import (
-    load_optimizer_state,
-    load_shards,
-    optimizer_state,
-    shard_copy,
-    sharded_skeleton,
-    sharding_place,
-)
+from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
 __all__ = ["TensorParallelStrategy", "tp_plan"]
 
@@ -81,7 +73,7 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
     return plan
 
 
-class TensorParallelStrategy(GradientStrategy):
+class TensorParallelStrategy(ShardedModel, GradientStrategy):
     """Tensor parallel (Megatron's Linear pairs) with torch's ``parallelize_module``.
 
     Every rank holds the whole data and runs every step on the whole batch; its share of
@@ -92,7 +84,6 @@ class TensorParallelStrategy(GradientStrategy):
 
     name = "tp"
     cfg: GradientOptions
-    _built: nn.Module | None = None  # the training copy, where the worker built it in parts
 
     @classmethod
     def model_blocks(cls, model: nn.Sequential) -> int:
@@ -116,18 +107,9 @@ class TensorParallelStrategy(GradientStrategy):
             ]
         return []
 
-    def placer(self, model: nn.Sequential, data: DataSplits, run: Run) -> Place:
-        """Collective: the training copy made from ``model``'s shapes, each block loaded into
-        it as the worker draws it."""
-        self._built = self._shard(model, run, whole=False)
-        return sharding_place(self._built)
-
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         self.run, self.model = run, model
-        built = self._built
-        self.sharded = built if built is not None else self._shard(model, run, whole=True)
-        if run.resumed is not None:  # a tensor at a time: no rank holds the whole model
-            load_shards(self.sharded, run.resumed.model_state)
+        self.sharded = self.training_copy(model, run)
         self._counting = True
         plan = tp_plan(self.sharded)
         first = next(iter(plan))  # its input is the data: no gradient, no all-reduce
@@ -195,14 +177,3 @@ class TensorParallelStrategy(GradientStrategy):
         with self._uncounted(), torch.no_grad():
             out = accuracies(self.sharded, data, ("train", "val", "test"))
         return out if run.is_main else {}
-
-    def full_model(self, run: Run) -> nn.Module | None:
-        """Every rank's sharded model: each checkpoints its own shards."""
-        return self.sharded
-
-    def rank_state(self) -> dict[str, Any]:
-        """This rank's optimizer state (of its shards)."""
-        return {"optimizer": optimizer_state(self.optimizer)}
-
-    def load_rank_state(self, state: dict[str, Any]) -> None:
-        load_optimizer_state(self.optimizer, state["optimizer"])
