@@ -131,3 +131,12 @@ def test_fsdp_takes_only_the_balances_of_a_batch_split(balance: str) -> None:
     assert str(e.value) == (
         f"fsdp splits each batch over the workers: --balance auto, even or speed (balance: {balance})"
     )
+
+
+def test_fsdp_refuses_a_sparse_embedding_in_one_line() -> None:
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy="fsdp", workers=2, dataset="bow", model="embed:300:12"))
+    assert str(e.value) == (
+        "fsdp shards dense gradients; model embed:300:12's embedding has sparse ones (use ddp, "
+        "whose --sync-plan sparse sends their rows)"
+    )

@@ -35,6 +35,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from deepjimu.comm import Comm, CommStats, nbytes
 from deepjimu.data import DataSplits
 from deepjimu.memory import return_freed_memory
+from deepjimu.models import parse_spec
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
@@ -95,6 +96,11 @@ class FSDPStrategy(ShardedModel, DataParallel):
             return [
                 f"batch-size must be >= workers for fsdp (batch-size: {cfg.batch_size}, "
                 f"workers: {cfg.workers})"
+            ]
+        if parse_spec(cfg.model).kind == "embed":  # torch's FSDP2 cannot shard it (chunk_cat)
+            return [
+                f"fsdp shards dense gradients; model {cfg.model}'s embedding has sparse ones "
+                "(use ddp, whose --sync-plan sparse sends their rows)"
             ]
         return cls.balance_problems(str(cfg.balance))
 
