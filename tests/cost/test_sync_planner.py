@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import pytest
 
@@ -221,3 +222,9 @@ def test_a_trial_keeps_the_plan_only_where_it_beats_ddp_past_the_noise() -> None
     # the same steps with one more round the plan won: 8 of 9 is past the noise
     won = SyncTrial((0.8, 0.85, 0.9, 0.9, 0.9, 0.95, 0.97, 0.96, 1.3), steady)
     assert won.wins == 8 and won.keeps_plan and won.to_dict()["kept"] == "plan"
+    # over many rounds the sign test alone would take a 63% majority (38 of 60, past
+    # 30 + 7.7); a plan must win three rounds of four: 45 of 60
+    tie = SyncTrial((0.9,) * 38 + (1.1,) * 22, (1.0,) * 60)
+    assert tie.wins >= 30 + math.sqrt(60) and tie.ratio < 0.98 and not tie.keeps_plan
+    assert SyncTrial((0.9,) * 45 + (1.1,) * 15, (1.0,) * 60).keeps_plan
+    assert not SyncTrial((0.9,) * 44 + (1.1,) * 16, (1.0,) * 60).keeps_plan

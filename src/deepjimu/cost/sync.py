@@ -62,6 +62,7 @@ __all__ = [
     "FUSE_BYTES",
     "METHODS",
     "PLANS",
+    "TRIAL_MAJORITY",
     "TRIAL_MARGIN",
     "Option",
     "SyncEntry",
@@ -170,6 +171,9 @@ class SyncPlan:
 TRIAL_MARGIN = 0.02
 """The least a plan must beat DDP by in its trial (the median of the rounds' ratios)."""
 
+TRIAL_MAJORITY = 0.75
+"""The least share of a trial's rounds in which the plan must step faster than DDP."""
+
 
 @dataclass(frozen=True)
 class SyncTrial:
@@ -213,12 +217,19 @@ class SyncTrial:
     @property
     def keeps_plan(self) -> bool:
         """Whether the plan replaces DDP: only where its median step is below DDP's by more
-        than :data:`TRIAL_MARGIN` and it was the faster in more rounds than the noise
-        explains (a sign test: at least n/2 + sqrt(n) of n rounds, two standard deviations
-        past an even split). A plan that caught a quiet moment does not replace the
-        default."""
+        than :data:`TRIAL_MARGIN` and it was the faster in at least :data:`TRIAL_MAJORITY`
+        of the rounds, never fewer than the noise explains (a sign test: n/2 + sqrt(n) of n,
+        two standard deviations past an even split; it decides below 16 rounds).
+
+        The rule leans to the default on purpose: a plan that wins 60-70% of the rounds is
+        a tie that the next run's load can turn (issue 47: the embedding's sparse rows
+        kept so measured 0.88-0.92x DDP in their trials, then 1.28x in the benchmark's own
+        interleaved steps), while the plans that gain win nearly every round (0.67-0.79x
+        DDP, faster in all of them). Wrongly leaving DDP costs more than missing a tie.
+        """
         n = len(self.ratios)
-        return self.ratio < 1 - TRIAL_MARGIN and self.wins >= n / 2 + math.sqrt(n)
+        needed = max(TRIAL_MAJORITY * n, n / 2 + math.sqrt(n))
+        return self.ratio < 1 - TRIAL_MARGIN and self.wins >= needed
 
     def to_dict(self) -> dict[str, Any]:
         """The trial as ``sync_plan.json`` keeps it."""
