@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 46 on one GPU: --memory-limit on CUDA (the allocator capped: a budget too small is
 # refused or ends in one line, one large enough runs and reports its peak), fsdp and tp on
-# NCCL, then the plan from a probe of this GPU checked for real (gpu_plan.sh's second step,
+# NCCL (where there are 2 GPUs), then the plan from a probe of this GPU checked for real (gpu_plan.sh's second step,
 # predicted against measured peaks and speeds):
 #
 #   bash benchmarks/gpu_memory.sh OUT_DIR DATA_DIR     # DATA_DIR holds mnist/
@@ -19,9 +19,12 @@ for limit in 100M 2900M 5G; do
     timeout 60 "${train[@]}" --strategy local --model mlp:8192x4 --memory-limit "$limit" \
         --name "limit-$limit" 2>&1 | tail -2
 done
+# fsdp and tp take 2 workers or more, one GPU each (NCCL refuses two ranks on one device)
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 for s in fsdp tp; do
-    echo "== $s x1 on NCCL"
-    timeout 60 "${train[@]}" --strategy "$s" --workers 1 --model mlp:4096x4 --name "$s" 2>&1 | tail -2
+    if [ "$gpus" -lt 2 ]; then echo "== $s: skipped, it needs 2 GPUs ($gpus here)"; continue; fi
+    echo "== $s x2 on NCCL"
+    timeout 60 "${train[@]}" --strategy "$s" --workers 2 --model mlp:4096x4 --name "$s" 2>&1 | tail -2
 done
 grep -h -e '"peak_mem_mb_per_rank"' -e '"predicted_peak_mb' -A2 "$out"/runs/*/summary.json
 echo "== the probe's plan, checked"

@@ -392,6 +392,32 @@ def test_fsdp_is_ddps_step_with_each_blocks_gathers_and_reduce_scatter() -> None
     assert fsdp.bytes_per_sample > ddp.bytes_per_sample  # 1.5x the bytes of an all-reduce
 
 
+def test_fsdp_and_tp_pay_their_runtime_per_unit_solved_from_the_probes_own_steps() -> None:
+    # fsdp pays the solved seconds once per unit (each block and the root), tp once per
+    # paired block; the probe's steps of each (fsdp on 4 rows a rank, tp on the whole 8)
+    # made with known runtimes solve back to them, and ddp's sync penalty ignores fsdp's step
+    lay = layers([10, 10, 10], [4, 4, 2])
+    compute, cluster = Fixed([0.001, 0.002, 0.001], overhead=0.005), cpus(2, 2)
+    paid = dataclasses.replace(cluster, action_s={"fsdp": 3e-4, "tp": 7e-4})
+    for name, units in (("fsdp", 4), ("tp", 2)):
+        base = predict(cfg(name, 2), lay, 20, compute, cluster).step_s
+        assert predict(cfg(name, 2), lay, 20, compute, paid).step_s == pytest.approx(
+            base + units * paid.action_s[name]
+        )
+
+    def one_batch(name: str) -> float:
+        at = dataclasses.replace(cfg(name, 2), batch_size=8)
+        return predict(at, lay, 8, compute, paid).step_s
+
+    timed = {
+        "fsdp": TimedStep(one_batch("fsdp"), [], 4, 1),
+        "tp": TimedStep(one_batch("tp"), [], 8, 1),
+    }
+    found = SimpleNamespace(world=2, model="m", compute_s=0.004, steps=timed)
+    assert _action_s(cluster, found, cfg("ddp", 2), compute, lay) == pytest.approx(paid.action_s)
+    assert _ddp_sync(cluster, found, cfg("ddp", 2), lay) == {}  # no ddp step timed
+
+
 def test_tp_halves_the_paired_blocks_and_pays_each_pairs_all_reduce() -> None:
     # blocks 0 and 1 paired on 2 ranks: each rank does half their work on the whole batch of
     # 10 rows, then all-reduces the row block's output (2 per row, float32) forward; the

@@ -133,7 +133,8 @@ def test_the_probes_pipeline_model_parallel_and_ddp_steps_are_the_strategies_own
     )
     before = model.state_dict()
     steps = probe_module._time_strategies(model, data, cfg, run, 4, rounds=1, steps=2)
-    assert list(steps) == ["ddp", "model-parallel", "pipeline"]  # the registry's probed, in order
+    probed = ["ddp", "fsdp", "tp", "model-parallel", "pipeline"]  # the registry's, in order
+    assert list(steps) == probed
     assert run.gather_objects(steps) == [steps] * world  # the slowest rank's, on every rank
     pipe = steps["pipeline"]
     assert pipe.sizes == [2, 1]  # cut as the run's resolved --balance says
@@ -146,9 +147,12 @@ def test_the_probes_pipeline_model_parallel_and_ddp_steps_are_the_strategies_own
     # the ddp strategy's own step, its all-reduce included: rank 1's sleep on both ranks
     assert steps["ddp"] == TimedStep(steps["ddp"].step_s, [], 4, 1)
     assert steps["ddp"].step_s >= 0.005
+    # fsdp on its shard of the batch (4 rows a rank, as ddp), tp on the whole batch
+    assert (steps["fsdp"].rows, steps["tp"].rows) == (4, 8)
+    assert steps["fsdp"].step_s > 0 and steps["tp"].step_s > 0
     # the run's own counters hold none of the probe's messages, its model is untouched
     assert run.stats.bytes_sent == 0 and run.stats.bytes_recv == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     # fewer blocks than ranks: no split strategy runs the model, none is timed
     few = probe_module._time_strategies(model[:1], data, cfg, run, 4, rounds=1, steps=2)
-    assert list(few) == ["ddp"]
+    assert list(few) == ["ddp", "fsdp"]  # nor tp, which pairs Linear layers

@@ -140,3 +140,11 @@ def test_fsdp_refuses_a_sparse_embedding_in_one_line() -> None:
         "fsdp shards dense gradients; model embed:300:12's embedding has sparse ones (use ddp, "
         "whose --sync-plan sparse sends their rows)"
     )
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "tp"])
+def test_a_sharding_strategy_refuses_one_worker_in_one_line(strategy: str) -> None:
+    # one worker has nothing to shard; torch's DTensors on a world of one only cost time
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy=strategy, workers=1))
+    assert str(e.value) == f"strategy {strategy} needs at least 2 workers (workers: 1)"

@@ -97,7 +97,8 @@ class Cluster:
     :attr:`deepjimu.cost.probe.Probe.links`); one overrides ``intra`` for its
     collective. ``source``: ``"probe"`` or the TOML path, for printing. ``action_s``: per
     split-model strategy (``pipeline``, ``model-parallel``), the seconds its runtime adds to
-    each forward or backward action, solved from a probe's step of that strategy.
+    each forward or backward action, and per sharding one (``fsdp``, ``tp``) to each
+    sharded unit's step, solved from a probe's step of that strategy.
 
     Example:
         >>> gpu = Device("g", {"fp32": 1e12}, 2**30)

@@ -31,7 +31,7 @@ from deepjimu.cost.cluster import Cluster, Device, Link, probed_cluster
 from deepjimu.cost.cluster_file import read_cluster
 from deepjimu.cost.predict.replicated import ddp_comm
 from deepjimu.cost.predict.staged import staged_step
-from deepjimu.cost.probe import Probe, read_probe, relative_spread
+from deepjimu.cost.probe import Probe, TimedStep, read_probe, relative_spread
 from deepjimu.cost.profile import AnalyticCompute, Compute, Layer
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.devices import pick_device
@@ -208,6 +208,9 @@ def _action_s(
     earlier version) is left out."""
     out = {}
     for name, timed in found.steps.items():
+        if entry(name).traits.shards_model:
+            out[name] = _unit_s(cluster, found, cfg, own, layers, name, timed)
+            continue
         if not entry(name).traits.splits_model or not timed.sizes:
             continue
         m = timed.microbatches
@@ -218,6 +221,30 @@ def _action_s(
         staged = partial(staged_step, probed, layers, own, cluster, timed.sizes, timed.rows, m)
         out[name] = _solve_action(staged, timed.step_s)
     return out
+
+
+def _unit_s(
+    cluster: Cluster, found: Probe, cfg: RunConfig, own: Compute, layers: list[Layer],
+    name: str, timed: TimedStep,
+) -> float:  # fmt: skip
+    """:attr:`Cluster.action_s` of a sharding strategy (``fsdp``, ``tp``): the seconds its
+    DTensors' runtime adds per sharded unit and step, solved (:func:`_solve_action`) from
+    the probe's step of the strategy itself on ``timed.rows`` a rank, as its own predictor
+    predicts one batch of the probed model (``own``, ``layers``) with that much a unit."""
+    world = found.world
+    batch = timed.rows * (world if entry(name).traits.shards_data else 1)
+    probed = dataclasses.replace(
+        cfg, model=found.model, strategy=name, workers=world, batch_size=batch,
+        balance="even", emulate_speeds="", compress="none", sync_plan="allreduce",
+    )  # fmt: skip
+    predictor = entry(name).predict
+    assert predictor is not None
+
+    def step(unit_s: float) -> Any:
+        at = dataclasses.replace(cluster, action_s={**cluster.action_s, name: unit_s})
+        return predictor(probed, layers, batch, own, at)
+
+    return _solve_action(step, timed.step_s)
 
 
 def _solve_action(staged: Callable[[float], Any], target: float) -> float:
@@ -246,7 +273,11 @@ def _ddp_sync(
     same cores at the same moment) and the all-reduce of the probed model's buckets that
     the fitted links predict; empty where the probe timed no such step (one rank, or a
     probe file of an earlier version)."""
-    steps = [t for name, t in found.steps.items() if entry(name).traits.shards_data]
+    steps = [
+        t
+        for name, t in found.steps.items()
+        if entry(name).traits.shards_data and not entry(name).traits.shards_model
+    ]
     if not steps:
         return {}
     probed = dataclasses.replace(cfg, model=found.model, compress="none")

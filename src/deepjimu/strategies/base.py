@@ -38,6 +38,7 @@ __all__ = [
     "log_grid",
     "make_optimizer",
     "node_accuracies",
+    "probed_options",
     "split_steps",
 ]
 
@@ -52,6 +53,13 @@ class ProbeStep:
     strategy: GradientStrategy
     rows: Callable[[], int]
     record: Callable[[], tuple[list[int], int, int]]
+
+
+def probed_options(cfg: DdpOptions, name: str, world: int) -> dict[str, Any]:
+    """The gradient options of the probed run ``cfg``, for strategy ``name`` on ``world``
+    ranks (quiet: the probe prints nothing of the strategies it times)."""
+    own = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GradientOptions)}
+    return {**own, "strategy": name, "workers": world, "quiet": True}
 
 
 @dataclass

@@ -12,7 +12,6 @@ plan, per-rank optimizer, staged evaluation, gathering the model, idle-time book
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Any
@@ -26,7 +25,7 @@ from deepjimu.choices import Optimizer
 from deepjimu.data import DataSplits
 from deepjimu.options import DdpOptions, GradientOptions
 from deepjimu.run import Run
-from deepjimu.strategies.base import GradientStrategy, ProbeStep, make_optimizer
+from deepjimu.strategies.base import GradientStrategy, ProbeStep, make_optimizer, probed_options
 from deepjimu.strategies.partition import (
     StagePlan,
     balance_by_size,
@@ -34,7 +33,7 @@ from deepjimu.strategies.partition import (
     staged_metrics,
 )
 
-__all__ = ["ModelParallelStrategy", "bubble_fraction", "probed_options"]
+__all__ = ["ModelParallelStrategy", "bubble_fraction"]
 
 
 def bubble_fraction(n: int, m: int, v: int = 1) -> float:
@@ -50,13 +49,6 @@ def bubble_fraction(n: int, m: int, v: int = 1) -> float:
         0.429
     """
     return (n - 1) / (v * m + n - 1)
-
-
-def probed_options(cfg: DdpOptions, name: str, world: int) -> dict[str, Any]:
-    """The gradient options of the probed run ``cfg``, for strategy ``name`` on ``world``
-    ranks (quiet: the probe prints nothing of the strategies it times)."""
-    own = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(GradientOptions)}
-    return {**own, "strategy": name, "workers": world, "quiet": True}
 
 
 class ModelParallelStrategy(GradientStrategy):

@@ -37,12 +37,8 @@ from deepjimu.comm import Comm, Pending, nbytes
 from deepjimu.data import DataSplits
 from deepjimu.options import DdpOptions, PipelineOptions
 from deepjimu.run import Run
-from deepjimu.strategies.base import ProbeStep
-from deepjimu.strategies.model_parallel import (
-    ModelParallelStrategy,
-    bubble_fraction,
-    probed_options,
-)
+from deepjimu.strategies.base import ProbeStep, probed_options
+from deepjimu.strategies.model_parallel import ModelParallelStrategy, bubble_fraction
 
 __all__ = ["PROBE_MICROBATCHES", "PipelineStrategy", "counted_p2p"]
 

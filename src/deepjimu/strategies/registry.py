@@ -183,9 +183,12 @@ ENTRIES: tuple[Entry, ...] = (
         "fsdp",
         "deepjimu.strategies.fsdp:FSDPStrategy",
         GradientOptions,
-        # base: torch.distributed.tensor and fsdp's modules (320 MB measured, as BASE_BYTES)
+        # base: torch.distributed.tensor and fsdp's modules (320 MB measured, as BASE_BYTES);
+        # at least 2 workers, as tp: one has nothing to shard, and torch's FSDP2 on a world
+        # of one stepped mlp:256x3 at 0.27x local's rate (jimu plan --check, 2026-11-28)
         Traits(
             default_workers=2,
+            min_workers=2,
             shards_data=True,
             shards_model=True,
             needs_group=True,
@@ -194,6 +197,7 @@ ENTRIES: tuple[Entry, ...] = (
         ),
         predict=fully_sharded,
         memory=fsdp_state,
+        probed=True,
         color="#8c564b",
     ),
     Entry(
@@ -201,9 +205,10 @@ ENTRIES: tuple[Entry, ...] = (
         "deepjimu.strategies.tp:TensorParallelStrategy",
         GradientOptions,
         # base: torch.distributed.tensor's modules
-        Traits(default_workers=2, shards_model=True, needs_group=True, base_mb=6),
+        Traits(default_workers=2, min_workers=2, shards_model=True, needs_group=True, base_mb=6),
         predict=tensor_parallel,
         memory=tensor_state,
+        probed=True,
         color="#e377c2",
     ),
     Entry(

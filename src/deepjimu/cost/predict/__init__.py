@@ -18,6 +18,10 @@ Every predictor composes the same two inputs, a :class:`~deepjimu.cost.profile.C
   own blocks.
 - ``model-parallel``: the same with GPipe's order of one micro-batch: the stages one
   after the other on the whole batch, an activation and its gradient across each cut.
+- ``fsdp``: ddp's plain step on each rank's rows, each block's all-gathers and
+  reduce-scatter; ``tp``: the step on the whole batch with 1/P of the paired blocks' work
+  and each pair's all-reduces. Both pay their DTensors' runtime per sharded unit, solved
+  from the probe's step of the strategy itself (:attr:`Cluster.action_s`).
 - ``admm``: per iteration the slowest rank's layers (ranks work at once), then the p and
   q exchange across each cut; per log the readout's forward chain, rank after rank.
 

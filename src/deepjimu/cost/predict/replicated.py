@@ -66,9 +66,14 @@ def fully_sharded(
     cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
 ) -> Prediction:
     """Fully sharded data parallel (``fsdp``): each rank's plain step on its share of each
-    batch, then each block's all-gathers and reduce-scatter (:func:`fsdp_comm`); a rank
-    holds 1/P of the weights, gradients and optimizer state, and one block whole at a time."""
-    return _gradient(cfg, layers, train_size, compute, cluster, comm=fsdp_comm, plain=True)
+    batch, then each block's all-gathers and reduce-scatter (:func:`fsdp_comm`) and what
+    FSDP's runtime adds per unit (each block and the root: :attr:`Cluster.action_s`, solved
+    from the probe's fsdp step); a rank holds 1/P of the weights, gradients and optimizer
+    state, and one block whole at a time."""
+    units = len(layers) + 1
+    return _gradient(
+        cfg, layers, train_size, compute, cluster, comm=fsdp_comm, plain=True, units=units
+    )
 
 
 def sync_entries(
@@ -144,9 +149,11 @@ def _gradient(
     cluster: Cluster,
     comm: _Comm | None,
     plain: bool = False,
+    units: int = 0,
 ) -> Prediction:
     """``local`` (``comm`` None), ``ddp`` and ``fsdp`` (``plain``: its ranks' steps are the
-    plain step, without DDP's buckets): every rank steps on its share of each batch."""
+    plain step, without DDP's buckets; ``units``: its sharded units, each paying the
+    runtime's :attr:`Cluster.action_s` a step): every rank steps on its share of each batch."""
     p = workers_of(cfg)
     t = threads_per_rank(cluster, p)
     slow = slowdown(cluster, p)
@@ -174,6 +181,7 @@ def _gradient(
             step = c + comm_s
         if comm is not None:
             step += cluster.sync_penalty_s(p) + (0.0 if plain else cluster.ddp_sync_penalty_s(p))
+        step += units * cluster.action_s.get(cfg.strategy, 0.0)
         epoch += count * step
         steps += count
         compute_s += count * c

@@ -33,7 +33,9 @@ def tensor_parallel(
 ) -> Prediction:
     """Each rank's step on the whole batch with 1/P of every paired block's work, the
     pairs' all-reduces (forward: the row block's output; backward: the column block's
-    input gradient, none for the first, whose input is the data), batch after batch."""
+    input gradient, none for the first, whose input is the data) and what the DTensors'
+    runtime adds per paired block (:attr:`Cluster.action_s`, solved from the probe's tp
+    step), batch after batch."""
     p = workers_of(cfg)
     t = threads_per_rank(cluster, p)
     slow = slowdown(cluster, p)
@@ -45,7 +47,8 @@ def tensor_parallel(
         messages = [rows * layers[b].out_elems * FLOAT for _, b in pairs(len(layers))]
         messages += [rows * layers[a].in_elems * FLOAT for a, _ in pairs(len(layers)) if a > 0]
         comm_s = sum(cluster.all_reduce_s(n, p) for n in messages) if p > 1 else 0.0
-        epoch += count * (c + comm_s + (cluster.sync_penalty_s(p) if p > 1 else 0.0))
+        runtime = len(paired) * cluster.action_s.get(cfg.strategy, 0.0)
+        epoch += count * (c + comm_s + runtime + (cluster.sync_penalty_s(p) if p > 1 else 0.0))
         steps += count
         compute_s += count * c
         sent += count * (sum(messages) if p > 1 else 0)
