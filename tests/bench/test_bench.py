@@ -46,6 +46,24 @@ def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> N
         "nope x1 mlp:16x1, nope x2 mlp:16x1, nope x3 mlp:16x1 and 5 more: "
         f"unknown strategy 'nope' (known: {', '.join(strategy_names())})"
     ]
+    # a strategy that cannot train one model of the matrix skips it; a model that no
+    # strategy of the matrix trains is a mistake
+    cells = plan(RunConfig(), ["local", "tp"], [1, 2], ["cnn:4", "mlp:16x1"])
+    skipped = {c.label: c.skip for c in cells if c.skip}
+    assert (
+        skipped["tp x2 cnn:4"]
+        == "tp splits mlp:... models into Linear pairs; model cnn:4 is not one"
+    )
+    assert [c.label for c in cells if not c.skip] == [
+        "local x1 cnn:4",
+        "local x1 mlp:16x1",
+        "tp x2 mlp:16x1",
+    ]
+    with pytest.raises(ConfigErrors) as err:
+        plan(RunConfig(), ["tp"], [2], ["cnn:4"])
+    assert err.value.problems == [
+        "tp x2 cnn:4: tp splits mlp:... models into Linear pairs; model cnn:4 is not one"
+    ]
     # a value that runs nowhere is a mistake, not an impossible combination
     _, lrs = split_variants({"lr": "0.1,-1"})
     with pytest.raises(ConfigErrors) as err:

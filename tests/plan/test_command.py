@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from deepjimu.cli import main
+from deepjimu.measure.compute import ROUNDS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "clusters"
 
@@ -267,18 +268,20 @@ def _machine(monkeypatch, cores: int, busy: int) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
 
 
-def _fake_steps(monkeypatch, seconds: list[float]) -> list[int]:
-    """The plan's in-process step made instant: each measurement's repeats take ``seconds``.
-    Returns the threads each measurement ran at."""
+def _fake_steps(monkeypatch, seconds: list[float], *rounds: list[float]) -> list[int]:
+    """The plan's in-process step made instant: each measurement's repeats take ``seconds``
+    (the n-th measurement's, ``[seconds, *rounds]``'s n-th, cycled). Returns the threads each
+    measurement ran at."""
     import torch
 
     import deepjimu.measure.compute
 
     threads: list[int] = []
+    each = [seconds, *rounds]
 
     def step_times(model, x, y, cfg, repeats: int = 15) -> list[float]:
         threads.append(torch.get_num_threads())
-        return list(seconds)
+        return list(each[(len(threads) - 1) % len(each)])
 
     monkeypatch.setattr(deepjimu.measure.compute, "step_times", step_times)
     return threads
@@ -328,7 +331,7 @@ def test_a_probe_plan_says_in_one_line_that_its_step_timings_disagree(
     threads = _fake_steps(monkeypatch, [0.010, 0.011, 0.030])  # another job took the cores once
     _plan_one_worker(tmp_path, monkeypatch)
     warned = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning")]
-    assert len(warned) == len(threads) > 0  # one line per measurement
+    assert len(threads) == ROUNDS * len(warned) > 0  # one line per figure, not per round
     for line in warned:
         assert line.startswith("warning: the step measured in this process (mlp:16x1, ")
         # (30 - 10) / 11 ms
@@ -399,7 +402,9 @@ def test_predictions_within_half_the_measured_spread_of_the_fastest_are_shown_as
     tmp_path, capsys, monkeypatch, spread: float
 ) -> None:
     _machine(monkeypatch, cores=2, busy=0)
-    _fake_steps(monkeypatch, [0.010 * (1 - spread / 2), 0.010, 0.010 * (1 + spread / 2)])
+    # each model's step measured in 3 rounds, their medians 0.8, 1 and 1.2 times each other
+    times = [[0.010 * (1 + k * spread / 2)] * 3 for k in (-1, -1, 0, 0, 1, 1)]
+    _fake_steps(monkeypatch, *times)
     monkeypatch.chdir(tmp_path)
     argv = ["plan", "--strategies", "local", "--workers", "1", "--models", "mlp:16x1,mlp:32x1"]
     assert main([*argv, "--out", "p"]) == 0
@@ -413,3 +418,31 @@ def test_predictions_within_half_the_measured_spread_of_the_fastest_are_shown_as
         assert "= tie: predicted within 20% of the fastest, half the spread" in out
     else:  # repeats that agree: the order is the plan's
         assert not any("tie" in r for r in ranked) and "= tie" not in out
+
+
+def test_the_plans_own_figures_are_measured_in_interleaved_rounds_and_one_slow_round_loses(
+    tmp_path, monkeypatch
+) -> None:
+    import deepjimu.measure.compute
+
+    _machine(monkeypatch, cores=2, busy=0)
+    order: list[tuple[int, int]] = []
+
+    def step_times(model, x, y, cfg, repeats: int = 15) -> list[float]:
+        figure = (next(model.parameters()).shape[0], len(x))  # the model's width, the rows
+        order.append(figure)
+        # the machine in a slow mode for the first round only
+        return [0.030] * 3 if order.count(figure) == 1 else [0.010] * 3
+
+    monkeypatch.setattr(deepjimu.measure.compute, "step_times", step_times)
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", "--strategies", "local", "--workers", "1", "--models", "mlp:16x1,mlp:32x1"]
+    assert main([*argv, "--out", "p"]) == 0
+    # a round of each model's steps (a full batch's and the last one's), then the next
+    # round of each: interleaved
+    first = order[: len(order) // ROUNDS]
+    assert {w for w, _ in first} == {16, 32} and order == first * ROUNDS
+    rows = json.loads(Path("p/plan.json").read_text())["rows"]
+    assert [r["predicted"]["step_s"] for r in rows] == [pytest.approx(0.010)] * 2
+    # the rounds' medians (30, 10, 10 ms) spread by 200%: the two rows tie
+    assert [r["tie"] for r in rows] == [pytest.approx(1.0)] * 2

@@ -23,6 +23,7 @@ from deepjimu.config import (
 )
 from deepjimu.errors import JimuError
 from deepjimu.flags import add_options
+from deepjimu.strategies.registry import strategy_names
 from deepjimu.validation import does_not_apply, validate
 
 __all__ = [
@@ -216,12 +217,13 @@ def plan(
     differ from their defaults).
 
     Every cell's config is validated as ``jimu train`` validates it, before anything runs.
-    A cell is an impossible combination, skipped, when its config is invalid but the
-    strategy and model are valid without the cell's own dimensions (the strategy's default
-    worker count, no varied options) and each of its varied option values runs in some
-    other cell: ``local`` with 2 workers, more stages than blocks, admm with ``--optimizer
-    kfac`` next to ddp. Any other invalid cell (an unknown strategy, a bad value) is a
-    mistake of the bench's options. An option the bench gives every run (``--lr``, or in
+    A cell is an impossible combination, skipped, when its config is invalid but its
+    strategy is a known one, its model runs with some strategy of the matrix (the
+    strategy's default worker count, no varied options) and each of its varied option
+    values runs in some other cell: ``local`` with 2 workers, more stages than blocks, admm
+    with ``--optimizer kfac`` next to ddp, ``tp`` (Linear pairs) on a CNN next to ``local``.
+    Any other invalid cell (an unknown strategy, a bad value, a model that no strategy of
+    the matrix trains) is a mistake of the bench's options. An option the bench gives every run (``--lr``, or in
     ``--train-args``) is left out of the runs where it does not apply (``Cell.dropped``:
     ``--lr`` for admm) and refused when it applies to none of them.
 
@@ -262,12 +264,14 @@ def plan(
     if nowhere:  # given for the bench, and of use to none of its runs: a mistake
         raise ConfigErrors(nowhere)
     runs = {o for cell, problems in checked if problems is None for o in cell.options}
+    trained = {m for (_, m), ok in plain_ok.items() if ok}  # models some strategy trains
+    known = set(strategy_names())
     cells: list[Cell] = []
     bad: dict[str, list[str]] = {}  # each problem once, with the configurations that have it
     for cell, problems in checked:
         if problems is None:
             cells.append(cell)
-        elif plain_ok[cell.strategy, cell.model] and runs.issuperset(cell.options):
+        elif cell.strategy in known and cell.model in trained and runs.issuperset(cell.options):
             cells.append(dataclasses.replace(cell, skip="; ".join(problems)))
         else:
             bad.setdefault("; ".join(problems), []).append(cell.label)

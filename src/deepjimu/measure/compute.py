@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Iterator
@@ -44,7 +45,15 @@ from deepjimu.strategies.admm.model import admm_layers, new_block
 from deepjimu.strategies.admm.settings import admm_settings
 from deepjimu.strategies.base import make_optimizer
 
-__all__ = ["MeasuredCompute", "admm_times", "ddp_step_times", "kfac_times", "pipeline_action_time"]
+__all__ = [
+    "ROUNDS",
+    "MeasuredCompute",
+    "admm_times",
+    "ddp_step_times",
+    "kfac_times",
+    "median_figure",
+    "pipeline_action_time",
+]
 
 
 def kfac_times(
@@ -250,6 +259,33 @@ def pipeline_action_time(
     return max(0.0, (step - m * compute) / (2 * m))
 
 
+def median_figure(rounds: list[Any]) -> Any:
+    """The median over rounds of one measured figure: of numbers, element by element of
+    lists, field by field of a dataclass (what every round has alike, a count, as it is).
+
+    Example:
+        >>> median_figure([[1.0, 5.0], [2.0, 4.0], [9.0, 3.0]])
+        [2.0, 4.0]
+    """
+    first = rounds[0]
+    if all(r == first for r in rounds):
+        return first
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        fields = {f.name: median_figure([getattr(r, f.name) for r in rounds])
+                  for f in dataclasses.fields(first)}  # fmt: skip
+        return dataclasses.replace(first, **fields)
+    if isinstance(first, list | tuple):
+        return type(first)(median_figure(list(c)) for c in zip(*rounds, strict=True))
+    return statistics.median(rounds)
+
+
+ROUNDS = 3
+"""Rounds of every figure ``jimu plan`` measures in its process, each round of all of them in
+turn (:meth:`MeasuredCompute.again`): the VM's noise comes in modes of seconds, and 15
+repeats one after the other once caught one, so that a one-process row was predicted 13-27%
+too slow (issue 47); a figure is the median over its rounds."""
+
+
 class MeasuredCompute:
     """:class:`~deepjimu.cost.profile.Compute` of this device, measured on first use and kept.
 
@@ -259,40 +295,67 @@ class MeasuredCompute:
             first ``rows`` (repeated when there are fewer).
         cfg: the run's config (optimizer, admm options).
 
-    ``notes`` holds a line for each step measured so far whose repeats disagreed past the
-    tolerance (:func:`~deepjimu.cost.probe.noisy_repeats`), ``spreads`` every such step's
-    spread (:func:`~deepjimu.cost.probe.relative_spread`).
+    Every figure is kept per round: :meth:`again` measures each once more, all of them in
+    turn, and a figure is then the median over its rounds (a step's: over all its
+    repeats). ``notes`` holds a line for each step measured so far whose repeats disagreed
+    past the tolerance (:func:`~deepjimu.cost.probe.noisy_repeats`), ``spreads`` each
+    step's spread (:func:`~deepjimu.cost.probe.relative_spread`): of its rounds' medians
+    once it has several (how far the same step measured at other moments differs), else
+    of its repeats.
     """
 
     def __init__(self, model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig) -> None:
         self.model, self.x, self.y, self.cfg = model, x, y, cfg
-        self._kept: dict[tuple[object, ...], Any] = {}
+        self._rounds: dict[tuple[object, ...], list[Any]] = {}
+        self._measures: dict[tuple[object, ...], tuple[int, Callable[[], Any]]] = {}
+        self._steps: list[tuple[object, ...]] = []  # the figures that are lists of repeats
         self.notes: list[str] = []
-        self.spreads: list[float] = []
 
     def _once(self, key: tuple[object, ...], threads: int, measure: Callable[[], Any]) -> Any:
         """``measure()`` with ``threads`` threads the first time ``key`` (with ``threads``) is
-        asked for; the figure is kept."""
+        asked for, kept as its first round; the median over its rounds
+        (:func:`median_figure`)."""
+        return median_figure(self._kept(key, threads, measure))
+
+    def _kept(self, key: tuple[object, ...], threads: int, measure: Callable[[], Any]) -> list[Any]:
         full = (*key, threads)
-        if full not in self._kept:
+        if full not in self._rounds:
+            self._measures[full] = (threads, measure)
             with use_threads(threads):
-                self._kept[full] = measure()
-        return self._kept[full]
+                self._rounds[full] = [measure()]
+        return self._rounds[full]
+
+    def again(self) -> None:
+        """One more round of every figure measured so far, each in turn at its threads."""
+        for full, (threads, measure) in self._measures.items():
+            with use_threads(threads):
+                self._rounds[full].append(measure())
+
+    @property
+    def spreads(self) -> list[float]:
+        """Each step's spread: of its rounds' medians where it has several, else of its
+        repeats."""
+        out = []
+        for full in self._steps:
+            rounds = self._rounds[full]
+            medians = [statistics.median(r) for r in rounds]
+            out.append(relative_spread(medians if len(rounds) > 1 else rounds[0]))
+        return out
 
     def _median(
         self, what: str, key: tuple[Any, int], threads: int, measure: Callable[[], list[float]]
     ) -> float:
-        """The median of the repeats that ``measure()`` times on ``key``'s rows (kept as
-        :meth:`_once` keeps them); the first time, their spread in :attr:`spreads` and a line
-        in :attr:`notes` where it passes the tolerance."""
-        new = (*key, threads) not in self._kept
-        seconds = self._once(key, threads, measure)
+        """The median of every repeat that ``measure()`` timed on ``key``'s rows, over all its
+        rounds; the first time, a line in :attr:`notes` where its repeats spread past the
+        tolerance."""
+        new = (*key, threads) not in self._rounds
+        rounds = self._kept(key, threads, measure)
         if new:
-            self.spreads.append(relative_spread(seconds))
+            self._steps.append((*key, threads))
             where = f"{self.cfg.model}, {key[1]} rows, {threads} thread(s)"
-            if noisy := noisy_repeats(f"{what} measured in this process ({where})", seconds):
+            if noisy := noisy_repeats(f"{what} measured in this process ({where})", rounds[0]):
                 self.notes.append(noisy)
-        return statistics.median(seconds)
+        return statistics.median(itertools.chain.from_iterable(rounds))
 
     def _rows(self, rows: int) -> tuple[Tensor, Tensor]:
         index = torch.arange(rows, device=self.x.device) % len(self.x)

@@ -47,7 +47,12 @@ from deepjimu.cost.sync import format_plan, plan_to_dict
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.options import SyncGroup
 from deepjimu.plan.measuring import on_paper
-from deepjimu.plan.setup import cluster_and_compute, measured_spread, noisy_measurements
+from deepjimu.plan.setup import (
+    cluster_and_compute,
+    measure_again,
+    measured_spread,
+    noisy_measurements,
+)
 from deepjimu.strategies.registry import entry, predict, rank_peaks
 from deepjimu.threads import ThreadPlan
 from deepjimu.units import format_bytes
@@ -211,9 +216,13 @@ def _predict(
     """
     rows: list[dict[str, Any]] = []
     made: dict[tuple[Any, ...], Any] = {}
+    every = [x.cfg for x in configs]
     try:
         for c in configs:
-            rows.append(_predict_one(c, cluster_arg, out, made, [x.cfg for x in configs]))
+            rows.append(_predict_one(c, cluster_arg, out, made, every))
+        if not on_paper(cluster_arg):  # the figures measured here, in rounds: predicted again
+            measure_again(made)
+            rows = [_predict_one(c, cluster_arg, out, made, every) for c in configs]
     except KeyboardInterrupt as e:
         # not the probe's own line: its folder's lack of a checkpoint is no concern of a plan
         done = f"{len(rows)} of {len(configs)} configurations predicted"

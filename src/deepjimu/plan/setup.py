@@ -40,7 +40,7 @@ from deepjimu.errors import JimuError
 from deepjimu.kfac.layers import kfac_candidates
 from deepjimu.launch import probe
 from deepjimu.measure.blocks import layers_of
-from deepjimu.measure.compute import MeasuredCompute
+from deepjimu.measure.compute import ROUNDS, MeasuredCompute
 from deepjimu.models import build_model
 from deepjimu.plan.measuring import on_paper
 from deepjimu.strategies.admm.model import admm_layers
@@ -173,8 +173,10 @@ def _cluster_and_compute(
         if ("cluster", p, threads) not in made:
             made["cluster", p, threads] = _alone(pick_device(cfg, 0, 1), threads)
         return made["cluster", p, threads], compute, layers, n
-    if ("cluster", p) not in made:
-        cluster, found = probe_cluster(cfg, p, out)
+    if ("cluster", p) not in made:  # solved again after measure_again, the probe kept
+        if ("probed", p) not in made:
+            made["probed", p] = probe_cluster(cfg, p, out)
+        cluster, found = made["probed", p]
         made["probe", p] = found  # its repeats' spread: noisy_measurements
         t = cluster.threads_per_rank(p) or 1
         own, own_layers, _ = _model_figures(
@@ -300,6 +302,24 @@ def _alone(device: torch.device, threads: int) -> Cluster:
         cores_per_node=threads if cores else None,
         source="probe",
     )
+
+
+def measure_again(made: dict[Any, Any]) -> None:
+    """The rest of a plan's :data:`~deepjimu.measure.compute.ROUNDS`: every figure measured in
+    this process once more per round, each model's in turn (so that a round of one
+    configuration's figures runs beside a round of the others'); what was solved from the
+    first round's figures (each probe's cluster) is dropped, to be solved again from the
+    medians (the probes themselves are kept)."""
+    computes = [
+        kept[0]
+        for kept in made.values()
+        if isinstance(kept, tuple) and isinstance(kept[0], MeasuredCompute)
+    ]
+    for _ in range(ROUNDS - 1):
+        for compute in computes:
+            compute.again()
+    for key in [k for k in made if isinstance(k, tuple) and k[0] == "cluster" and len(k) == 2]:
+        del made[key]
 
 
 def noisy_measurements(made: dict[Any, Any]) -> list[str]:
