@@ -16,6 +16,10 @@ samples/s and auto's against the default and the best (at least 0.95 of the defa
     python benchmarks/auto_vs_default.py                        # everything, 3 runs each
     python benchmarks/auto_vs_default.py --workloads mlp --repeats 5 --choices sync
     python benchmarks/auto_vs_default.py --choices compress,balance
+    python benchmarks/auto_vs_default.py --choices sync --link 100mbit,none --steps 12 --warm 2
+
+``--link`` (root): the sync workloads over a real link between two network namespaces
+(``benchmarks/slow_link.py``'s), each rate in turn, one worker and one thread a namespace.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from slow_link import cap_rate, make_namespaces, remove_namespaces, two_nodes  # noqa: E402
 
 # name -> (model, dataset, extra train flags); 16 rows per rank and step, as issue 47 measured
 WORKLOADS = {
@@ -40,17 +47,41 @@ WORKLOADS = {
 ROWS = 16
 
 
-def decide(name: str, runs: Path, i: int) -> dict:
+class Link:
+    """Where the sync workloads run: two workers on 127.0.0.1 (``rate`` None), or one in each
+    of two network namespaces over a veth pair capped at ``rate`` (``none``: uncapped), as
+    ``benchmarks/sync_link.py`` runs them (a two-node torchrun job, one thread a worker)."""
+
+    def __init__(self, rate: str | None) -> None:
+        self.rate, self.port = rate, 29600
+
+    def run(self, program: list[str], args: list[str], log: Path) -> str:
+        """``program`` (``-m deepjimu`` or a script) with ``args`` on the two workers; the
+        first worker's output."""
+        if self.rate is None:
+            workers = ["--workers", "2"] if program[-1] == "deepjimu" else []
+            done = subprocess.run(
+                [sys.executable, *program, *args, *workers],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            return done.stdout
+        self.port += 1
+        two_nodes([*args, *(["--threads", "1"] if program[-1] == "deepjimu" else [])],
+                  self.port, log, 3600, program=tuple(program))  # fmt: skip
+        return log.with_suffix(".node0.log").read_text()
+
+
+def decide(name: str, runs: Path, i: int, link: Link) -> dict:
     """One ``jimu train --sync-plan auto`` run of workload ``name``: its ``sync_plan.json``."""
     model, dataset, extra = WORKLOADS[name]
     folder = f"{name}-{i}"
-    cmd = [
-        sys.executable, "-m", "deepjimu", "train", "--strategy", "ddp", "--workers", "2",
-        "--model", model, "--dataset", dataset, *extra, "--batch-size", str(2 * ROWS),
-        "--optimizer", "sgd", "--lr", "0.05", "--balance", "even", "--sync-plan", "auto",
-        "--epochs", "1", "--quiet", "--runs-dir", str(runs), "--name", folder,
+    args = [
+        "train", "--strategy", "ddp", "--model", model, "--dataset", dataset, *extra,
+        "--batch-size", str(2 * ROWS), "--optimizer", "sgd", "--lr", "0.05", "--balance",
+        "even", "--sync-plan", "auto", "--epochs", "1", "--quiet", "--runs-dir", str(runs),
+        "--name", folder,
     ]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    link.run(["-m", "deepjimu"], args, runs / folder)
     plan: dict = json.loads((runs / folder / "sync_plan.json").read_text())
     return plan
 
@@ -74,14 +105,16 @@ def singles(plan: dict) -> dict[str, str]:
     return out
 
 
-def interleaved(name: str, plans: list[str], steps: int) -> dict[str, float]:
+def interleaved(
+    name: str, plans: list[str], steps: int, link: Link, runs: Path, warm: int = 10
+) -> dict[str, float]:
     """Each plan's median step (ms), stepped alternately in the same two processes."""
     model, dataset, _ = WORKLOADS[name]
-    cmd = [
-        sys.executable, str(HERE / "sync_interleaved.py"), "--model", model, "--dataset",
-        dataset, "--rows", str(ROWS), "--steps", str(steps), "--plans", *plans,
+    args = [
+        "--model", model, "--dataset", dataset, "--rows", str(ROWS), "--steps", str(steps),
+        "--warm", str(warm), "--plans", *plans,
     ]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = link.run([str(HERE / "sync_interleaved.py")], args, runs / f"{name}-interleaved")
     times = {}
     for line in out.splitlines():
         m = re.match(r"\s*([\d.]+) ms  (.*)$", line)
@@ -143,18 +176,45 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="sync plan workloads")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--warm", type=int, default=10, help="untimed steps of each plan first")
+    ap.add_argument(
+        "--link",
+        default=None,
+        help="comma list of tc rates (none: uncapped): the sync workloads over two network "
+        "namespaces at each (root), instead of 127.0.0.1",
+    )
     args = ap.parse_args()
     runs = Path(tempfile.mkdtemp(prefix="auto-vs-default-"))
     choices = args.choices.split(",")
     for name in choices:
         if name in WHOLE_RUNS:
             whole_runs(name, runs, args.repeats)
-    for name in args.workloads.split(",") if "sync" in choices else []:
-        decided = [decide(name, runs, i) for i in range(args.repeats)]
+    if "sync" not in choices:
+        return
+    if args.link is None:
+        sync_choices(args, runs, Link(None))
+        return
+    remove_namespaces()
+    try:
+        make_namespaces()
+        for rate in args.link.split(","):
+            cap_rate(rate)
+            print(f"\n== over two namespaces, {rate}", flush=True)
+            sync_choices(args, runs / rate, Link(rate))
+    finally:
+        remove_namespaces()
+
+
+def sync_choices(args: argparse.Namespace, runs: Path, link: Link) -> None:
+    """``--sync-plan auto`` decided ``args.repeats`` times per workload, then every plan
+    stepped alternately; prints the table."""
+    runs.mkdir(parents=True, exist_ok=True)
+    for name in args.workloads.split(","):
+        decided = [decide(name, runs, i, link) for i in range(args.repeats)]
         single = singles(decided[0])
         kept = [as_text(p) for p in decided]
         texts = list(dict.fromkeys([*single.values(), *kept]))
-        times = interleaved(name, texts, args.steps)
+        times = interleaved(name, texts, args.steps, link, runs, args.warm)
         best = min(times[t] for t in single.values())
         print(f"\n{name} ({WORKLOADS[name][0]}, {ROWS} rows per rank):")
         for label, text in single.items():

@@ -208,6 +208,25 @@ def test_jimu_plan_prints_and_saves_the_sync_plan_of_ddp_rows(tmp_path, capsys) 
     assert auto["sync_plan"]["methods"]["sfb"] == 2
     assert auto["predicted"]["step_s"] < plain["predicted"]["step_s"]
     assert auto["predicted"]["bytes_per_sample"] < plain["predicted"]["bytes_per_sample"]
+    assert auto["sync_plan"]["kept"] == "plan"
+
+
+def test_a_planned_auto_row_is_ddps_unless_its_plan_is_predicted_faster_past_the_margin(
+    tmp_path, capsys
+) -> None:
+    # a small MLP on one H100 node: nothing a per-tensor method saves beats DDP's buckets
+    # by 2%, so the row is DDP's own prediction, as the run's trial would keep DDP
+    from deepjimu.cli import main
+
+    argv = ["plan", "--strategies", "ddp", "--workers", "2", "--models", "mlp:64x1"]
+    argv += ["--batch-size", "32", "--sync-plan", "auto,allreduce", "--out", str(tmp_path / "p")]
+    assert main([*argv, "--cluster", "examples/clusters/h100-node.toml"]) == 0
+    assert "the row is DDP's, as the run's own trial would keep DDP" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["rows"]
+    auto = next(r for r in rows if r["options"].get("sync_plan") == "auto")
+    plain = next(r for r in rows if r["options"].get("sync_plan") == "allreduce")
+    assert auto["sync_plan"]["kept"] == "DDP"
+    assert auto["predicted"] == plain["predicted"]
 
 
 def test_a_trial_keeps_the_plan_only_where_it_beats_ddp_past_the_noise() -> None:

@@ -41,9 +41,9 @@ from deepjimu.budget import memory_limit_bytes
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
 from deepjimu.cost.cluster_file import cluster_to_dict
-from deepjimu.cost.predict.replicated import sync_entries
+from deepjimu.cost.predict.replicated import sync_choice, sync_entries
 from deepjimu.cost.profile import Layer
-from deepjimu.cost.sync import format_plan, plan_to_dict
+from deepjimu.cost.sync import TRIAL_MARGIN, format_plan, plan_to_dict
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.options import SyncGroup
 from deepjimu.plan.measuring import on_paper
@@ -288,8 +288,14 @@ def _predict_one(
     if planned and row["predicted"]:
         p = c.cell.workers
         entries = sync_entries(c.cfg, layers, compute, cluster, p)
-        row["sync_plan"] = plan_to_dict(entries, c.cfg.sync_plan, p)
+        kept = sync_choice(c.cfg, layers, train_size, compute, cluster)[1]
+        row["sync_plan"] = {**plan_to_dict(entries, c.cfg.sync_plan, p), "kept": kept}
         row["_sync_table"] = format_plan(entries, c.cfg.sync_plan)
+        if kept == "DDP" and c.cfg.sync_plan == "auto":
+            row["_sync_table"] += (
+                f"\nnot predicted faster than torch's DDP by more than {TRIAL_MARGIN:.0%}: "
+                "the row is DDP's, as the run's own trial would keep DDP"
+            )
     return row
 
 

@@ -20,7 +20,7 @@ from deepjimu.cost.predict.common import (
     workers_of,
 )
 from deepjimu.cost.profile import Compute, KfacTimes, Layer
-from deepjimu.cost.sync import SyncEntry, TensorInfo, plan_sync
+from deepjimu.cost.sync import TRIAL_MARGIN, SyncEntry, TensorInfo, plan_sync
 from deepjimu.kfac.assignment import WorkAssignment, decomposition_cost, packed_numel
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "fsdp_comm",
     "fully_sharded",
     "one_process",
+    "sync_choice",
     "sync_entries",
 ]
 
@@ -131,14 +132,28 @@ def data_parallel(
     (:func:`sync_entries`); K-FAC's with ``--optimizer kfac``."""
     if cfg.optimizer == Optimizer.KFAC:
         return _kfac(cfg, layers, train_size, compute, cluster)
+    return sync_choice(cfg, layers, train_size, compute, cluster)[0]
+
+
+def sync_choice(
+    cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
+) -> tuple[Prediction, str]:
+    """ddp's prediction under ``--sync-plan``, and what it trains with: ``"DDP"`` (torch's
+    DistributedDataParallel: ``allreduce``, or an ``auto`` plan not predicted faster than it
+    by more than :data:`~deepjimu.cost.sync.TRIAL_MARGIN`, as the run's own trial would keep
+    DDP) or ``"plan"``."""
+    ddp = _gradient(cfg, layers, train_size, compute, cluster, comm=ddp_comm)
     if cfg.sync_plan == "allreduce":
-        return _gradient(cfg, layers, train_size, compute, cluster, comm=ddp_comm)
+        return ddp, "DDP"
 
     def sync_comm(cfg: RunConfig, layers: list[Layer], c: Cluster, p: int) -> tuple[float, int]:
         entries = sync_entries(cfg, layers, compute, c, p)
         return sum(e.seconds for e in entries), sum(e.nbytes for e in entries)
 
-    return _gradient(cfg, layers, train_size, compute, cluster, comm=sync_comm)
+    planned = _gradient(cfg, layers, train_size, compute, cluster, comm=sync_comm)
+    if cfg.sync_plan == "auto" and planned.step_s >= ddp.step_s * (1 - TRIAL_MARGIN):
+        return ddp, "DDP"
+    return planned, "plan"
 
 
 def _gradient(
