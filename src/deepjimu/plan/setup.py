@@ -205,9 +205,9 @@ def _action_s(
     model cut into the stages the probe reports) predicted by the very predictor of those
     runs (:func:`~deepjimu.cost.predict.staged.staged_step`, GPipe's order, with ``own``, the
     probed model's compute figures, and ``layers``, its blocks), by bisection for the one
-    unknown, the runtime's work per action (the predicted step grows with it). A strategy
-    the probe timed no step of (one rank, fewer blocks than ranks, a probe file of an
-    earlier version) is left out."""
+    unknown, the runtime's work per action (the predicted step grows with it); a sharding
+    strategy's per sharded unit alike (:func:`_unit_s`). A strategy the probe timed no step
+    of (one rank, fewer blocks than ranks, a probe file of an earlier version) is left out."""
     out = {}
     for name, timed in found.steps.items():
         if entry(name).traits.shards_model:
