@@ -89,7 +89,7 @@ def test_configurations_without_a_prediction_say_why_and_come_last(tmp_path, cap
 
 
 def test_repeated_checks_compare_with_each_configurations_median_run() -> None:
-    from deepjimu.plan.command import _check_summary, _compare
+    from deepjimu.plan.check import _check_summary, _compare
 
     def row(strategy: str, predicted: float) -> dict:
         return {"strategy": strategy, "workers": 1, "model": "m", "options": {},
@@ -180,7 +180,7 @@ def _fake_check(monkeypatch, calls: int, out: Path) -> list[str]:
     """``run_cell`` and ``measure`` of the check made instant: the first ``calls`` runs finish
     at 100 samples/s, the next leaves its run folder holding only its lock and is stopped by
     Ctrl-C. Returns what each call saw in ``out`` (plan.json there or not)."""
-    import deepjimu.plan.command
+    import deepjimu.plan.check
     from deepjimu.bench.runner import Outcome
 
     seen: list[str] = []
@@ -197,8 +197,8 @@ def _fake_check(monkeypatch, calls: int, out: Path) -> list[str]:
     def measure(run_dir: Path) -> dict:
         return {"samples_per_s": 100.0, "bytes_per_sample": 0.0, "peak_mem_mb": 1.0, "train_s": 1}
 
-    monkeypatch.setattr(deepjimu.plan.command, "run_cell", run_cell)
-    monkeypatch.setattr(deepjimu.plan.command, "measure", measure)
+    monkeypatch.setattr(deepjimu.plan.check, "run_cell", run_cell)
+    monkeypatch.setattr(deepjimu.plan.check, "measure", measure)
     return seen
 
 
@@ -365,7 +365,7 @@ def test_openmp_loads_in_a_probe_plan_with_a_busy_machines_passive_wait(tmp_path
 def test_check_of_the_top_also_runs_the_best_one_worker_row_below_and_says_what_it_left(
     tmp_path, capsys, monkeypatch
 ) -> None:
-    import deepjimu.plan.command
+    import deepjimu.plan.check
 
     out = tmp_path / "plan"
     seen = _fake_check(monkeypatch, 10, out)
@@ -376,7 +376,7 @@ def test_check_of_the_top_also_runs_the_best_one_worker_row_below_and_says_what_
         speed = 150.0 if run_dir.name.startswith("ddp-w1") else 100.0
         return {"samples_per_s": speed, "bytes_per_sample": 0.0, "peak_mem_mb": 1.0, "train_s": 1}
 
-    monkeypatch.setattr(deepjimu.plan.command, "measure", measure)
+    monkeypatch.setattr(deepjimu.plan.check, "measure", measure)
     code = main(
         [
             "plan", "--cluster", str(EXAMPLES / "here-2cores.toml"), "--strategies", "local,ddp",

@@ -19,8 +19,6 @@ import datetime
 import json
 import math
 import os
-import signal
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,6 @@ from deepjimu.bench.matrix import (
     train_config,
     train_options,
 )
-from deepjimu.bench.runner import measure, run_cell, train_command
 from deepjimu.budget import memory_limit_bytes
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
@@ -46,6 +43,7 @@ from deepjimu.cost.profile import Layer
 from deepjimu.cost.sync import TRIAL_MARGIN, format_plan, plan_to_dict
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.options import SyncGroup
+from deepjimu.plan.check import check, label, signum, stopped
 from deepjimu.plan.measuring import on_paper
 from deepjimu.plan.setup import (
     cluster_and_compute,
@@ -135,21 +133,21 @@ def plan_from_args(args: argparse.Namespace, threads: ThreadPlan | None = None) 
             print(f"warning: {line}")
         for r in rows:
             if "_sync_table" in r:
-                print(f"\n{_label(r)}: sync plan\n{r['_sync_table']}")
+                print(f"\n{label(r)}: sync plan\n{r['_sync_table']}")
         for cell in skipped:
             print(f"skipped {cell.label}: {cell.skip}")
         _write_plan(out, rows, caveat)
         if args.check is not None:
             try:
-                _check(rows, args, out)
+                check(rows, args, out)
             finally:  # the checked rows that finished, whatever stopped the others
                 _write_plan(out, rows, caveat)
     except KeyboardInterrupt as e:
         _prune(out, ours)
         kept = f"kept {out / 'plan.json'}" if (out / "plan.json").exists() else "no plan written"
         # the line of the stage it stopped (predicting, the check) where it has one
-        said = str(e) or str(_stopped(e, ""))
-        raise Interrupted(_signum(e), f"{said}; {kept}") from None
+        said = str(e) or str(stopped(e, ""))
+        raise Interrupted(signum(e), f"{said}; {kept}") from None
     print(f"plan: {out / 'plan.json'}")
     return out
 
@@ -178,16 +176,6 @@ def _caveat(cluster_arg: str) -> str | None:
         "efficiency), nothing measured; such a plan, checked on one H100, was 1.35-6x too "
         "fast (docs/plan.md): --check it on that cluster, or plan there with --cluster probe"
     )
-
-
-def _signum(e: KeyboardInterrupt) -> int:
-    """The signal that stopped the plan: an :class:`Interrupted`'s own, else Ctrl-C's."""
-    return e.signum if isinstance(e, Interrupted) else int(signal.SIGINT)
-
-
-def _stopped(e: KeyboardInterrupt, what: str) -> Interrupted:
-    """``e`` as one line: ``stopped by`` its signal, then ``what``."""
-    return Interrupted(_signum(e), f"stopped by {signal.Signals(_signum(e)).name}{what}")
 
 
 def _prune(out: Path, ours: bool) -> None:
@@ -226,7 +214,7 @@ def _predict(
     except KeyboardInterrupt as e:
         # not the probe's own line: its folder's lack of a checkpoint is no concern of a plan
         done = f"{len(rows)} of {len(configs)} configurations predicted"
-        raise _stopped(e, f" while predicting ({done})") from None
+        raise stopped(e, f" while predicting ({done})") from None
     # fastest first; configurations that do not fit after those that do, and those without
     # a prediction last
     rows.sort(
@@ -320,21 +308,16 @@ def _short_of_memory(
     return state, has, what
 
 
-def _label(r: dict[str, Any]) -> str:
-    opts = "".join(f" {k.replace('_', '-')}={v}" for k, v in r["options"].items())
-    return f"{r['strategy']} x{r['workers']} {r['model']}{opts}"
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     """The ranked predictions, fastest first."""
-    width = max([len(_label(r)) for r in rows] + [13])
+    width = max([len(label(r)) for r in rows] + [13])
     lines = [
         f"{'configuration':<{width}}{'samples/s':>12}{'step ms':>10}{'sent/sample':>13}{'peak MB':>10}"
     ]
     for r in rows:
         p = r.get("predicted")
         if p is None:
-            lines.append(f"{_label(r):<{width}}  not predicted: {r['not_predicted']}")
+            lines.append(f"{label(r):<{width}}  not predicted: {r['not_predicted']}")
             continue
         short = r.get("does_not_fit")
         fits = (
@@ -345,7 +328,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
         )
         tie = "  = tie" if "tie" in r else ""
         lines.append(
-            f"{_label(r):<{width}}{p['samples_per_s']:>12.0f}{p['step_s'] * 1e3:>10.2f}"
+            f"{label(r):<{width}}{p['samples_per_s']:>12.0f}{p['step_s'] * 1e3:>10.2f}"
             f"{format_bytes(p['bytes_per_sample']):>13}{p['peak_mem_mb']:>10.1f}{fits}{tie}"
         )
     band = next((r["tie"] for r in rows if "tie" in r), None)
@@ -355,149 +338,3 @@ def _table(rows: list[dict[str, Any]]) -> str:
             "repeated timings they come from: their order is a tie, not a ranking"
         )
     return "\n".join(lines)
-
-
-def _check(rows: list[dict[str, Any]], args: argparse.Namespace, out: Path) -> None:
-    """Run the rows of :func:`_to_check` for real, ``args.repeats`` rounds of them; add
-    ``measured`` (the median run's figures, every run's samples/s) and the error to each.
-
-    Rounds rather than a configuration's repeats back to back: a machine whose speed drifts
-    over minutes then moves every configuration alike, not one of them.
-
-    Raises:
-        Interrupted: Ctrl-C (or SIGTERM), in one line saying how many runs were not done;
-            the rows are compared on the runs that finished first.
-    """
-    predicted = [r for r in rows if r.get("predicted")]
-    todo = _to_check(predicted, args.check)
-    got: dict[int, list[dict[str, Any]]] = {id(r): [] for r in todo}
-    total, finished = args.repeats * len(todo), 0
-    stop: KeyboardInterrupt | None = None
-    try:
-        for round_ in range(args.repeats):
-            for i, r in enumerate(todo, start=1):
-                at = f"{i}/{len(todo)}" if args.repeats == 1 else f"{round_ + 1}.{i}/{len(todo)}"
-                print(f"[{at}] {_label(r)}...", end=" ", flush=True)
-                figures = _check_run(r, round_, args, out / "check")
-                if figures is not None:
-                    got[id(r)].append(figures)
-                finished += 1
-    except KeyboardInterrupt as e:
-        print(flush=True)  # ends the stopped run's line
-        stop = e
-    for r in todo:
-        _compare(r, got[id(r)])
-    print(_check_summary(todo, args.repeats, _unverified(todo, args.check, len(predicted))))
-    if stop is not None:
-        raise _stopped(stop, f" in the check ({total - finished} of {total} checked runs not done)")
-
-
-def _to_check(predicted: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
-    """The rows that ``--check top`` runs, of the ``predicted`` ones (ranked): every one for
-    0; else the ``top`` best and, where one is ranked below them, the best configuration of
-    one worker that fits.
-
-    A one-worker row's figures come from this process's measurements alone, which a busy
-    machine once put 50-150x too slow: the fastest configuration was ranked last, and a
-    check of the top two said its ranking held (issue 48). One run of it is cheap.
-    """
-    if not top:
-        return predicted
-    below = [r for r in predicted[top:] if r["workers"] == 1 and "does_not_fit" not in r]
-    return predicted[:top] + below[:1]
-
-
-def _unverified(todo: list[dict[str, Any]], top: int, predicted: int) -> str:
-    """The check summary's clause on what it did not run: empty where it ran every
-    predicted row; else that only the predicted top ``top`` (and the one-worker row of
-    :func:`_to_check`) were checked, so that the ranking of the others is unverified."""
-    if len(todo) >= predicted:
-        return ""
-    also = f" and {_label(todo[top])}, the best of one worker below them," if todo[top:] else ""
-    return (
-        f"; only the predicted top {top}{also} were checked: the ranking of the other "
-        f"{predicted - len(todo)} is unverified"
-    )
-
-
-def _check_run(
-    r: dict[str, Any], round_: int, args: argparse.Namespace, runs: Path
-) -> dict[str, Any] | None:
-    """Run row ``r`` once for real (round ``round_``, under ``runs``) and print its figures:
-    the run's measured figures, or None where it did not end well (``r["measured"]`` says how)."""
-    cell = r["_cell"]
-    # one folder of runs per round: runs/NAME, then runs-1/NAME, ...
-    folder = runs / ("runs" if round_ == 0 else f"runs-{round_}")
-    cmd = train_command(
-        cell, folder, args.dataset, args.data_dir, args.seed, args.epochs, r["_argv"]
-    )
-    name = cell.name if round_ == 0 else f"{cell.name}-{round_}"
-    outcome = run_cell(cmd, runs / "logs", name, args.timeout)
-    if outcome.status != "ok":
-        r["measured"] = {"status": outcome.status, "error": outcome.error}
-        print(f"{outcome.status}: {outcome.error}", flush=True)
-        return None
-    figures = measure(folder / cell.name)
-    real = figures.get("samples_per_s")
-    pred = r["predicted"]["samples_per_s"]
-    error = f" ({(pred - real) / real:+.0%})" if real else ""
-    print(f"predicted {pred:.0f}, measured {real:.0f} samples/s{error}", flush=True)
-    return figures
-
-
-def _compare(row: dict[str, Any], runs: list[dict[str, Any]]) -> None:
-    """Set ``row``'s measured figures from its runs (the median run by samples/s) and its error."""
-    done = sorted((g for g in runs if g.get("samples_per_s")), key=lambda g: g["samples_per_s"])
-    if not done or "status" in row.get("measured", {}):
-        return
-    median = done[len(done) // 2] if len(done) % 2 else None
-    speeds = [g["samples_per_s"] for g in done]
-    real = statistics.median(speeds)
-    row["measured"] = {
-        k: (median or done[0]).get(k) for k in ("bytes_per_sample", "peak_mem_mb", "train_s")
-    }
-    row["measured"]["samples_per_s"] = real
-    if len(done) > 1:
-        row["measured"]["runs_samples_per_s"] = speeds
-    row["error"] = (row["predicted"]["samples_per_s"] - real) / real
-
-
-def _check_summary(rows: list[dict[str, Any]], repeats: int = 1, unverified: str = "") -> str:
-    """Predicted against measured per row, the median and worst error of samples/s, and
-    whether the predicted fastest is the fastest (with repeats: against each row's median run,
-    and how far the runs of one configuration spread), then ``unverified``
-    (:func:`_unverified`)."""
-    done = [r for r in rows if r.get("error") is not None]
-    if not done:
-        return "check: no configuration finished"
-    spread = [
-        max(s) / min(s) - 1
-        for r in done
-        if len(s := r["measured"].get("runs_samples_per_s", [])) > 1
-    ]
-    lines = [
-        f"{_label(r)}: predicted {r['predicted']['samples_per_s']:.0f}, measured "
-        f"{r['measured']['samples_per_s']:.0f} samples/s ({r['error']:+.0%})"
-        for r in done
-    ]
-    noise = (
-        f" (median of {repeats} runs each; a configuration's fastest run over its slowest: "
-        f"median +{statistics.median(spread):.0%}, worst +{max(spread):.0%})"
-        if spread
-        else ""
-    )
-    errors = [abs(r["error"]) for r in done]
-    fastest = max(done, key=lambda r: r["measured"]["samples_per_s"])
-    first = done[0]  # rows are ranked by prediction
-    gap = 1 - first["measured"]["samples_per_s"] / fastest["measured"]["samples_per_s"]
-    verdict = (
-        "the measured fastest"
-        if first is fastest
-        else f"{gap:.0%} slower than the measured fastest ({_label(fastest)})"
-    )
-    summary = (
-        f"check: {len(done)} configurations, |error| of samples/s median {statistics.median(errors):.0%}, "
-        f"worst {max(errors):.0%}; the predicted fastest ({_label(first)}) is {verdict}{noise}"
-        f"{unverified}"
-    )
-    return "\n".join([*lines, summary]) if repeats > 1 else summary

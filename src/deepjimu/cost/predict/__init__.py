@@ -7,11 +7,10 @@ Every predictor composes the same two inputs, a :class:`~deepjimu.cost.profile.C
 - ``local``: the measured step, batch after batch.
 - ``ddp``: each rank's step on its ``batch / P`` rows, then the collectives of each DDP
   bucket (:mod:`deepjimu.cost.ddp`: the gradients in reverse order, the first bucket
-  1 MiB, the others 25 MiB, as torch's DDP fills them). On a CPU node the all-reduce does not overlap the backward pass (gloo
-  and the gradients share the cores, :mod:`deepjimu.cost.compress`); on a GPU it overlaps
-  all but the last bucket's backward. ``--compress fp16|bf16`` halves the bytes and uses
-  that dtype's fitted all-reduce; ``--sync-plan`` other than allreduce prices each tensor's
-  method instead (:func:`sync_entries`).
+  1 MiB, the others 25 MiB, as torch's DDP fills them), not overlapped on a CPU node
+  (gloo and the gradients share the cores, :mod:`deepjimu.cost.compress`), all but the
+  last bucket's overlapped on a GPU. ``--compress fp16|bf16``: half the bytes, that
+  dtype's fitted all-reduce; a ``--sync-plan`` prices each tensor's method instead.
 - ``pipeline``: the schedule's actions (:func:`deepjimu.cost.schedule.actions`) replayed
   through the cost model (:func:`deepjimu.cost.schedule.simulate`) with each stage's
   micro-batch times and the cuts' transfers, then each rank's optimizer update of its
@@ -30,8 +29,8 @@ threads, and P ranks computing at once run :meth:`Cluster.ranks_sharing_cores` s
 (a pipeline's ranks, busy only part of the time, in proportion); ranks that synchronise on
 time-shared cores lose :meth:`Cluster.sync_penalty_s` more at each synchronisation
 (measured by the probe where it ran; not a model-parallel chain, whose ranks compute one at
-a time), and a ddp step's all-reduce
-:meth:`Cluster.ddp_sync_penalty_s` beyond its fitted time. DDP's own work comes from the compute figures
+a time), and a ddp step's all-reduce :meth:`Cluster.ddp_sync_penalty_s` beyond its fitted
+time. DDP's own work comes from the compute figures
 (measured here, or an estimate elsewhere); the pipelining runtime's work per action from
 the probe's step of the pipeline strategy where a probe ran (:attr:`Cluster.action_s`),
 else from the compute figures; a model-parallel hand-off's cost beyond the fitted send
