@@ -111,6 +111,7 @@ def test_repeated_checks_compare_with_each_configurations_median_run() -> None:
     # spread: 150 / 90 - 1 = 67% and 60 / 40 - 1 = 50%
     assert "median of 3 runs each" in text and "median +58%, worst +67%" in text
     assert "median 10%, worst 20%" in text and "is the measured fastest" in text
+    assert "it ran at 1.000 of the measured fastest's samples/s" in text
 
 
 def test_plan_refuses_repeats_below_one_in_one_line(tmp_path, capsys) -> None:
@@ -391,6 +392,7 @@ def test_check_of_the_top_also_runs_the_best_one_worker_row_below_and_says_what_
     assert len(seen) == 2 and ran == ["local-w1-mlp-16x2", "ddp-w1-mlp-16x2"]
     summary = next(ln for ln in text.splitlines() if ln.startswith("check:"))
     assert "is 33% slower than the measured fastest (ddp x1 mlp:16x2)" in summary
+    assert "it ran at 0.667 of the measured fastest's samples/s" in summary
     assert summary.endswith(
         "; only the predicted top 1 and ddp x1 mlp:16x2, the best of one worker below them, "
         "were checked: the ranking of the other 1 is unverified"

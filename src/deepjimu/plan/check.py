@@ -166,15 +166,15 @@ def _check_summary(rows: list[dict[str, Any]], repeats: int = 1, unverified: str
     errors = [abs(r["error"]) for r in done]
     fastest = max(done, key=lambda r: r["measured"]["samples_per_s"])
     first = done[0]  # rows are ranked by prediction
-    gap = 1 - first["measured"]["samples_per_s"] / fastest["measured"]["samples_per_s"]
+    share = first["measured"]["samples_per_s"] / fastest["measured"]["samples_per_s"]
     verdict = (
         "the measured fastest"
         if first is fastest
-        else f"{gap:.0%} slower than the measured fastest ({label(fastest)})"
+        else f"{1 - share:.0%} slower than the measured fastest ({label(fastest)})"
     )
     summary = (
         f"check: {len(done)} configurations, |error| of samples/s median {statistics.median(errors):.0%}, "
         f"worst {max(errors):.0%}; the predicted fastest ({label(first)}) is {verdict}{noise}"
-        f"{unverified}"
+        f"; it ran at {share:.3f} of the measured fastest's samples/s{unverified}"
     )
     return "\n".join([*lines, summary]) if repeats > 1 else summary
