@@ -133,10 +133,13 @@ class Comm:
         self.irecv(t, src).wait()
         return t
 
-    def all_reduce(self, t: Tensor, kind: str | None = None) -> Tensor:
-        """Sum ``t`` in place over every rank of the group; the time blocked counts as wait."""
+    def all_reduce(
+        self, t: Tensor, kind: str | None = None, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> Tensor:
+        """Sum ``t`` (or reduce it by ``op``) in place over every rank of the group; the time
+        blocked counts as wait."""
         self.count(sent=nbytes(t), recv=nbytes(t), kind=kind)
-        work = dist.all_reduce(t, group=self.group, async_op=True)
+        work = dist.all_reduce(t, op=op, group=self.group, async_op=True)
         Pending(work, self.stats, self._sync(t)).wait()
         return t
 

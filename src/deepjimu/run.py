@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -12,11 +13,13 @@ from torch import Tensor, nn
 
 from deepjimu.balance import chosen_balance
 from deepjimu.bookkeeping import Bookkeeping
+from deepjimu.comm import Comm
 from deepjimu.config import RunConfig
 from deepjimu.cost.probe import Probe
 from deepjimu.cost.sync import SyncPlan, SyncTrial
 from deepjimu.counters import Counters
 from deepjimu.data import DataSplits
+from deepjimu.mesh import Mesh, mesh_groups
 from deepjimu.options import DdpOptions
 from deepjimu.precision import autocast
 from deepjimu.record.checkpoint import Checkpoint, Checkpointer
@@ -114,6 +117,14 @@ class Run:
         # ("auto" becomes "speed" or "even") and, balancing by speed, each rank's speed
         self.balance: str = chosen_balance(cfg.balance, None)
         self.speeds: list[float] | None = None
+        # the run folder this run goes on from (--resume, a restart), known before the
+        # strategy plans: a split measured anew could differ from the checkpoint's
+        self.resumed_from: Path | None = None
+        # --replicas R: where this rank sits in the R x K mesh, the comm of its stage's
+        # column (None in a 1-D run) and its chain's view of the run (made by chain())
+        self.mesh: Mesh | None = None
+        self.replicas: Comm | None = None
+        self._chain: Run | None = None
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -123,6 +134,29 @@ class Run:
         ``--balance time``)."""
         assert self._measurer is not None, "this Run was made without a measurer"
         return self._measurer
+
+    def chain(self) -> Run:
+        """Collective the first time: the run as this rank's replica sees it (``--replicas R``).
+
+        Its ``rank`` and ``world`` are this rank's stage and the stages K of a replica, its
+        ``comm`` talks to the ranks of the replica (group ranks 0 .. K-1), so a strategy that
+        splits the model runs its 1-D split on it unchanged; ``replicas`` counts, on the same
+        counters, the messages among the R ranks that hold the same stage (the column). The
+        event log, checkpoints and bookkeeping collectives stay the whole world's. A run of
+        one replica is its own chain.
+        """
+        replicas = getattr(self.cfg, "replicas", 1)
+        if replicas == 1 or self.world == 1:
+            return self
+        if self._chain is None:
+            self.mesh = Mesh(replicas, self.world // replicas, self.rank)
+            row, column = mesh_groups(self.mesh, self.device)
+            self.replicas = Comm(self.stats, column)
+            view = copy.copy(self)
+            view.rank, view.world = self.mesh.stage, self.mesh.stages
+            view.comm = Comm(self.stats, row)
+            self._chain = view._chain = view
+        return self._chain
 
     # ---- counters and clocks ----------------------------------------------------------------
     def elapsed(self) -> float:

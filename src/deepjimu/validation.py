@@ -181,10 +181,18 @@ def _trait_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:
         problems.append(
             f"strategy {name} needs at least {traits.min_workers} workers (workers: {workers})"
         )
-    if traits.splits_model and facts.n_blocks and workers > facts.n_blocks:
+    stages = workers // cfg.replicas if cfg.replicas >= 1 else workers
+    if cfg.replicas > 1 and not workers % cfg.replicas and 1 <= stages < traits.min_workers:
         problems.append(
-            f"strategy {name} needs at least one block per worker "
-            f"(workers: {workers}, blocks in {cfg.model}: {facts.n_blocks})"
+            f"strategy {name} needs at least {traits.min_workers} stages in each replica "
+            f"(workers: {workers}, replicas: {cfg.replicas}, stages: {stages})"
+        )
+    if traits.splits_model and facts.n_blocks and stages > facts.n_blocks:
+        per = "worker" if cfg.replicas == 1 else "stage"
+        problems.append(
+            f"strategy {name} needs at least one block per {per} "
+            f"(workers: {workers}, {'' if per == 'worker' else f'stages: {stages}, '}"
+            f"blocks in {cfg.model}: {facts.n_blocks})"
         )
     if isinstance(cfg.precision, Precision) and cfg.precision not in traits.precisions:
         problems.append(

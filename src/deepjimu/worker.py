@@ -381,6 +381,7 @@ def _train(
 ) -> dict[str, Any] | None:
     strategy_cls = get_strategy(cfg.strategy)
     run = Run(cfg, out_dir, rank, world, device, ThisMachine())
+    run.resumed_from = resume
     data = _data(cfg, given, run)
     if rank == 0 and data.info and not cfg.quiet:
         print(f"{cfg.dataset}: " + ", ".join(f"{k} {v}" for k, v in data.info.items()))

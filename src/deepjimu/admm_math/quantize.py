@@ -58,12 +58,17 @@ def _grid_scale(lo: Tensor, hi: Tensor, levels: int) -> Tensor:
     return torch.where(hi > lo, high.to(torch.int32).view(torch.float32), 0.0)
 
 
-def quantize(t: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Map t onto the uniform grid of its own range with 2^bits levels.
+def quantize(
+    t: Tensor, bits: int, span: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Map t onto the uniform grid of its own range (or of ``span``) with 2^bits levels.
 
     Args:
         t: a finite floating-point tensor (computed in float32).
         bits: 8 (uint8 codes) or 16 (int16 codes holding k - 32768).
+        span: the (min, max) whose grid to use instead of t's own, 0-dim float32 tensors
+            holding t's: the range of a tensor whose rows are split over several ranks
+            (``--replicas``), so that every part lies on the grid of the whole.
 
     Returns:
         (codes, scale, offset): codes with t's shape; scale and offset are 0-dim float32
@@ -83,7 +88,7 @@ def quantize(t: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:
     if t.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor (shape: {list(t.shape)})")
     x = t.detach().to(torch.float32)
-    offset, hi = torch.aminmax(x)
+    offset, hi = torch.aminmax(x) if span is None else span
     finite = torch.isfinite(offset) & torch.isfinite(hi)
     scale = torch.where(finite, _grid_scale(offset, hi, levels), torch.nan)
     # a constant tensor (scale 0) gets codes 0, not 0/0
@@ -115,7 +120,7 @@ def dequantize(codes: Tensor, scale: Tensor, offset: Tensor) -> Tensor:
     return torch.mul(k, scale).add_(offset)
 
 
-def project(t: Tensor, bits: int) -> Tensor:
+def project(t: Tensor, bits: int, span: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Projection onto the quantization grid: dequantize(quantize(t, bits)), in t's dtype.
 
     This is the pdADMM-G-Q constraint p in Delta applied after the p-step.
@@ -123,6 +128,7 @@ def project(t: Tensor, bits: int) -> Tensor:
     Args:
         t: a finite floating-point tensor.
         bits: 8 or 16.
+        span: as ``quantize``'s.
 
     Returns:
         The nearest grid values, with t's shape and dtype.
@@ -130,4 +136,4 @@ def project(t: Tensor, bits: int) -> Tensor:
     Raises:
         ValueError: as ``quantize``.
     """
-    return dequantize(*quantize(t, bits)).to(t.dtype)
+    return dequantize(*quantize(t, bits, span)).to(t.dtype)

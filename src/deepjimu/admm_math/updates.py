@@ -45,6 +45,8 @@ __all__ = [
     "last_layer_objective",
     "layer_lagrangian",
     "merge_stats",
+    "pool_stats",
+    "pool_targets",
     "primal_residual",
     "remove_stats",
     "ridge_weight",
@@ -445,6 +447,38 @@ def remove_stats(total: WbStats, part: WbStats) -> WbStats | None:
         total.C_pp - part.C_pp - f * torch.outer(dp, dp),
         total.C_zp - part.C_zp - f * torch.outer(dz, dp),
     )
+
+
+def pool_stats(part: WbStats, total: Callable[[Tensor], Tensor]) -> WbStats:
+    """The statistics of every part's samples from this part's, ``total`` summing a tensor
+    over the parts in place (an all-reduce among the replicas of a layer block).
+
+    Each part's centred moments are moved to the pooled means (Chan et al.'s rank-one term,
+    as in :func:`merge_stats`) and then summed: two sums, the weighted means first. So the
+    pooled (W, b) step is the one over all the parts' samples, up to the order of sums.
+    """
+    n_in = part.p_mean.shape[0]
+    head = torch.cat([part.p_mean * part.n, part.z_mean * part.n, part.p_mean.new_tensor([part.n])])
+    head = total(head)
+    n = float(head[-1])
+    p_mean, z_mean = head[:n_in] / n, head[n_in:-1] / n
+    dp, dz = part.p_mean - p_mean, part.z_mean - z_mean
+    C_pp = part.C_pp + part.n * torch.outer(dp, dp)
+    C_zp = part.C_zp + part.n * torch.outer(dz, dp)
+    both = total(torch.cat([C_pp.flatten(), C_zp.flatten()]))
+    C_pp, C_zp = both[: n_in * n_in].view_as(C_pp), both[n_in * n_in :].view_as(C_zp)
+    return WbStats(n, p_mean, z_mean, C_pp, C_zp)
+
+
+def pool_targets(
+    p: Tensor, z: Tensor, inputs: WbStats, total: Callable[[Tensor], Tensor]
+) -> WbStats:
+    """:func:`pool_stats` of this part's (p, z) where the pooled statistics of the inputs
+    are known already (``inputs``: its ``n``, ``p_mean`` and ``C_pp``, e.g. of the data,
+    which do not change): only z's mean and C_zp are summed over the parts."""
+    z_mean = total(z.sum(dim=0)) / inputs.n
+    C_zp = total(_t_mm(z - z_mean, p - inputs.p_mean))
+    return WbStats(inputs.n, inputs.p_mean, z_mean, inputs.C_pp, C_zp)
 
 
 def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> WbStats:

@@ -58,6 +58,13 @@ class RunGroup(Group):
 
     strategy: str = option("admm", "training strategy")
     workers: int | None = option(None, "number of worker processes")
+    replicas: int = option(
+        1,
+        "data-parallel replicas of a split model: --workers W = R x stages, each replica "
+        "trains on 1/R of every batch (admm: of the samples) and its stages are averaged "
+        "over the replicas",
+        applies=Applies(strategies=Takers(trait=lambda t: t.replicates)),
+    )
     model: str = option(
         "mlp:256x3",
         "model spec: mlp:WIDTHxDEPTH or mlp:W1-W2-..., cnn:C1-C2-... or cnn:CxDEPTH, lenet, "
@@ -119,7 +126,7 @@ class RunGroup(Group):
         problems = minimums(
             self,
             {"workers": 1, "epochs": 1, "checkpoint_every": 0, "threads": 0, "max_restarts": 0,
-             "eval_every": 1},
+             "eval_every": 1, "replicas": 1},
         )  # fmt: skip
         if self.name is not None and (
             self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name
@@ -127,6 +134,11 @@ class RunGroup(Group):
             problems.append(f"name must be a plain folder name (name: {self.name!r})")
         if self.workers is not None:
             problems += speeds_problems(self.emulate_speeds, self.workers)
+            if self.replicas >= 1 and self.workers % self.replicas:
+                problems.append(
+                    f"workers must be a multiple of replicas (workers: {self.workers}, "
+                    f"replicas: {self.replicas})"
+                )
         problems += limit_problems(self.memory_limit)
         return [*problems, *choice_problems(self, RunGroup)]
 

@@ -12,16 +12,21 @@ plan, per-rank optimizer, staged evaluation, gathering the model, idle-time book
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
+from deepjimu.atomic import atomic_write_text
 from deepjimu.balance import balance_problems, parse_balance, partition
 from deepjimu.choices import Optimizer
+from deepjimu.compress.base import HookState, allreduce_hook
 from deepjimu.data import DataSplits
 from deepjimu.options import DdpOptions, GradientOptions
 from deepjimu.run import Run
@@ -33,7 +38,21 @@ from deepjimu.strategies.partition import (
     staged_metrics,
 )
 
-__all__ = ["ModelParallelStrategy", "bubble_fraction"]
+__all__ = ["STAGES_FILE", "ModelParallelStrategy", "bubble_fraction"]
+
+STAGES_FILE = "stages.json"
+"""Where rank 0 keeps a timed stage split in the run folder (:meth:`ModelParallelStrategy.plan_stages`)."""
+
+
+def _kept_sizes(resumed_from: Path | None, stages: int, blocks: int) -> list[int] | None:
+    """The stage sizes kept in the run folder a run goes on from, if they fit its stages."""
+    kept = resumed_from / STAGES_FILE if resumed_from is not None else None
+    if kept is None or not kept.exists():
+        return None
+    sizes = json.loads(kept.read_text()).get("sizes")
+    if not isinstance(sizes, list) or len(sizes) != stages or sum(sizes) != blocks:
+        return None
+    return [int(s) for s in sizes]
 
 
 def bubble_fraction(n: int, m: int, v: int = 1) -> float:
@@ -69,8 +88,14 @@ class ModelParallelStrategy(GradientStrategy):
     @classmethod
     def problems(cls, cfg: Any, n_blocks: int) -> list[str]:
         assert cfg.workers is not None, "defaults not resolved"
-        stages = cfg.workers * cls.chunks(cfg)
-        return balance_problems(cfg.balance, n_blocks, stages)
+        stages = cfg.workers // cfg.replicas * cls.chunks(cfg)
+        problems = balance_problems(cfg.balance, n_blocks, stages)
+        if cfg.batch_size < cfg.replicas:
+            problems.append(
+                f"batch-size must be >= replicas, each replica takes its share of every batch "
+                f"(batch-size: {cfg.batch_size}, replicas: {cfg.replicas})"
+            )
+        return problems
 
     @classmethod
     def probe_step(
@@ -95,17 +120,22 @@ class ModelParallelStrategy(GradientStrategy):
         """The stage plan of ``--balance`` (``auto`` resolved, :mod:`deepjimu.measure.speeds`): by
         the blocks' measured time (``time``, ``even``), over the ranks' speeds (``speed``:
         stage s runs on rank s % world), by size, or as listed. Rank 0 measures and
-        broadcasts a timed split."""
+        broadcasts a timed split, and keeps it in the run folder (:data:`STAGES_FILE`): a
+        resumed run takes the split of the run it goes on, whose checkpoint fits it alone."""
         n = run.world * self.chunks(self.cfg)
         how = run.balance
         if how in ("time", "even", "speed"):
             sizes = None
             if run.is_main:
-                sample = data.train_x[: self.profile_rows(data)].to(run.device)
-                speeds = None
-                if how == "speed" and run.speeds is not None:
-                    speeds = [run.speeds[s % run.world] for s in range(n)]
-                sizes = partition(run.measurer.block_costs(model, sample), n, speeds)
+                sizes = _kept_sizes(run.resumed_from, n, len(model))
+                if sizes is None:
+                    sample = data.train_x[: self.profile_rows(data)].to(run.device)
+                    speeds = None
+                    if how == "speed" and run.speeds is not None:
+                        speeds = [run.speeds[s % run.world] for s in range(n)]
+                    sizes = partition(run.measurer.block_costs(model, sample), n, speeds)
+                text = json.dumps({"sizes": sizes})
+                atomic_write_text(run.out_dir / STAGES_FILE, text)
             sizes = run.broadcast_object(sizes)
             how = "time" if how == "even" else how
         elif how == "size":
@@ -116,7 +146,9 @@ class ModelParallelStrategy(GradientStrategy):
 
     def own_blocks(self, model: nn.Sequential, data: DataSplits, run: Run) -> set[int]:
         """Collective: this rank's stages' blocks, the stage plan made (once) on ``model``'s
-        shapes (a split by the blocks' times times a copy of each, one at a time)."""
+        shapes (a split by the blocks' times times a copy of each, one at a time); with
+        ``--replicas``, of its replica's chain (:meth:`Run.chain`)."""
+        run = run.chain()
         if getattr(self, "plan", None) is None:
             self.shapes = block_shapes(model, data.train_x[:1])
             self.plan = self.plan_stages(model, data, run)
@@ -125,20 +157,61 @@ class ModelParallelStrategy(GradientStrategy):
         return set(self.plan.blocks_of(run.rank))
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
+        """This rank's stages, on its replica's chain; with ``--replicas`` each stage module
+        is wrapped in torch's DDP over its column (the ranks that hold the same stage), so its
+        gradients are averaged over the replicas while the backward pass runs."""
+        run = run.chain()
         self.run, self.model = run, model
         self.own_blocks(model, data, run)  # planned already where the worker built our part
         own = set(self.plan.blocks_of(run.rank))
         for b, block in enumerate(model):
             # another rank's blocks are freed: each rank holds and checkpoints only its own
             block.to(run.device if b in own else "meta")
-        self.stages = {s: model[slice(*self.plan.bounds(s))] for s in self.plan.stages_of(run.rank)}
-        params = [p for stage in self.stages.values() for p in stage.parameters()]
+        stages = {s: model[slice(*self.plan.bounds(s))] for s in self.plan.stages_of(run.rank)}
+        self.stages = {s: self._replicated(m) for s, m in stages.items()}
+        params = [p for stage in stages.values() for p in stage.parameters()]
         self.optimizer = make_optimizer(params, self.cfg) if params else None  # type: ignore[assignment]
         self._busy_s, self._wait_s = 0.0, 0.0
+        self._scales: list[float] = []
+        self._scale = 1.0
+
+    def _replicated(self, stage: nn.Module) -> nn.Module:
+        """``stage`` in torch's DDP over this rank's column, its all-reduces counted (a 1-D
+        run's, or a stage without parameters: as it is)."""
+        column = self.run.replicas
+        if column is None or not any(p.requires_grad for p in stage.parameters()):
+            return stage
+        ids = [self.run.device.index] if self.run.device.type == "cuda" else None
+        ddp = DistributedDataParallel(stage, device_ids=ids, process_group=column.group)
+        ddp.register_comm_hook(HookState(column, column.group), allreduce_hook)
+        return ddp
+
+    def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
+        """The batches of ``local``; with ``--replicas R``, this replica's part of each (the
+        r-th of R nearly equal consecutive parts), its mean loss weighted by R b / B where it
+        holds b of the batch's B rows: DDP averages the replicas' gradients, so the average is
+        the gradient of the whole batch's mean loss, as in ``local``."""
+        out = super().batches(data, epoch, run)
+        mesh = self.run.mesh
+        if mesh is None:
+            return out
+        parts = [
+            (
+                x.tensor_split(mesh.replicas)[mesh.replica],
+                y.tensor_split(mesh.replicas)[mesh.replica],
+            )
+            for x, y in out
+        ]
+        self._scales = [
+            mesh.replicas * len(p[1]) / len(b[1]) for p, b in zip(parts, out, strict=True)
+        ]
+        self._scales.reverse()  # popped in step order
+        return parts
 
     # ---- one step ---------------------------------------------------------------------------
     def train_step(self, x: Tensor, y: Tensor) -> Tensor | None:
         wait0, t0 = self.run.stats.wait_s, time.perf_counter()
+        self._scale = self._scales.pop() if self._scales else 1.0
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         loss = self.forward_backward(x, y)
@@ -163,7 +236,7 @@ class ModelParallelStrategy(GradientStrategy):
         loss = None
         if s == last:
             loss = F.cross_entropy(out, y)
-            loss.backward()
+            (loss * self._scale if self._scale != 1.0 else loss).backward()
         else:
             comm.send(out.detach(), s + 1)
             out.backward(comm.recv(torch.empty_like(out), s + 1))
@@ -184,7 +257,12 @@ class ModelParallelStrategy(GradientStrategy):
         since the last event, averaged over ranks (``idle_frac_per_rank`` lists them);
         ``bubble_theory`` is the schedule's prediction for equal stages.
         """
-        out: dict[str, Any] = staged_metrics(self.model, self.plan, run, self.shapes, data)
+        # one replica's chain scores the model (the others hold the same weights)
+        chain = self.run
+        scores = chain.mesh is None or chain.mesh.replica == 0
+        out: dict[str, Any] = (
+            staged_metrics(self.model, self.plan, chain, self.shapes, data) if scores else {}
+        )
         out.pop("loss", None)  # the loss of a gradient strategy is its training-step mean
         idle = self._wait_s / self._busy_s if self._busy_s else None
         self._busy_s, self._wait_s = 0.0, 0.0
@@ -205,5 +283,7 @@ class ModelParallelStrategy(GradientStrategy):
 
     def full_model(self, run: Run) -> nn.Module | None:
         """Every rank's model: its own blocks, the others on the meta device (the checkpoint
-        holds each rank's blocks; no rank gathers the whole model)."""
-        return self.model
+        holds each rank's blocks; no rank gathers the whole model); with ``--replicas``,
+        replica 0's ranks alone (the others hold copies)."""
+        mesh = self.run.mesh
+        return self.model if mesh is None or mesh.replica == 0 else None

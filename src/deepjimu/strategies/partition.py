@@ -116,9 +116,10 @@ class StagePlan:
         return f"{name}: {stages}{per_rank}, blocks {list(self.sizes)}, balance by {self.how}"
 
 
-def _bookkeeping_comm() -> Comm:
-    """A Comm whose counters are dropped: checkpoint and evaluation traffic is not training."""
-    return Comm(CommStats())
+def _bookkeeping_comm(run: Run) -> Comm:
+    """A Comm over ``run``'s ranks (its replica's, :meth:`Run.chain`) whose counters are
+    dropped: checkpoint and evaluation traffic is not training."""
+    return Comm(CommStats(), run.comm.group)
 
 
 @torch.no_grad()  # no graph: evaluation holds no activations for a backward
@@ -148,7 +149,7 @@ def staged_count_correct(
     Returns:
         ``(correct, loss_sum, count)`` on the last stage's rank, None elsewhere.
     """
-    comm = _bookkeeping_comm()
+    comm = _bookkeeping_comm(run)
     mine = plan.stages_of(run.rank)
     last = plan.n_stages - 1
     was_training = model.training

@@ -106,12 +106,19 @@ class PipelineStrategy(ModelParallelStrategy):
         the batch size is close to it; it runs with all-padding micro-batches, so only
         ``--batch-size`` below ``--microbatches`` (never a full micro-batch) is refused.
         """
-        w, m = cfg.workers, cfg.microbatches
+        w, m, r = cfg.workers, cfg.microbatches, cfg.replicas
         assert w is not None, "defaults not resolved"
+        w //= r  # the stages of each replica
         problems = []
-        if cfg.batch_size < m:
+        if r == 1 and cfg.batch_size < m:
             problems.append(
                 f"batch-size must be >= microbatches (batch-size: {cfg.batch_size}, microbatches: {m})"
+            )
+        elif cfg.batch_size < m * r:
+            problems.append(
+                f"batch-size must be >= microbatches x replicas, each replica's share of a "
+                f"batch is cut into micro-batches (batch-size: {cfg.batch_size}, "
+                f"microbatches: {m}, replicas: {r})"
             )
         if cfg.schedule != Schedule.GPIPE and m < w:
             problems.append(
@@ -157,12 +164,15 @@ class PipelineStrategy(ModelParallelStrategy):
         return self.micro_rows(data)
 
     def micro_rows(self, data: DataSplits) -> int:
-        """Rows of every micro-batch: the largest batch's largest micro-batch."""
+        """Rows of every micro-batch: the largest batch's largest micro-batch (of its largest
+        replica's part, with ``--replicas``)."""
         largest_batch = math.ceil(data.train_size / self.steps_per_epoch(data))
-        return math.ceil(largest_batch / self.cfg.microbatches)
+        largest_part = math.ceil(largest_batch / self.cfg.replicas)
+        return math.ceil(largest_part / self.cfg.microbatches)
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         super().setup(model, data, run)
+        run = self.run  # this replica's chain
         m, n = self.cfg.microbatches, self.plan.n_stages
         self.rows = self.micro_rows(data)
         self.first = self.plan.rank_of(0) == run.rank
@@ -172,7 +182,8 @@ class PipelineStrategy(ModelParallelStrategy):
         stages = []
         for s, module in self.stages.items():
             lo, hi = self.plan.bounds(s)
-            # static shapes: no inference pass (it would run a real forward) and no metadata messages
+            # static shapes: no inference pass (it would run a real forward) and no metadata
+            # messages; a stage in torch's DDP (--replicas) syncs at its last micro-batch
             stages.append(
                 PipelineStage(
                     module,
@@ -181,6 +192,7 @@ class PipelineStrategy(ModelParallelStrategy):
                     run.device,
                     input_args=self._example(lo, requires_grad=s > 0),
                     output_args=self._example(hi, requires_grad=True),
+                    group=run.comm.group,
                 )
             )
         schedule_cls = _SCHEDULES[self.cfg.schedule]
@@ -216,7 +228,8 @@ class PipelineStrategy(ModelParallelStrategy):
 
     def forward_backward(self, x: Tensor, y: Tensor) -> Tensor | None:
         index, pad = self._padding(len(y), y.device)
-        self._batch_rows = len(y)
+        # a replica's part weighs as R b / B (batches): its losses add up to R b / B times its mean
+        self._batch_rows = len(y) / self._scale
         args = (x[index],) if self.first else ()
         kwargs: dict[str, Any] = {"return_outputs": False}
         losses: list[Tensor] = []

@@ -83,6 +83,8 @@ class Traits:
     ``default_workers`` / ``default_epochs``: used where the user gives none;
     ``min_workers`` / ``max_workers``: e.g. 1 and 1 for one process (None: any);
     ``splits_model``: each worker owns contiguous blocks, so workers <= blocks;
+    ``replicates``: ``--replicas R`` runs R copies of its split side by side, each on 1/R of
+    the data (:mod:`deepjimu.mesh`), so stages = workers / R <= blocks;
     ``shards_model``: each worker holds a shard of every parameter; ``shards_data``: each
     worker loads only its rows; ``needs_group``: a process group even for one worker (as DDP
     wants);
@@ -102,6 +104,7 @@ class Traits:
     min_workers: int = 1
     max_workers: int | None = None
     splits_model: bool = False
+    replicates: bool = False
     shards_model: bool = False
     shards_data: bool = False
     needs_group: bool = False
@@ -215,7 +218,7 @@ ENTRIES: tuple[Entry, ...] = (
         "model-parallel",
         "deepjimu.strategies.model_parallel:ModelParallelStrategy",
         GradientOptions,
-        Traits(default_workers=2, splits_model=True),
+        Traits(default_workers=2, splits_model=True, replicates=True),
         predict=chain,
         memory=staged_state,
         probed=True,
@@ -226,7 +229,14 @@ ENTRIES: tuple[Entry, ...] = (
         "deepjimu.strategies.pipeline:PipelineStrategy",
         PipelineOptions,
         # base: torch.distributed.pipelining's modules (316 MB measured, as BASE_BYTES)
-        Traits(default_workers=2, min_workers=2, splits_model=True, pipelined=True, base_mb=2),
+        Traits(
+            default_workers=2,
+            min_workers=2,
+            splits_model=True,
+            replicates=True,
+            pipelined=True,
+            base_mb=2,
+        ),
         predict=pipelined,
         memory=staged_state,
         probed=True,
@@ -239,7 +249,7 @@ ENTRIES: tuple[Entry, ...] = (
         # every precision: under bf16 only the products drop to bfloat16 (updates.py adds
         # them to float32 terms), so every exchanged p and q is still float32; base: its
         # workers run no autograd step and no DDP, 247 MB measured where ddp's took 315
-        Traits(default_workers=2, splits_model=True, precisions=tuple(Precision)),
+        Traits(default_workers=2, splits_model=True, replicates=True, precisions=tuple(Precision)),
         predict=layer_parallel,
         memory=admm_state,
         color="#9467bd",

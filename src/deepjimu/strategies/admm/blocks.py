@@ -16,6 +16,12 @@ from deepjimu.admm_math import updates as U
 from deepjimu.admm_math.conv import PSolver
 from deepjimu.admm_math.quantize import project
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp
+from deepjimu.strategies.admm.pooled import Pool
+from deepjimu.strategies.admm.pooled import mean as pooled_mean
+from deepjimu.strategies.admm.pooled import rms as pooled_rms
+from deepjimu.strategies.admm.pooled import solve_Wb as pooled_Wb
+from deepjimu.strategies.admm.pooled import span as pooled_span
+from deepjimu.strategies.admm.pooled import stats as pooled_stats
 
 __all__ = [
     "CNN_DEFAULTS",
@@ -206,13 +212,17 @@ class LayerBlock:
         # forward pass: what the health check judges, whichever readout is evaluated
         self.iterate_fit: tuple[float, float] | None = None
         self.readout_features: Tensor | None = None
+        # --replicas: this block's replicas, that pool its sums over samples (pooled.py)
+        self.pooled: Pool | None = None
 
     @property
     def layers(self) -> range:
         return range(self.lo, self.hi)
 
     def _grid(self, t: Tensor) -> Tensor:
-        return project(t, self.params.bits) if self.params.bits else t
+        if not self.params.bits:
+            return t
+        return project(t, self.params.bits, pooled_span(t, self.pooled))
 
     def _a(self, l: int) -> Tensor:
         """a = A(P p_l) W + b of layer l (``p @ W.T + b`` for a dense layer)."""
@@ -263,13 +273,13 @@ class LayerBlock:
                 self.b[l] = self.b[l] * scale[0]
             a = self._a(l)
             if scale is not None and unit and l < self.L - 1:
-                rms = float(torch.relu(a).square().mean().sqrt())
+                rms = pooled_rms(torch.relu(a), self.pooled)
                 c = rms if rms > 0 else 1.0
                 self.W[l], self.b[l], a = self.W[l] / c, self.b[l] / c, a / c
                 scale = (c, 0.0)
             elif scale is not None and not unit:
                 s, r = scale
-                rms = float(a.square().mean().sqrt())
+                rms = pooled_rms(a, self.pooled)
                 r = r or rms
                 c = r / max(rms, torch.finfo(a.dtype).tiny)
                 self.W[l], self.b[l], a = self.W[l] * c, self.b[l] * c, a * c
@@ -327,14 +337,15 @@ class LayerBlock:
                 if self.others is not None
                 else (self.stats[l], self.params.memory)
             )
-            self.batch_part[l] = U.batch_stats(self.p[l], self.z[l])
+            self.batch_part[l] = pooled_stats(self.ops[l], self.p[l], self.z[l], self.pooled)
             stats = U.merge_stats(rest, self.batch_part[l], decay)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
         else:  # every row at hand (full batch, or a batch alone): the smaller side's solve
-            gram = self._gram_of_data() if l == 0 else None
-            self.W[l], self.b[l] = self.ops[l].solve_Wb(
-                self.p[l], self.z[l], self.W[l], nu, tau=tau, ridge=ridge, gram=gram
-            )
+            gram = self._gram_of_data() if l == 0 and self.pooled is None else None
+            self.W[l], self.b[l] = pooled_Wb(
+                self.ops[l], self.p[l], self.z[l], self.W[l], nu, self.pooled,
+                tau=tau, ridge=ridge, gram=gram, data=l == 0,
+            )  # fmt: skip
         a = self._a(l)
         if l == self.L - 1:
             assert y is not None, "the last layer needs the labels"
@@ -404,7 +415,8 @@ class LayerBlock:
     def commit_batch(self) -> None:
         """Mini-batch memory: add the finished batch's (p, z) to each layer's (W, b) statistics."""
         for l in self.layers:
-            self.stats[l] = U.combine_stats(self.stats[l], self.p[l], self.z[l], self.params.memory)
+            part = pooled_stats(self.ops[l], self.p[l], self.z[l], self.pooled)
+            self.stats[l] = U.merge_stats(self.stats[l], part, self.params.memory)
 
     def sample_state(self) -> dict[str, Tensor]:
         """Every per-sample variable of the batch and its momentum record, by flat name.
@@ -520,8 +532,12 @@ class LayerBlock:
             if l == self.L - 1:
                 self.readout_features = plain
             if refit is not None:
-                gram = self._gram_of_data() if l == 0 else None  # refit is p_0, the data
-                W, b = op.solve_Wb(refit, self.z[l], self.W[l], nu, ridge=ridge, gram=gram)
+                # refit of layer 0 is p_0, the data: its cached Gram (1-D) or statistics
+                gram = self._gram_of_data() if l == 0 and self.pooled is None else None
+                W, b = pooled_Wb(
+                    op, refit, self.z[l], self.W[l], nu, self.pooled,
+                    ridge=ridge, gram=gram, data=l == 0,
+                )  # fmt: skip
                 self.refit_Wb[l] = (W, b)
                 refit = self.output(l, refit, W, b)
             if plain is not None:
@@ -552,13 +568,14 @@ class LayerBlock:
         logits: dict[str, Tensor] = {}
         self.iterate_fit = None
         if plain is not None:
-            accuracy = float((plain.argmax(1) == y).float().mean())
+            accuracy = pooled_mean((plain.argmax(1) == y).float(), self.pooled)
             self.iterate_fit = (self.loss(plain, y), accuracy)
             features = self.readout_features
             assert features is not None
-            self.last_Wb = op.solve_Wb(
-                features, self.z[last], self.W[last], self.params.nu, ridge=self.readout_ridge
-            )
+            self.last_Wb = pooled_Wb(
+                op, features, self.z[last], self.W[last], self.params.nu, self.pooled,
+                ridge=self.readout_ridge,
+            )  # fmt: skip
             logits |= {"iterate": plain, "last": op.forward(features, *self.last_Wb)}
         if refit is not None:
             logits["all"] = refit
@@ -618,8 +635,10 @@ class LayerBlock:
         return x
 
     def loss(self, logits: Tensor, y: Tensor) -> float:
-        """Mean cross-entropy, as the gradient strategies report it."""
-        return float(F.cross_entropy(logits, y))
+        """Mean cross-entropy, as the gradient strategies report it (of every replica's samples)."""
+        if self.pooled is None:
+            return float(F.cross_entropy(logits, y))
+        return pooled_mean(F.cross_entropy(logits, y, reduction="none"), self.pooled)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

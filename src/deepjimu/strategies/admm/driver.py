@@ -8,6 +8,7 @@ from torch import Tensor
 from deepjimu.admm_math.quantize import dequantize, quantize
 from deepjimu.comm import Comm, Pending
 from deepjimu.strategies.admm.blocks import LayerBlock
+from deepjimu.strategies.admm.pooled import Pool, span
 
 __all__ = [
     "Exchange",
@@ -28,14 +29,23 @@ class Exchange:
     tensors exchanged are already on the grid, so the receiver recovers them bit-exactly.
     """
 
-    def __init__(self, comm: Comm, bits: int, device: torch.device) -> None:
-        self.comm, self.bits, self.device = comm, bits, device
+    def __init__(
+        self,
+        comm: Comm,
+        bits: int,
+        device: torch.device,
+        pool: Pool | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.comm, self.bits, self.device, self.pool = comm, bits, device, pool
+        self.dtype = dtype  # of what goes unquantized (the blocks' variables)
 
     def isend(self, t: Tensor, dst: int) -> list[Pending]:
-        """Start sending ``t`` (float32) to ``dst``."""
+        """Start sending ``t`` (float32) to ``dst``; with ``--replicas``, its codes on the
+        grid of the whole tensor's range, pooled over the replicas, where ``t`` lies."""
         if not self.bits:
             return [self.comm.isend(t.contiguous(), dst)]
-        codes, scale, offset = quantize(t, self.bits)
+        codes, scale, offset = quantize(t, self.bits, span(t, self.pool))
         header = torch.stack([scale, offset]).to(torch.float32)
         return [
             self.comm.isend(header, dst),
@@ -45,7 +55,7 @@ class Exchange:
     def irecv(self, shape: tuple[int, ...], src: int) -> _Incoming:
         """Start receiving a float32 tensor of ``shape`` from ``src``."""
         if not self.bits:
-            buf = torch.empty(shape, device=self.device)
+            buf = torch.empty(shape, dtype=self.dtype, device=self.device)
             return _Incoming([self.comm.irecv(buf, src)], lambda: buf)
         header = torch.empty(2, device=self.device)
         width = 1 if self.bits == 8 else 2
@@ -160,7 +170,7 @@ def init_blocks_forward(
     accumulated so far and that RMS travel with the activations. Their shape is read off
     the first owned layer's operator, so feature maps cross as [N, C, H, W].
     """
-    plain = Exchange(ex.comm, 0, ex.device)
+    plain = Exchange(ex.comm, 0, ex.device, dtype=ex.dtype)
     s: tuple[float, float] | None = (1.0, 0.0) if scale else None
     if rank == 0:
         assert x is not None

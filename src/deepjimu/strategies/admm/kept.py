@@ -43,12 +43,23 @@ class KeptBatches:
         seed: the run's seed (the fixed order).
         block: the worker's block; its ``others`` is set for each visit.
         directory, tag: where the store's folder goes and part of its name.
+        part: with ``--replicas``, this replica's part of each batch's rows (the block pools
+            its statistics with the other replicas', ``block.pooled``).
     """
 
     def __init__(
-        self, n: int, batch: int, seed: int, block: LayerBlock, directory: str | None, tag: str
+        self,
+        n: int,
+        batch: int,
+        seed: int,
+        block: LayerBlock,
+        directory: str | None,
+        tag: str,
+        part: Callable[[Tensor], Tensor] | None = None,
     ) -> None:
         self.batches = split_steps(epoch_order(n, seed, 0), max(1, math.ceil(n / batch)))
+        if part is not None:
+            self.batches = [part(idx) for idx in self.batches]
         bounds = [0]
         for idx in self.batches:
             bounds.append(bounds[-1] + len(idx))
@@ -196,8 +207,11 @@ def kept_readout(
                 a, z = inputs(k), kept.store.load(k, device, (f"z{l}",))[f"z{l}"]
                 for n in fits:
                     stats[n] = U.merge_stats(stats[n], U.batch_stats(a[n], z))
+            pool = block.pooled  # --replicas: over every replica's samples
             solved = {
-                n: U.update_Wb_stats(st, block.W[l], nu, ridge=ridge)
+                n: U.update_Wb_stats(
+                    st if pool is None else U.pool_stats(st, pool.sum), block.W[l], nu, ridge=ridge
+                )
                 for n, st in stats.items()
                 if st is not None
             }
@@ -251,6 +265,9 @@ def _choose(
             logits["all"] = block.output(last, a["refit"], *block.refit_Wb[last])
         for n, v in logits.items():
             losses[n] = losses.get(n, 0.0) + float(F.cross_entropy(v, yb, reduction="sum"))
+    if block.pooled is not None:  # the sums over every replica's samples
+        pooled = block.pooled.sum(torch.tensor(list(losses.values()), dtype=torch.float64))
+        losses = dict(zip(losses, pooled.tolist(), strict=True))
     return min(losses, key=lambda n: losses[n])
 
 

@@ -6,6 +6,8 @@ p, W, b, z, q, u stay with the caller (a ``blocks.LayerBlock``), exactly as with
 
     forward(p, W, b)      a = A(P p) + b, for the z-step, the objective and evaluation
     solve_Wb(p, z, W)     the exact (W, b) step; gram(p) its normal matrix, constant for the data
+    wb_rows(p, z)         the (W, b) least squares' rows and targets, to pool over replicas;
+    solve_Wb_stats(...)   the step over pooled statistics (``updates.pool_stats``)
     solve_p(...)          the p step (exact, or CG with its iteration count)
     flops(N), nbytes(N)   estimates for the balancer: flops of one iteration, bytes of variables
 
@@ -83,6 +85,16 @@ class DenseOp:
     ) -> tuple[Tensor, Tensor]:
         """``updates.update_Wb`` on flatten(P p)."""
         return U.update_Wb(self._x(p), z, W, nu, tau=tau, ridge=ridge, gram=gram)
+
+    def wb_rows(self, p: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows and targets of the (W, b) least squares: flatten(P p) and z."""
+        return self._x(p), z
+
+    def solve_Wb_stats(
+        self, stats: U.WbStats, W: Tensor, nu: float, *, tau: float = 0.0, ridge: float = 0.0
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`solve_Wb` over the samples that ``stats`` summarises."""
+        return U.update_Wb_stats(stats, W, nu, tau=tau, ridge=ridge)
 
     def solve_p(
         self, W: Tensor, b: Tensor, z: Tensor, q_prev: Tensor, u_prev: Tensor, rho: float, nu: float,
@@ -168,6 +180,19 @@ class ConvOp:
     ) -> tuple[Tensor, Tensor]:
         """``conv.update_Wb_conv``: least squares over the im2col patches of P p."""
         return C.update_Wb_conv(p, z, W, nu, pool=self.pool, tau=tau, ridge=ridge, gram=gram)
+
+    def wb_rows(self, p: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows and targets of the (W, b) least squares: the im2col patch rows of P p
+        and z pixel by pixel (every pixel a row, as ``conv.update_Wb_conv`` solves)."""
+        rows = C.patch_rows(C.avg_pool(p, self.pool), self.kernel)
+        return rows, z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+
+    def solve_Wb_stats(
+        self, stats: U.WbStats, W: Tensor, nu: float, *, tau: float = 0.0, ridge: float = 0.0
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`solve_Wb` over the samples that ``stats`` summarises."""
+        W_flat, b = U.update_Wb_stats(stats, W.reshape(W.shape[0], -1), nu, tau=tau, ridge=ridge)
+        return W_flat.view_as(W), b
 
     def solve_p(
         self, W: Tensor, b: Tensor, z: Tensor, q_prev: Tensor, u_prev: Tensor, rho: float, nu: float,

@@ -30,6 +30,7 @@ from deepjimu.strategies.admm.health import (
 from deepjimu.strategies.admm.kept import KeptBatches, kept_readout
 from deepjimu.strategies.admm.layers import ConvOp, LayerOp
 from deepjimu.strategies.admm.model import admm_layers, admm_maps, new_block, write_weights
+from deepjimu.strategies.admm.pooled import Pool
 from deepjimu.strategies.admm.settings import admm_settings, keeps, problems
 from deepjimu.strategies.admm.solver import Solver
 from deepjimu.strategies.base import FitResult, Strategy, epoch_order, log_grid, split_steps
@@ -94,6 +95,7 @@ class AdmmStrategy(Strategy):
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         cfg = self.cfg
         assert cfg.epochs is not None
+        run = run.chain()  # --replicas: this replica's chain of blocks, on 1/R of the samples
         # one linear map per block, the model's own modules: a factory's flat Sequential too
         blocks, maps, ops = admm_layers(model, data.feature_shape, cg_max_iter=cfg.admm_cg_iters)
         L = len(maps)
@@ -114,7 +116,12 @@ class AdmmStrategy(Strategy):
         self.block = new_block(
             maps, ops, lo, hi, AdmmParams.of(cfg.rho, cfg.nu, cfg.quantize, cfg.admm_tau, chosen)
         )  # maps on run.device
-        self.exchange = Exchange(run.comm, cfg.quantize, run.device)
+        # --replicas: the block's sums over samples, over its column of replicas (pooled.py)
+        pool = Pool(run.replicas) if run.replicas is not None else None
+        self.block.pooled = pool
+        # the variables' dtype: float32 from every data set (a float64 test's data: float64)
+        dtype = data.train_x.dtype if data.train_x.is_floating_point() else torch.float32
+        self.exchange = Exchange(run.comm, cfg.quantize, run.device, pool, dtype)
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
@@ -126,7 +133,10 @@ class AdmmStrategy(Strategy):
         )  # fmt: skip
         # dense layers take flat rows, conv layers [N, C, H, W] maps
         x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
-        y = data.train_y if hi == L else None
+        if not cfg.admm_batch:  # full batch: this replica's samples (mini-batches: of each batch)
+            x = self._part(x)
+        y = self._part(data.train_y) if hi == L and not cfg.admm_batch else data.train_y
+        y = y if hi == L else None
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         self._readout_state(keep, run)
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
@@ -150,11 +160,25 @@ class AdmmStrategy(Strategy):
 
     def own_blocks(self, model: nn.Sequential, data: DataSplits, run: Run) -> set[int]:
         """This rank's layers (an ``mlp:``/``cnn:`` model's blocks are its layers), the plan
-        made once from ``model``'s shapes (:meth:`_plan_stages`)."""
+        made once from ``model``'s shapes (:meth:`_plan_stages`), on its replica's chain
+        (:meth:`Run.chain`) and for the samples a replica holds."""
+        run = run.chain()
         if getattr(self, "plan", None) is None:
             ops = admm_layers(model, data.feature_shape, cg_max_iter=self.cfg.admm_cg_iters).ops
-            self._plan_stages(ops, len(ops), self.cfg.admm_batch or len(data.train_y), run)
+            rows = math.ceil((self.cfg.admm_batch or len(data.train_y)) / self.cfg.replicas)
+            self._plan_stages(ops, len(ops), rows, run)
         return set(range(*self.plan.bounds(run.rank)))
+
+    @property
+    def _first_replica(self) -> bool:
+        """Whether this rank is in replica 0 (every rank of a 1-D run)."""
+        return self.run.mesh is None or self.run.mesh.replica == 0
+
+    def _part(self, t: Tensor) -> Tensor:
+        """This replica's part of ``t``'s rows: the r-th of R nearly equal consecutive parts
+        (all of them in a 1-D run)."""
+        mesh = self.run.mesh
+        return t if mesh is None else t.tensor_split(mesh.replicas)[mesh.replica]
 
     def _plan_stages(self, ops: list[LayerOp], L: int, batch: int, run: Run) -> list[int]:
         """Each rank's layers (``self.plan``), balanced by their estimated cost on ``batch``
@@ -235,8 +259,9 @@ class AdmmStrategy(Strategy):
         """:meth:`_epochs` with the kept mini-batches' store open (where they keep their
         auxiliary variables), closed however the epochs end; returns the steps so far."""
         cfg, run = self.cfg, self.run
+        rank = run.mesh.rank if run.mesh is not None else run.rank  # the store's name: global
         self._kept = (
-            KeptBatches(len(x), cfg.admm_batch, cfg.seed, self.block, None, f"-r{run.rank}")
+            KeptBatches(len(x), cfg.admm_batch, cfg.seed, self.block, None, f"-r{rank}", self._part)
             if keep
             else None
         )
@@ -303,7 +328,7 @@ class AdmmStrategy(Strategy):
         cfg, run, block = self.cfg, self.run, self.block
         order = epoch_order(len(y), cfg.seed, epoch)
         batches = split_steps(order, max(1, math.ceil(len(y) / cfg.admm_batch)))
-        for idx in batches:
+        for idx in map(self._part, batches):
             xb = x[idx].to(run.device) if block.lo == 0 else None
             yb = y[idx].to(run.device) if block.hi == block.L else None
             self.solver.restarted_batch(xb, yb, len(idx), self._inner)
@@ -381,7 +406,12 @@ class AdmmStrategy(Strategy):
         self._readout(self._y)  # training work, timed as such (before the evaluation)
         with run.evaluation():
             self._write_back()
-            metrics: dict[str, Any] = staged_metrics(self.blocks, self.plan, run, self.shapes, data)
+            # one replica's chain scores the readout (the others hold the same weights)
+            metrics: dict[str, Any] = (
+                staged_metrics(self.blocks, self.plan, run, self.shapes, data)
+                if self._first_replica
+                else {}
+            )
             objective, residual = 0.0, 0.0
             if not cfg.admm_batch:
                 objective, residual = self.solver.objective_and_residual(self.block_labels(data))
@@ -418,20 +448,22 @@ class AdmmStrategy(Strategy):
 
     def _cg_counts(self) -> tuple[float, int]:
         """Collective: CG iterations per conv p-step and the p-steps that hit the cap, all ranks, so far."""
-        counts = self.run.gather_objects(
-            (self.block.cg_iters, self.block.cg_solves, self.block.cg_hits)
-        )
+        mine = (self.block.cg_iters, self.block.cg_solves, self.block.cg_hits)
+        counts = self.run.gather_objects(mine if self._first_replica else (0, 0, 0))
         iters, solves, hits = (sum(c[i] for c in counts) for i in range(3))
         return iters / max(solves, 1), hits
 
     def block_labels(self, data: DataSplits) -> Tensor | None:
-        return data.train_y if self.block.hi == self.block.L else None
+        """The labels of the samples this block's iterate holds (full batch: its replica's)."""
+        return self._y if self.block.hi == self.block.L else None
 
     def _checkpoint(self, step: int, done: int, samples: int = 0) -> None:
         self._write_back()
         # each rank's blocks are its model's modules: saved under the model's own keys
         state = self.solver.state_dict() | {"readout": self._readout_choice}
-        self.run.save_checkpoint(step, done, self.model, state, {"samples": samples})
+        # the blocks' weights once (replica 0's), every rank's own sample variables
+        model = self.model if self._first_replica else None
+        self.run.save_checkpoint(step, done, model, state, {"samples": samples})
 
 
 def _finite(v: Any) -> bool:

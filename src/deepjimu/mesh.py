@@ -1,0 +1,60 @@
+"""Mesh: a run's workers as R replicas x K stages (``--replicas R``), and its two kinds of groups.
+
+Rank g is stage ``g % K`` of replica ``g // K`` (torch's ``DeviceMesh`` of shape (R, K),
+dimensions ``replica`` and ``stage``, row-major as torch lays it out): replica 0 holds ranks
+0 .. K-1, so rank 0 and the last stage of replica 0 are where a 1-D run has them. A *row*
+(the ranks of one replica) runs the strategy's split as a 1-D run of K workers does; a
+*column* (the ranks of one stage, one per replica) averages that stage over the replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+__all__ = ["Mesh", "mesh_groups"]
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Where global rank ``rank`` sits in a mesh of ``replicas`` x ``stages`` ranks.
+
+    Example:
+        >>> m = Mesh(replicas=2, stages=3, rank=4)
+        >>> m.replica, m.stage, m.row, m.column
+        (1, 1, [3, 4, 5], [1, 4])
+    """
+
+    replicas: int
+    stages: int
+    rank: int
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.stages
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.stages
+
+    @property
+    def row(self) -> list[int]:
+        """The global ranks of this rank's replica, stage by stage."""
+        return [self.replica * self.stages + k for k in range(self.stages)]
+
+    @property
+    def column(self) -> list[int]:
+        """The global ranks of this rank's stage, replica by replica."""
+        return [r * self.stages + self.stage for r in range(self.replicas)]
+
+
+def mesh_groups(mesh: Mesh, device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """Collective (every rank of the default group): this rank's row and column groups, by
+    torch's own ``init_device_mesh`` over the default group's backend."""
+    grid = init_device_mesh(
+        device.type, (mesh.replicas, mesh.stages), mesh_dim_names=("replica", "stage")
+    )
+    return grid.get_group("stage"), grid.get_group("replica")
