@@ -170,8 +170,10 @@ def _joined_thread_plan(cfg: RunConfig, place: Placement) -> ThreadPlan | None:
 
 def _print_summary(s: dict[str, Any]) -> None:
     acc = s.get("test_acc")
+    r = s.get("replicas", 1)
+    mesh = f" ({r} replicas x {s['workers'] // r})" if r > 1 else ""
     print(
-        f"{s['strategy']} x{s['workers']} on {s['dataset']} ({s['model']}): "
+        f"{s['strategy']} x{s['workers']}{mesh} on {s['dataset']} ({s['model']}): "
         f"test_acc {acc:.4f}, train_acc {s.get('train_acc') or 0:.4f}, "
         f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} in {s['fit_s']:.1f} s "
         f"(training {s['train_s']:.1f} s, "

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["Mesh", "mesh_groups"]
+__all__ = ["Mesh", "device_mesh"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +50,10 @@ class Mesh:
         return [r * self.stages + self.stage for r in range(self.replicas)]
 
 
-def mesh_groups(mesh: Mesh, device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
-    """Collective (every rank of the default group): this rank's row and column groups, by
-    torch's own ``init_device_mesh`` over the default group's backend."""
-    grid = init_device_mesh(
+def device_mesh(mesh: Mesh, device: torch.device) -> DeviceMesh:
+    """Collective (every rank of the default group): torch's ``DeviceMesh`` of ``mesh``,
+    dimensions ``replica`` and ``stage``, over the default group's backend; its
+    ``get_group("stage")`` is this rank's row, ``get_group("replica")`` its column."""
+    return init_device_mesh(
         device.type, (mesh.replicas, mesh.stages), mesh_dim_names=("replica", "stage")
     )
-    return grid.get_group("stage"), grid.get_group("replica")

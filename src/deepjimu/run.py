@@ -19,13 +19,15 @@ from deepjimu.cost.probe import Probe
 from deepjimu.cost.sync import SyncPlan, SyncTrial
 from deepjimu.counters import Counters
 from deepjimu.data import DataSplits
-from deepjimu.mesh import Mesh, mesh_groups
+from deepjimu.mesh import Mesh, device_mesh
 from deepjimu.options import DdpOptions
 from deepjimu.precision import autocast
 from deepjimu.record.checkpoint import Checkpoint, Checkpointer
 from deepjimu.record.events import EventLog
 
 if TYPE_CHECKING:  # the executor's module loads torch.distributed: only ddp's runs need it
+    from torch.distributed.device_mesh import DeviceMesh
+
     from deepjimu.compress.sync import SyncExecutor
 
 __all__ = ["Measurer", "Run"]
@@ -123,6 +125,7 @@ class Run:
         # --replicas R: where this rank sits in the R x K mesh, the comm of its stage's
         # column (None in a 1-D run) and its chain's view of the run (made by chain())
         self.mesh: Mesh | None = None
+        self.device_mesh: DeviceMesh | None = None  # torch's, of the same R x K ranks
         self.replicas: Comm | None = None
         self._chain: Run | None = None
         if self.is_main:
@@ -145,16 +148,16 @@ class Run:
         event log, checkpoints and bookkeeping collectives stay the whole world's. A run of
         one replica is its own chain.
         """
-        replicas = getattr(self.cfg, "replicas", 1)
+        replicas = self.cfg.replicas
         if replicas == 1 or self.world == 1:
             return self
         if self._chain is None:
             self.mesh = Mesh(replicas, self.world // replicas, self.rank)
-            row, column = mesh_groups(self.mesh, self.device)
-            self.replicas = Comm(self.stats, column)
+            self.device_mesh = device_mesh(self.mesh, self.device)
+            self.replicas = Comm(self.stats, self.device_mesh.get_group("replica"))
             view = copy.copy(self)
             view.rank, view.world = self.mesh.stage, self.mesh.stages
-            view.comm = Comm(self.stats, row)
+            view.comm = Comm(self.stats, self.device_mesh.get_group("stage"))
             self._chain = view._chain = view
         return self._chain
 

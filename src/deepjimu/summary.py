@@ -43,6 +43,7 @@ def summarise(
     summary: dict[str, Any] = {
         "strategy": cfg.strategy,
         "workers": world,
+        **({"replicas": cfg.replicas} if cfg.replicas > 1 else {}),
         "dataset": cfg.dataset,
         "model": cfg.model,
         "epochs": result.epochs,

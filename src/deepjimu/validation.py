@@ -184,7 +184,7 @@ def _trait_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:
     stages = workers // cfg.replicas if cfg.replicas >= 1 else workers
     if cfg.replicas > 1 and not workers % cfg.replicas and 1 <= stages < traits.min_workers:
         problems.append(
-            f"strategy {name} needs at least {traits.min_workers} stages in each replica "
+            f"strategy {name} needs at least {traits.min_workers} workers in each replica "
             f"(workers: {workers}, replicas: {cfg.replicas}, stages: {stages})"
         )
     if traits.splits_model and facts.n_blocks and stages > facts.n_blocks:

@@ -38,13 +38,17 @@ def _shard_bytes(model: torch.nn.Module, world: int) -> list[int]:
     ]  # fmt: skip
 
 
-def _fsdp(rank: int, world: int, tmp: str, speeds: list[float] | None) -> dict[str, Any]:
-    """fsdp in float64 on even shards (or shards by ``speeds``); rank 0 replays the same
-    steps in one process on each step's whole batch and returns both models' parameters."""
+def _fsdp(
+    rank: int, world: int, tmp: str, speeds: list[float] | None, replicas: int = 1
+) -> dict[str, Any]:
+    """fsdp in float64 on even shards (or shards by ``speeds``; HSDP with ``replicas``);
+    rank 0 replays the same steps in one process on each step's whole batch and returns
+    both models' parameters."""
     cfg = validate(
         RunConfig(
             strategy="fsdp", workers=world, quiet=True, runs_dir=tmp, name="f", epochs=2,
             optimizer="sgd", lr=0.1, momentum=0.9, batch_size=50, model="mlp:32x2",
+            replicas=replicas,
         )
     )  # fmt: skip
     run = Run(cfg, Path(tmp) / "f", rank, world)
@@ -75,16 +79,18 @@ def _fsdp(rank: int, world: int, tmp: str, speeds: list[float] | None) -> dict[s
         "alone": dict(alone.named_parameters()),
         "steps": result.steps,
         "counted": counted,
-        "shards": _shard_bytes(start, world),
+        "shards": _shard_bytes(start, world // replicas),
         "rows": [len(torch.cat([p[1] for p in steps[r]])) for r in range(world)],
     }
 
 
-@pytest.mark.parametrize(("world", "speeds"), [(2, None), (3, None), (2, [1.0, 0.3])])
+@pytest.mark.parametrize(
+    ("world", "speeds", "replicas"), [(2, None, 1), (3, None, 1), (2, [1.0, 0.3], 1), (4, None, 2)]
+)
 def test_fsdp_equals_one_process_on_the_whole_batch_and_counts_its_bytes(
-    tmp_path: Path, world: int, speeds: list[float] | None
+    tmp_path: Path, world: int, speeds: list[float] | None, replicas: int
 ) -> None:
-    out = run_world(_fsdp, world, str(tmp_path), speeds)[0]
+    out = run_world(_fsdp, world, str(tmp_path), speeds, replicas)[0]
     if speeds is not None:
         fast, slow = out["rows"]
         assert slow < fast / 2  # the shards follow the speeds
@@ -94,9 +100,12 @@ def test_fsdp_equals_one_process_on_the_whole_batch_and_counts_its_bytes(
     # shard sent, world received), its gradients reduce-scattered (world shards sent, one
     # received); evaluation's all-gathers are bookkeeping, not counted, but the step after an
     # evaluation gathers the last block once more (FSDP: the unit that ran last), once here
-    s, last = sum(out["shards"]), out["shards"][-1]
-    assert out["counted"] == [(out["steps"] * (2 * s + world * s) + last,
-                               out["steps"] * (2 * world * s + s) + world * last)] * world  # fmt: skip
+    # evaluation, once here; with --replicas (HSDP) over the K ranks of a replica, and each
+    # gradient shard all-reduced among the replicas (sent and received once)
+    s, last, k = sum(out["shards"]), out["shards"][-1], world // replicas
+    hsdp = s if replicas > 1 else 0
+    assert out["counted"] == [(out["steps"] * (2 * s + k * s + hsdp) + last,
+                               out["steps"] * (2 * k * s + s + hsdp) + k * last)] * world  # fmt: skip
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ alpha + n / B seconds:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -242,6 +242,26 @@ class Cluster:
         if p == 1:
             return 0.0
         return (p - 1) * h.alpha_s + (p - 1) / p * nbytes / h.bytes_per_s
+
+    def all_reduce_over_s(
+        self, nbytes: int, ranks: Sequence[int], collective: str = "all_reduce"
+    ) -> float:
+        """Ring all-reduce of ``nbytes`` (per rank) among ``ranks``, which need not be
+        neighbours (the column of a stage under ``--replicas``: ranks K apart): over
+        ``inter`` when they span more than one node, else as :meth:`all_reduce_s`'s ring.
+
+        Raises:
+            JimuError: a rank outside 0..world-1.
+        """
+        p = len(ranks)
+        if p <= 1:
+            return 0.0
+        if len({self.node_of(r) for r in ranks}) > 1:
+            assert self.inter is not None  # two nodes: __post_init__ required inter
+            h = self.inter
+        else:
+            h = self.collectives.get(collective, self.intra)
+        return 2 * (p - 1) * h.alpha_s + 2 * (p - 1) / p * nbytes / h.bytes_per_s
 
     def p2p_s(self, nbytes: int, src: int, dst: int) -> float:
         """One message of ``nbytes`` from rank ``src`` to rank ``dst``: alpha + n / B.

@@ -71,6 +71,11 @@ def _workers(cfg: RunConfig) -> int:
     return cfg.workers
 
 
+def _stages(cfg: RunConfig) -> int:
+    """The ranks of one replica (``--replicas R``: workers / R)."""
+    return _workers(cfg) // cfg.replicas
+
+
 def _weights(cfg: RunConfig, params: float) -> float:
     """Weights, gradients and optimizer state of ``params`` elements."""
     return (2 + _optimizer_copies(cfg)) * params * FLOAT
@@ -98,13 +103,14 @@ def fsdp_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
     """1/P of the weights, gradients and optimizer state; one block unsharded at a time
     (its weights, and its gradients before the reduce-scatter: a step's transients) and the
     next one's weights gathered ahead; the activations of a rank's share of the batch. On a
-    CPU, as the strategy has glibc return what it frees (``memory.return_freed_memory``)."""
-    p = _workers(cfg)
+    CPU, as the strategy has glibc return what it frees (``memory.return_freed_memory``).
+    With ``--replicas`` (HSDP) 1/K of the state, K = P / R the ranks of a replica."""
+    p, k = _workers(cfg), _stages(cfg)
     params = sum(l.params for l in layers)
     blocks = sorted((l.params for l in layers), reverse=True)
     whole = (2 * blocks[0] + (blocks[1] if len(blocks) > 1 else 0)) * FLOAT if blocks else 0
     rows = math.ceil(cfg.batch_size / p)
-    return [_weights(cfg, math.ceil(params / p)) + whole + _activations(rows, layers)] * p
+    return [_weights(cfg, math.ceil(params / k)) + whole + _activations(rows, layers)] * p
 
 
 def tensor_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
@@ -131,20 +137,22 @@ def staged_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[f
     """Each rank its stages' blocks (model-parallel, pipeline): their weights and the
     activations of the rows in flight: the whole batch for a chain and for GPipe, which
     keeps every micro-batch until its backward; under 1F1B a stage keeps at most as many
-    micro-batches as stages follow it."""
-    p = _workers(cfg)
+    micro-batches as stages follow it. With ``--replicas R`` each replica's ranks alike, on
+    its part of the batch."""
+    p = _stages(cfg)
     sizes = stage_sizes(cfg, layers, min(p, len(layers)))
     m = int(cfg.microbatches or 1)
+    batch = math.ceil(cfg.batch_size / cfg.replicas)
     out = [0.0] * p
     held: list[list[Layer]] = [[] for _ in range(p)]  # each rank's blocks
     for s, (start, k) in enumerate(stage_starts(sizes)):
         own = layers[start : start + k]
         held[s % p] += own
-        rows = float(cfg.batch_size)
+        rows = float(batch)
         if m > 1 and str(cfg.schedule) != "gpipe":
-            rows = min(m, len(sizes) - s) * cfg.batch_size / m
+            rows = min(m, len(sizes) - s) * batch / m
         out[s % p] += _weights(cfg, sum(l.params for l in own)) + _activations(rows, own)
-    return [o + transients(h) for o, h in zip(out, held, strict=True)]
+    return [o + transients(h) for o, h in zip(out, held, strict=True)] * cfg.replicas
 
 
 def with_whole_model(
@@ -181,9 +189,12 @@ def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
     its weights, for every training sample (or a mini-batch's) its p, q, z and u (four
     floats a unit of its width), and the square matrices of its exact solves (the (W, b)
     step's Gram matrix and factor on the smaller of samples and input width, the p-step's
-    matrix and cached inverse on the input width, but for the first layer)."""
-    p = _workers(cfg)
-    n = int(cfg.admm_batch or train_size)
+    matrix and cached inverse on the input width, but for the first layer). With
+    ``--replicas R`` each replica's ranks alike, on its N / R samples, their (W, b) steps
+    solved on the input side (the pooled statistics)."""
+    p = _stages(cfg)
+    n = math.ceil(int(cfg.admm_batch or train_size) / cfg.replicas)
+    pooled = cfg.replicas > 1
     costs = [_admm_cost(n, l, i == 0) for i, l in enumerate(layers)]
     sizes = (
         parse_balance(str(cfg.balance), len(layers), p)
@@ -197,12 +208,12 @@ def admm_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
         for i in range(start, start + k):
             l = layers[i]
             n_in, n_out = l.in_elems, l.out_elems
-            squares = 3 * min(n, n_in) ** 2
+            squares = 3 * (n_in if pooled else min(n, n_in)) ** 2
             if i > 0:  # the p-step solves on the smaller side: its system, factor, a temporary
                 # and the solved map (updates.update_p: M, out x in, or H^-1, in x in)
                 squares += 3 * min(n_in, n_out) ** 2 + (l.params if n_out <= n_in else n_in**2)
             out[r] += ((2 + m) * l.params + (4 + 3 * m) * n * n_out + squares) * FLOAT
-    return out
+    return out * cfg.replicas
 
 
 def transients(layers: Sequence[Layer]) -> float:

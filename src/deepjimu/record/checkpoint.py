@@ -380,8 +380,10 @@ def _torch_save(obj: Any, path: Path) -> None:
 def _held_state(model: nn.Module, rank: int) -> tuple[dict[str, Tensor], dict[str, int]]:
     """The entries of ``model``'s state that this rank writes, on the CPU, and the dimension
     each sharded one is cut on. Not a split model's other blocks (on the meta device); of a
-    sharded model (torch's DTensors, on a mesh of one dimension), this rank's piece of each
-    sharded entry, and the replicated ones and the plain ones beside them by rank 0 alone."""
+    sharded model (torch's DTensors), this rank's piece of each entry sharded on the mesh's
+    last dimension, and the replicated ones and the plain ones beside them by rank 0 alone;
+    on a mesh of replicas x shards (``--replicas``: torch's HSDP, replicated on the first
+    dimension) only the first replica's ranks write."""
     # only a run that shards has loaded DTensor; importing it here would load it for every run
     dtensor_module = sys.modules.get("torch.distributed.tensor")
     dtensor = dtensor_module.DTensor if dtensor_module is not None else None
@@ -391,10 +393,14 @@ def _held_state(model: nn.Module, rank: int) -> tuple[dict[str, Tensor], dict[st
     cuts: dict[str, int] = {}
     for k, v in state.items():
         if dtensor is not None and isinstance(v, dtensor):
-            (placement,) = v.placements
+            *outer, placement = v.placements
+            assert all(p.is_replicate() for p in outer), "sharded on one mesh dimension only"
+            *replica, shard = v.device_mesh.get_coordinate() or [rank]
+            if any(replica):
+                continue
             if placement.is_shard():
                 cuts[k] = placement.dim
-            elif rank:
+            elif shard:
                 continue
             v = v.to_local()
         elif v.is_meta or (sharded and rank):

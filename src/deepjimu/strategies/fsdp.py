@@ -41,7 +41,7 @@ from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
 from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
-__all__ = ["CountedAllGather", "CountedReduceScatter", "FSDPStrategy"]
+__all__ = ["CountedAllGather", "CountedAllReduce", "CountedReduceScatter", "FSDPStrategy"]
 
 
 class CountedAllGather(DefaultAllGather):
@@ -76,6 +76,18 @@ class CountedReduceScatter(DefaultReduceScatter):
         return super().__call__(output_tensor, input_tensor, group, op, async_op)
 
 
+class CountedAllReduce:
+    """HSDP's all-reduce of a unit's gradient shards among the replicas (``--replicas``),
+    counted by FSDP's all-reduce hook, which receives its result: the shard sent and
+    received once (a collective's payload, as :class:`~deepjimu.comm.Comm` counts them)."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+
+    def __call__(self, reduce_output: Tensor) -> None:
+        self.comm.count(sent=nbytes(reduce_output), recv=nbytes(reduce_output))
+
+
 class FSDPStrategy(ShardedModel, DataParallel):
     """Fully sharded data parallel (ZeRO-3) with torch's FSDP2, one unit per block.
 
@@ -83,7 +95,10 @@ class FSDPStrategy(ShardedModel, DataParallel):
     loads each block into its shards as it is drawn (``ShardedModel.placer``), one built whole is
     copied into them and freed (:mod:`deepjimu.strategies.sharding`); no rank holds the
     whole model, in training or in a checkpoint (each rank writes its shards). Accuracies
-    are measured by the sharded model, every rank taking part.
+    are measured by the sharded model, every rank taking part. With ``--replicas R`` it is
+    torch's hybrid sharding (HSDP): each block sharded over the K = workers / R ranks of a
+    replica and its gradient shards all-reduced among the R replicas, the data still split
+    over all the workers.
     """
 
     name = "fsdp"
@@ -128,20 +143,25 @@ class FSDPStrategy(ShardedModel, DataParallel):
         over the ranks' mesh, every unit's collectives counted."""
         if run.device.type == "cpu":  # the gathered blocks freed each step go back at once
             return_freed_memory()
-        mesh = init_device_mesh(run.device.type, (run.world,))
+        run.chain()  # collective: the R x K mesh of --replicas (FSDP2 on it: HSDP)
+        mesh = run.device_mesh or init_device_mesh(run.device.type, (run.world,))
 
         def shard(m: nn.Module) -> None:
             for unit in [*m.children(), m]:
                 fully_shard(unit, mesh=mesh)
 
         sharded = (shard_copy if whole else sharded_skeleton)(model, shard, run.device)
-        self._comms: list[CountedAllGather | CountedReduceScatter] = []
+        self._comms: list[CountedAllGather | CountedReduceScatter | CountedAllReduce] = []
         for unit in [*sharded.children(), sharded]:
             assert isinstance(unit, FSDPModule)
             gather, scatter = CountedAllGather(run.comm), CountedReduceScatter(run.comm)
             unit.set_custom_all_gather(gather)
             unit.set_custom_reduce_scatter(scatter)
             self._comms += [gather, scatter]
+            if run.device_mesh is not None:
+                reduce = CountedAllReduce(run.comm)
+                unit.set_all_reduce_hook(reduce)
+                self._comms.append(reduce)
         return sharded
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:

@@ -194,6 +194,7 @@ ENTRIES: tuple[Entry, ...] = (
             min_workers=2,
             shards_data=True,
             shards_model=True,
+            replicates=True,
             needs_group=True,
             precisions=tuple(Precision),
             base_mb=5,

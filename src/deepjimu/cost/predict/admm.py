@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from deepjimu.balance import listed_balance, parse_balance, partition
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
@@ -9,9 +11,11 @@ from deepjimu.cost.predict.common import (
     FLOAT,
     Prediction,
     balanced_speeds,
+    column,
     cut_after,
     slowdown,
     stage_starts,
+    stages_of,
     threads_per_rank,
     workers_of,
 )
@@ -24,33 +28,40 @@ def layer_parallel(
     cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
 ) -> Prediction:
     """Full-batch pdADMM: ranks solve their layers at once, then exchange p and q at each cut
-    (its layers' work is pdADMM's own, ``compute.admm``: ``layers`` are not asked)."""
+    (its layers' work is pdADMM's own, ``compute.admm``: ``layers`` give only the (W, b)
+    shapes). With ``--replicas R`` each replica's chain does this on its N / R samples, all
+    at once, and each rank's (W, b) statistics are all-reduced among its replicas
+    (:func:`_pooled_s`)."""
     if cfg.admm_batch:
         raise ValueError(
             f"the planner predicts full-batch admm only (admm-batch: {cfg.admm_batch})"
         )
     assert cfg.workers is not None and cfg.epochs is not None
-    p = workers_of(cfg)
-    t = threads_per_rank(cluster, p)
-    a = compute.admm(train_size, t)
+    p, w = stages_of(cfg), workers_of(cfg)
+    t = threads_per_rank(cluster, w)
+    n = math.ceil(train_size / cfg.replicas)  # the largest replica's samples
+    a = compute.admm(n, t)
     L = len(a.layer_s)
     speeds, by_speed = balanced_speeds(cfg, cluster)
     if listed_balance(cfg.balance):
         sizes = parse_balance(cfg.balance, L, p)
     else:
         sizes = partition(a.costs, p, speeds if by_speed else None)
-    slow = slowdown(cluster, p)
+    slow = slowdown(cluster, w)
     ranks, chain_factor = _admm_rank_s(a.layer_s, sizes, speeds, slow)
-    exchange, chain, sent = _admm_traffic(cfg, train_size, a.widths, sizes, cluster)
+    exchange, chain, sent = _admm_traffic(cfg, n, a.widths, sizes, cluster)
+    sent *= cfg.replicas
+    pooled, pooled_bytes = _pooled_s(cfg, layers, sizes, cluster)
+    sent += pooled_bytes * (1 + 1 / cfg.eval_every)
     # three synchronisations: the p and q exchanges, the readout's choice
-    iteration = max(ranks) + 2 * exchange + 3 * cluster.sync_penalty_s(p)
-    readout = (a.readout_s * chain_factor + chain) / cfg.eval_every
+    iteration = max(ranks) + 2 * exchange + pooled + 3 * cluster.sync_penalty_s(w)
+    readout = (a.readout_s * chain_factor + chain + pooled) / cfg.eval_every
     step = iteration + readout
     # the start (a forward chain and the backward sweeps, rank after rank) once per run
     start = a.start_s * chain_factor + chain
     return Prediction(
         strategy=cfg.strategy,
-        workers=p,
+        workers=w,
         step_s=step,
         samples_per_s=cfg.epochs * train_size / (cfg.epochs * step + start),
         bytes_per_sample=sent / train_size,
@@ -59,8 +70,31 @@ def layer_parallel(
             "exchange_s": 2 * exchange,
             "readout_s": readout,
             "start_s": start,
+            "replicas_s": pooled,
         },
     )
+
+
+def _pooled_s(
+    cfg: RunConfig, layers: list[Layer], sizes: list[int], cluster: Cluster
+) -> tuple[float, float]:
+    """With ``--replicas``: the seconds of an iteration's all-reduces of the (W, b)
+    statistics among each rank's replicas (the slowest rank's; its layers' in turn), and the
+    bytes all ranks hand to them (``strategies.admm.pooled``: per layer the means, the count,
+    C_pp and C_zp, the data's C_pp once for the run). A readout pools as much again."""
+    if cfg.replicas == 1:
+        return 0.0, 0.0
+    seconds, sent = [], 0.0
+    for r, (start, k) in enumerate(stage_starts(sizes)):
+        rank_s = 0.0
+        for l in range(start, start + k):
+            shape = layers[l].param_shapes[0]  # W: [n_out, n_in] (a conv's: [C_out, C_in, s, s])
+            n_out, n_in = shape[0], math.prod(shape[1:])
+            floats = n_out * (n_in + 1) if l == 0 else n_in + n_out + 1 + n_in * (n_in + n_out)
+            rank_s += cluster.all_reduce_over_s(floats * FLOAT, column(cfg, r))
+            sent += cfg.replicas * floats * FLOAT
+        seconds.append(rank_s)
+    return max(seconds), sent
 
 
 def _admm_rank_s(

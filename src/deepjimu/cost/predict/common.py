@@ -13,11 +13,13 @@ __all__ = [
     "FLOAT",
     "Prediction",
     "balanced_speeds",
+    "column",
     "cut_after",
     "epoch_batches",
     "row_shares",
     "slowdown",
     "stage_starts",
+    "stages_of",
     "threads_per_rank",
     "workers_of",
 ]
@@ -61,6 +63,18 @@ def workers_of(cfg: RunConfig) -> int:
     return cfg.workers
 
 
+def stages_of(cfg: RunConfig) -> int:
+    """The ranks of one replica (``--replicas R``: workers / R; the workers without)."""
+    return workers_of(cfg) // cfg.replicas
+
+
+def column(cfg: RunConfig, stage: int) -> list[int]:
+    """The ranks that hold ``stage`` of a split model, one per replica (``--replicas``:
+    rank r K + stage of replica r, :mod:`deepjimu.mesh`'s layout)."""
+    k = stages_of(cfg)
+    return [r * k + stage for r in range(cfg.replicas)]
+
+
 def threads_per_rank(cluster: Cluster, p: int) -> int:
     """Threads of each of ``p`` ranks (:meth:`Cluster.threads_per_rank`; 1 on a GPU cluster)."""
     return cluster.threads_per_rank(p) or 1
@@ -76,11 +90,14 @@ def slowdown(cluster: Cluster, p: int, busy: float | None = None) -> float:
     return 1.0 + (full - 1.0) * min(1.0, busy / p)
 
 
-def balanced_speeds(cfg: RunConfig, cluster: Cluster) -> tuple[list[float], bool]:
-    """The run's ranks' speeds (:meth:`Cluster.rank_speeds`) and whether the run balances
-    its work by them (``--balance`` resolved as the workers resolve it,
+def balanced_speeds(
+    cfg: RunConfig, cluster: Cluster, p: int | None = None
+) -> tuple[list[float], bool]:
+    """The speeds of the ``p`` ranks that split the run's work (:meth:`Cluster.rank_speeds`;
+    default: one replica's, whose chain a split model is cut over) and whether the run
+    balances its work by them (``--balance`` resolved as the workers resolve it,
     :func:`deepjimu.balance.chosen_balance`)."""
-    speeds = cluster.rank_speeds(workers_of(cfg))
+    speeds = cluster.rank_speeds(stages_of(cfg) if p is None else p)
     return speeds, chosen_balance(str(cfg.balance), speeds) == "speed"
 
 

@@ -13,9 +13,11 @@ from deepjimu.cost.predict.common import (
     FLOAT,
     Prediction,
     balanced_speeds,
+    column,
     epoch_batches,
     row_shares,
     slowdown,
+    stages_of,
     threads_per_rank,
     workers_of,
 )
@@ -54,12 +56,16 @@ def ddp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> t
 def fsdp_comm(cfg: RunConfig, layers: list[Layer], cluster: Cluster, p: int) -> tuple[float, int]:
     """Seconds and bytes (one rank's payload) of one fsdp step's collectives: per block, its
     parameters' shards all-gathered before its forward and again before its backward, and
-    its gradients reduce-scattered (float32, ``ceil(n / p)`` entries a shard)."""
+    its gradients reduce-scattered (float32, ``ceil(n / p)`` entries a shard). With
+    ``--replicas R`` (HSDP) the blocks are sharded over the p / R ranks of a replica, and
+    each gradient shard is then all-reduced among the R replicas."""
+    k, replicas = stages_of(cfg), column(cfg, 0)
     seconds, sent = 0.0, 0
     for layer in layers:
-        shard = math.ceil(layer.params / p) * GRAD_BYTES
-        seconds += 2 * cluster.all_gather_s(shard, p) + cluster.reduce_scatter_s(p * shard, p)
-        sent += 2 * shard + p * shard
+        shard = math.ceil(layer.params / k) * GRAD_BYTES
+        seconds += 2 * cluster.all_gather_s(shard, k) + cluster.reduce_scatter_s(k * shard, k)
+        seconds += cluster.all_reduce_over_s(shard, replicas)
+        sent += 2 * shard + k * shard + (shard if len(replicas) > 1 else 0)
     return seconds, sent
 
 
@@ -181,7 +187,7 @@ def _gradient(
             return compute.step(rows, t)
         return max(compute.ddp_step(rows, t), compute.step(rows, t))
 
-    speeds, by_speed = balanced_speeds(cfg, cluster)
+    speeds, by_speed = balanced_speeds(cfg, cluster, p)  # every rank takes its rows
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in epoch_batches(train_size, cfg.batch_size):
         # each rank's rows: an equal share, or one in proportion to its speed; the slowest
@@ -236,7 +242,7 @@ def _kfac(
     t = threads_per_rank(cluster, p)
     slow = slowdown(cluster, p)
     grad_s, grad_bytes = ddp_comm(cfg, layers, cluster, p) if p > 1 else (0.0, 0)
-    speeds, by_speed = balanced_speeds(cfg, cluster)
+    speeds, by_speed = balanced_speeds(cfg, cluster, p)  # every rank takes its rows
     epoch, steps, compute_s = 0.0, 0, 0.0
     for rows, count in epoch_batches(train_size, cfg.batch_size):
         step, c = _kfac_step(

@@ -12,9 +12,11 @@ from deepjimu.cost.predict.common import (
     FLOAT,
     Prediction,
     balanced_speeds,
+    column,
     epoch_batches,
     slowdown,
     stage_starts,
+    stages_of,
     threads_per_rank,
     workers_of,
 )
@@ -73,9 +75,14 @@ def staged_step(
     ``action_s``, the runtime's own work per action), the loss in the last stage's
     backward and each cut's hand-offs; then each rank's optimizer update of its own blocks
     once its last action ended (an update costs mostly per call and per tensor, so the
-    rank that finishes last pays its own, not a share of the model's)."""
-    p = workers_of(cfg)
-    t = threads_per_rank(cluster, p)
+    rank that finishes last pays its own, not a share of the model's).
+
+    With ``--replicas R`` this is one replica's chain of p = workers / R ranks on its
+    ``rows`` (all R chains run at once, sharing the nodes' cores), then each rank's stage
+    gradients all-reduced among its R replicas (torch's DDP over the stage's column: on a
+    CPU node after the backward, as ddp's own step; the bytes are its payload)."""
+    p, w = stages_of(cfg), workers_of(cfg)
+    t = threads_per_rank(cluster, w)
     times = compute.blocks(rows, t)
     starts = stage_starts(sizes)
     stage_rank = stage_ranks(p, chunks)
@@ -111,31 +118,43 @@ def staged_step(
     # of one micro-batch has one rank computing at a time, and its hand-offs' cost beyond
     # the fitted send is in its action time (solved from the probe's model-parallel step:
     # with the ddp step's penalty, model-parallel x2-x3 came out 13-35% too slow)
-    slow = slowdown(cluster, p, busy)
-    penalty = cluster.sync_penalty_s(p) if m > 1 else 0.0
-    step = finish * slow + penalty
-    sent = sum(2 * m * rows * layers[e].out_elems * FLOAT for e in ends[:-1])
-    parts = {"finish_s": finish, "slowdown": slow, "sync_s": penalty}
+    replicas = cfg.replicas
+    slow = slowdown(cluster, w, busy * replicas)
+    penalty = cluster.sync_penalty_s(w) if m > 1 or replicas > 1 else 0.0
+    sent = replicas * sum(2 * m * rows * layers[e].out_elems * FLOAT for e in ends[:-1])
+    column_s = 0.0
+    if replicas > 1:  # each rank's stages' gradients, all-reduced among its replicas
+        grads = [
+            sum(layers[b].params for s in range(len(starts)) if stage_rank[s] == r
+                for b in range(starts[s][0], starts[s][0] + starts[s][1])) * FLOAT
+            for r in range(p)
+        ]  # fmt: skip
+        column_s = max(cluster.all_reduce_over_s(g, column(cfg, r)) for r, g in enumerate(grads))
+        sent += replicas * sum(grads)
+    step = finish * slow + penalty + column_s
+    parts = {"finish_s": finish, "slowdown": slow, "sync_s": penalty, "replicas_s": column_s}
     return _Staged(step, sim.makespan_s, sim.bubble_fraction, sent, parts)
 
 
 def chain(
     cfg: RunConfig, layers: list[Layer], train_size: int, compute: Compute, cluster: Cluster
 ) -> Prediction:
-    """Stages one after the other on the whole batch; activations and gradients cross each cut."""
-    p = workers_of(cfg)
-    t = threads_per_rank(cluster, p)
+    """Stages one after the other on the whole batch (a replica's part of it, with
+    ``--replicas``); activations and gradients cross each cut."""
+    p, replicas = stages_of(cfg), cfg.replicas
+    t = threads_per_rank(cluster, workers_of(cfg))
     sizes = _stage_sizes(cfg, compute.blocks(cfg.batch_size, t).costs(), layers, p, cluster)
     epoch, steps, sent = 0.0, 0, 0
     action = cluster.action_s.get(cfg.strategy, 0.0)  # a hand-off's cost beyond its send
     for rows, count in epoch_batches(train_size, cfg.batch_size):
-        one = staged_step(cfg, layers, compute, cluster, sizes, rows, 1, action)
+        part = math.ceil(rows / replicas)  # the largest replica's part sets the pace
+        one = staged_step(cfg, layers, compute, cluster, sizes, part, 1, action)
         epoch += count * one.step_s
         steps += count
         sent += count * one.sent
     return Prediction(
         strategy=cfg.strategy,
-        workers=p,
+        workers=workers_of(cfg),
         step_s=epoch / steps,
         samples_per_s=train_size / epoch,
         bytes_per_sample=sent / train_size,
@@ -151,11 +170,12 @@ def pipelined(
     Every micro-batch has the rows of the largest batch's largest micro-batch (the strategy
     pads the others to it), so every step costs the same.
     """
-    p, m = workers_of(cfg), cfg.microbatches
+    p, m = stages_of(cfg), cfg.microbatches
     chunks = 2 if str(cfg.schedule) == "interleaved" else 1
-    t = threads_per_rank(cluster, p)
+    t = threads_per_rank(cluster, workers_of(cfg))
     steps = math.ceil(train_size / cfg.batch_size)
-    r = math.ceil(math.ceil(train_size / steps) / m)
+    # the largest replica's part of the largest batch, cut into m micro-batches
+    r = math.ceil(math.ceil(math.ceil(train_size / steps) / cfg.replicas) / m)
     sizes = _stage_sizes(cfg, compute.blocks(r, t).costs(), layers, p * chunks, cluster)
     # each action pays the pipelining runtime's own work besides its blocks
     action = cluster.action_s.get(cfg.strategy)
@@ -164,7 +184,7 @@ def pipelined(
     one = staged_step(cfg, layers, compute, cluster, sizes, r, m, action, str(cfg.schedule), chunks)
     return Prediction(
         strategy=cfg.strategy,
-        workers=p,
+        workers=workers_of(cfg),
         step_s=one.step_s,
         samples_per_s=train_size / (steps * one.step_s),
         bytes_per_sample=one.sent * steps / train_size,

@@ -146,6 +146,10 @@ class AdmmStrategy(Strategy):
         steps = self._run_epochs(x, y, data, keep, start, steps, samples, fresh)
         run.close()
         self._checkpoint(steps, cfg.epochs)
+        # what each rank's block holds of per-sample variables (p, z, q, u, momentum's
+        # records), measured on the tensors: 1/R of the 1-D run's with --replicas R
+        held = sum(t.numel() * t.element_size() for t in self.block.sample_state().values())
+        sample_mb = [round(b / 2**20, 3) for b in run.gather_objects(held)]
         return FitResult(
             epochs=cfg.epochs,
             steps=steps,
@@ -154,6 +158,7 @@ class AdmmStrategy(Strategy):
                 "admm_settings": self.settings,
                 "admm_readout": self._readout_choice,
                 "zlast_cap_hits": self.block.zlast_hits,
+                "admm_sample_mb_per_rank": sample_mb,
             }
             | ({"cg_cap_hits": self._cg_counts()[1]} if self._cg else {}),
         )
