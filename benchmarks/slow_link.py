@@ -122,9 +122,11 @@ def two_nodes(
     log: Path,
     timeout: float,
     program: tuple[str, ...] = ("-m", "deepjimu"),
+    procs: int = 1,
 ) -> None:
     """Run ``python -m deepjimu <jimu_args>`` (or ``program``, a script or ``-m`` module, with
-    those arguments) as a two-node torchrun job, one node per namespace.
+    those arguments) as a two-node torchrun job, one node per namespace, ``procs`` workers
+    a node (ranks 0 .. procs-1 on the first).
 
     Raises:
         RuntimeError: a node failed or the job timed out (its log named).
@@ -140,7 +142,7 @@ def two_nodes(
             "--nnodes",
             "2",
             "--nproc-per-node",
-            "1",
+            str(procs),
         ]
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}"]
         cmd += ["--rdzv-id", rid, "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", addr]

@@ -34,6 +34,7 @@ from torch import Tensor
 
 __all__ = [
     "GRAM_CHUNK",
+    "KnownInputs",
     "LastLayerSolve",
     "LayerVars",
     "WbStats",
@@ -46,7 +47,6 @@ __all__ = [
     "layer_lagrangian",
     "merge_stats",
     "pool_stats",
-    "pool_targets",
     "primal_residual",
     "remove_stats",
     "ridge_weight",
@@ -449,36 +449,68 @@ def remove_stats(total: WbStats, part: WbStats) -> WbStats | None:
     )
 
 
-def pool_stats(part: WbStats, total: Callable[[Tensor], Tensor]) -> WbStats:
-    """The statistics of every part's samples from this part's, ``total`` summing a tensor
-    over the parts in place (an all-reduce among the replicas of a layer block).
+@dataclass(frozen=True)
+class KnownInputs:
+    """A part's rows (p, z) of a (W, b) problem whose inputs' pooled statistics are known
+    already (``inputs``: their ``n``, ``p_mean`` and ``C_pp``; e.g. of the data, which do
+    not change): :func:`pool_stats` pools only z's mean and C_zp."""
+
+    p: Tensor
+    z: Tensor
+    inputs: WbStats
+
+
+def pool_stats(
+    parts: Sequence[WbStats | KnownInputs], total: Callable[[Tensor], Tensor]
+) -> list[WbStats]:
+    """The statistics of every part's samples, for each of several (W, b) problems (one a
+    layer), from this part's, ``total`` summing a tensor over the parts in place (an
+    all-reduce among the replicas of a layer block): two sums in all, however many problems.
 
     Each part's centred moments are moved to the pooled means (Chan et al.'s rank-one term,
-    as in :func:`merge_stats`) and then summed: two sums, the weighted means first. So the
-    pooled (W, b) step is the one over all the parts' samples, up to the order of sums.
+    as in :func:`merge_stats`) and then summed: the weighted means first, then the moments.
+    So each pooled (W, b) step is the one over all the parts' samples, up to the order of
+    sums.
     """
-    n_in = part.p_mean.shape[0]
-    head = torch.cat([part.p_mean * part.n, part.z_mean * part.n, part.p_mean.new_tensor([part.n])])
-    head = total(head)
-    n = float(head[-1])
-    p_mean, z_mean = head[:n_in] / n, head[n_in:-1] / n
-    dp, dz = part.p_mean - p_mean, part.z_mean - z_mean
-    C_pp = part.C_pp + part.n * torch.outer(dp, dp)
-    C_zp = part.C_zp + part.n * torch.outer(dz, dp)
-    both = total(torch.cat([C_pp.flatten(), C_zp.flatten()]))
-    C_pp, C_zp = both[: n_in * n_in].view_as(C_pp), both[n_in * n_in :].view_as(C_zp)
-    return WbStats(n, p_mean, z_mean, C_pp, C_zp)
-
-
-def pool_targets(
-    p: Tensor, z: Tensor, inputs: WbStats, total: Callable[[Tensor], Tensor]
-) -> WbStats:
-    """:func:`pool_stats` of this part's (p, z) where the pooled statistics of the inputs
-    are known already (``inputs``: its ``n``, ``p_mean`` and ``C_pp``, e.g. of the data,
-    which do not change): only z's mean and C_zp are summed over the parts."""
-    z_mean = total(z.sum(dim=0)) / inputs.n
-    C_zp = total(_t_mm(z - z_mean, p - inputs.p_mean))
-    return WbStats(inputs.n, inputs.p_mean, z_mean, inputs.C_pp, C_zp)
+    heads = [
+        part.z.sum(dim=0)
+        if isinstance(part, KnownInputs)
+        else torch.cat(
+            [part.p_mean * part.n, part.z_mean * part.n, part.p_mean.new_tensor([part.n])]
+        )
+        for part in parts
+    ]
+    summed = total(torch.cat(heads)).split([len(h) for h in heads])
+    moments: list[list[Tensor]] = []
+    means: list[tuple[float, Tensor, Tensor]] = []
+    for part, head in zip(parts, summed, strict=True):
+        if isinstance(part, KnownInputs):
+            n, p_mean = part.inputs.n, part.inputs.p_mean
+            z_mean = head / n
+            moments.append([_t_mm(part.z - z_mean, part.p - p_mean)])
+        else:
+            n_in = part.p_mean.shape[0]
+            n = float(head[-1])
+            p_mean, z_mean = head[:n_in] / n, head[n_in:-1] / n
+            dp, dz = part.p_mean - p_mean, part.z_mean - z_mean
+            moments.append(
+                [part.C_pp + part.n * torch.outer(dp, dp), part.C_zp + part.n * torch.outer(dz, dp)]
+            )
+        means.append((n, p_mean, z_mean))
+    flat = [m for ms in moments for m in ms]
+    pooled = iter(
+        t.view_as(m)
+        for t, m in zip(
+            total(torch.cat([m.flatten() for m in flat])).split([m.numel() for m in flat]),
+            flat,
+            strict=True,
+        )
+    )
+    out = []
+    for part, (n, p_mean, z_mean) in zip(parts, means, strict=True):
+        C_pp = part.inputs.C_pp if isinstance(part, KnownInputs) else next(pooled)
+        out.append(WbStats(n, p_mean, z_mean, C_pp, next(pooled)))
+    return out
 
 
 def combine_stats(old: WbStats | None, p: Tensor, z: Tensor, decay: float) -> WbStats:

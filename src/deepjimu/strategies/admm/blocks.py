@@ -22,6 +22,7 @@ from deepjimu.strategies.admm.pooled import rms as pooled_rms
 from deepjimu.strategies.admm.pooled import solve_Wb as pooled_Wb
 from deepjimu.strategies.admm.pooled import span as pooled_span
 from deepjimu.strategies.admm.pooled import stats as pooled_stats
+from deepjimu.strategies.admm.pooled import stats_all as pooled_stats_all
 
 __all__ = [
     "CNN_DEFAULTS",
@@ -325,8 +326,9 @@ class LayerBlock:
             self._data_gram = self.ops[0].gram(self.p[0])
         return self._data_gram
 
-    def _wbz_layer(self, l: int, y: Tensor | None) -> None:
-        """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and reused."""
+    def _wbz_layer(self, l: int, y: Tensor | None, part: U.WbStats | None = None) -> None:
+        """(W, b) of layer l jointly exact, then z; ``a = p W^T + b`` is computed once and
+        reused. ``part``: this iterate's (p, z) statistics of the layer, pooled already."""
         nu, tau, ridge = self.params.nu, self.params.tau, self.params.ridge
         if self.others is not None or self.params.memory:  # dense layers only (the strategy checks)
             # the other samples' statistics: every other batch as last visited (--admm-aux
@@ -337,15 +339,22 @@ class LayerBlock:
                 if self.others is not None
                 else (self.stats[l], self.params.memory)
             )
-            self.batch_part[l] = pooled_stats(self.ops[l], self.p[l], self.z[l], self.pooled)
+            self.batch_part[l] = part or pooled_stats(
+                self.ops[l], self.p[l], self.z[l], self.pooled
+            )
             stats = U.merge_stats(rest, self.batch_part[l], decay)
             self.W[l], self.b[l] = U.update_Wb_stats(stats, self.W[l], nu, tau=tau, ridge=ridge)
         else:  # every row at hand (full batch, or a batch alone): the smaller side's solve
             gram = self._gram_of_data() if l == 0 and self.pooled is None else None
-            self.W[l], self.b[l] = pooled_Wb(
-                self.ops[l], self.p[l], self.z[l], self.W[l], nu, self.pooled,
-                tau=tau, ridge=ridge, gram=gram, data=l == 0,
-            )  # fmt: skip
+            if part is not None:
+                self.W[l], self.b[l] = self.ops[l].solve_Wb_stats(
+                    part, self.W[l], nu, tau=tau, ridge=ridge
+                )
+            else:
+                self.W[l], self.b[l] = pooled_Wb(
+                    self.ops[l], self.p[l], self.z[l], self.W[l], nu, self.pooled,
+                    tau=tau, ridge=ridge, gram=gram, data=l == 0,
+                )  # fmt: skip
         a = self._a(l)
         if l == self.L - 1:
             assert y is not None, "the last layer needs the labels"
@@ -383,9 +392,15 @@ class LayerBlock:
 
     @torch.no_grad()
     def step_wbz(self, y: Tensor | None) -> None:
-        """(W, b) jointly exact, then z, of every owned layer."""
+        """(W, b) jointly exact, then z, of every owned layer (with replicas, every layer's
+        statistics pooled at once first: each layer's step needs only its own)."""
+        parts: dict[int, U.WbStats] = {}
+        if self.pooled is not None:
+            full = self.others is None and not self.params.memory  # p_0 the whole data set's
+            layers = [(self.ops[l], self.p[l], self.z[l], full and l == 0) for l in self.layers]
+            parts = dict(zip(self.layers, pooled_stats_all(layers, self.pooled), strict=True))
         for l in self.layers:
-            self._wbz_layer(l, y)
+            self._wbz_layer(l, y, parts.get(l))
 
     @torch.no_grad()
     def step_qu(self) -> None:

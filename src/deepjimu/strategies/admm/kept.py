@@ -210,7 +210,10 @@ def kept_readout(
             pool = block.pooled  # --replicas: over every replica's samples
             solved = {
                 n: U.update_Wb_stats(
-                    st if pool is None else U.pool_stats(st, pool.sum), block.W[l], nu, ridge=ridge
+                    st if pool is None else U.pool_stats([st], pool.sum)[0],
+                    block.W[l],
+                    nu,
+                    ridge=ridge,
                 )
                 for n, st in stats.items()
                 if st is not None

@@ -12,6 +12,8 @@ bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -20,7 +22,7 @@ from deepjimu.admm_math import updates as U
 from deepjimu.comm import Comm
 from deepjimu.strategies.admm.layers import LayerOp
 
-__all__ = ["Pool", "mean", "rms", "solve_Wb", "span", "stats"]
+__all__ = ["Pool", "mean", "rms", "solve_Wb", "span", "stats", "stats_all"]
 
 
 class Pool:
@@ -39,21 +41,35 @@ class Pool:
         return self.comm.all_reduce(t, kind="replicas", op=dist.ReduceOp.MAX)
 
 
+def stats_all(
+    layers: Sequence[tuple[LayerOp, Tensor, Tensor, bool]], pool: Pool
+) -> list[U.WbStats]:
+    """The (W, b) statistics of several layers' samples (op, p, z, data), pooled over the
+    replicas at once: two all-reduces in all (``updates.pool_stats``), not two a layer, so a
+    block waits on its replicas twice an iteration. With ``data`` (p is the data, layer
+    0's input, the same at every call with this tensor) the pooled statistics of p are made
+    once and kept, and only z's are pooled at each call: n_out (n_in + 1) numbers move
+    instead of adding n_in^2 (the 1-D run caches the data's Gram the same way), and a
+    resumed run computes every step as the uninterrupted one did."""
+    parts: list[U.WbStats | U.KnownInputs] = []
+    for op, p, z, data in layers:
+        rows, targets = op.wb_rows(p, z)
+        if not data:
+            parts.append(U.batch_stats(rows, targets))
+            continue
+        if pool._inputs is None or pool._inputs[0] is not p:
+            (inputs,) = U.pool_stats([U.batch_stats(rows, targets[:, :0])], pool.sum)
+            pool._inputs = (p, inputs)
+        parts.append(U.KnownInputs(rows, targets, pool._inputs[1]))
+    return U.pool_stats(parts, pool.sum)
+
+
 def stats(op: LayerOp, p: Tensor, z: Tensor, pool: Pool | None, data: bool = False) -> U.WbStats:
-    """The (W, b) statistics of the samples (p, z), pooled over the replicas. With ``data``
-    (p is the data, layer 0's input, the same at every call with this tensor) the pooled
-    statistics of p are made once and kept, and only z's are pooled at each call: n_out
-    (n_in + 1) numbers move instead of adding n_in^2 (the 1-D run caches the data's Gram
-    the same way), and a resumed run computes every step as the uninterrupted one did."""
-    rows, targets = op.wb_rows(p, z)
+    """The (W, b) statistics of the samples (p, z), pooled over the replicas
+    (:func:`stats_all` of one layer)."""
     if pool is None:
-        return U.batch_stats(rows, targets)
-    if not data:
-        return U.pool_stats(U.batch_stats(rows, targets), pool.sum)
-    if pool._inputs is None or pool._inputs[0] is not p:
-        inputs = U.pool_stats(U.batch_stats(rows, targets[:, :0]), pool.sum)
-        pool._inputs = (p, inputs)
-    return U.pool_targets(rows, targets, pool._inputs[1], pool.sum)
+        return U.batch_stats(*op.wb_rows(p, z))
+    return stats_all([(op, p, z, data)], pool)[0]
 
 
 def solve_Wb(
