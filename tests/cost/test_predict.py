@@ -49,7 +49,7 @@ class Fixed:
     def update(self, first: int, count: int, threads: int) -> float:
         return sum(self.update_s[first : first + count])
 
-    def admm(self, rows: int, threads: int) -> AdmmTimes:
+    def admm(self, rows: int, threads: int, pooled: bool = False) -> AdmmTimes:
         return AdmmTimes(rows, threads, self.admm_s, self.readout_s, list(self.admm_s), self.widths)
 
     def ddp_step(self, rows: int, threads: int) -> float:

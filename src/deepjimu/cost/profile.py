@@ -121,7 +121,7 @@ class Compute(Protocol):
 
     def update(self, first: int, count: int, threads: int) -> float: ...
 
-    def admm(self, rows: int, threads: int) -> AdmmTimes: ...
+    def admm(self, rows: int, threads: int, pooled: bool = False) -> AdmmTimes: ...
 
     def kfac(self, rows: int, threads: int) -> KfacTimes: ...
 
@@ -164,7 +164,8 @@ class AnalyticCompute:
     def update(self, first: int, count: int, threads: int) -> float:
         return LAUNCH_S * count
 
-    def admm(self, rows: int, threads: int) -> AdmmTimes:
+    def admm(self, rows: int, threads: int, pooled: bool = False) -> AdmmTimes:
+        # pooled (--replicas): the same FLOPs on a block's part of the samples
         if self.admm_flops is None:
             raise ValueError("this profile has no pdADMM FLOP estimates")
         costs, refits, widths = self.admm_flops(rows)

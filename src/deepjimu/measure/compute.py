@@ -42,6 +42,7 @@ from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
 from deepjimu.strategies.admm.driver import Exchange, choose_readout, init_blocks_forward
 from deepjimu.strategies.admm.layers import ConvOp
 from deepjimu.strategies.admm.model import admm_layers, new_block
+from deepjimu.strategies.admm.pooled import SelfPool
 from deepjimu.strategies.admm.settings import admm_settings
 from deepjimu.strategies.base import make_optimizer
 
@@ -94,9 +95,14 @@ def kfac_times(
 
 
 def admm_times(
-    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, iterations: int = 6
-) -> AdmmTimes:
+    model: nn.Sequential, x: Tensor, y: Tensor, cfg: RunConfig, iterations: int = 6,
+    pooled: bool = False,
+) -> AdmmTimes:  # fmt: skip
     """pdADMM on one worker over the rows of ``x`` (full batch): each phase's seconds per iteration.
+    With ``pooled``, of a block whose sums over samples are pooled with its replicas'
+    (``--replicas``): their code path (the (W, b) step from statistics, on the inputs'
+    side), timed without the messages (:class:`~deepjimu.strategies.admm.pooled.SelfPool`),
+    which the predictor prices over the cluster's links.
 
     Runs the strategy's own serial iteration after its forward start, each layer's updates
     timed apart (:meth:`~deepjimu.strategies.admm.blocks.LayerBlock.layer_updates`), and
@@ -109,6 +115,7 @@ def admm_times(
     settings = admm_settings(cfg, ops, keep=False)
     params = AdmmParams.of(cfg.rho, cfg.nu, cfg.quantize, cfg.admm_tau, settings)
     block = new_block(maps, ops, 0, L, params)
+    block.pooled = SelfPool() if pooled else None
     inputs = x if isinstance(ops[0], ConvOp) else x.flatten(1)
     ex = Exchange(Comm(CommStats()), cfg.quantize, x.device)
     start_s = _admm_start_s(block, inputs, y, n, ex, int(settings["sweeps"]))
@@ -373,9 +380,9 @@ class MeasuredCompute:
         run = lambda: update_time(self.model, self._rows(1)[0], self.cfg, first, count)  # noqa: E731
         return self._once((update_time, first, count), threads, run)  # type: ignore[no-any-return]
 
-    def admm(self, rows: int, threads: int) -> AdmmTimes:
-        run = lambda: admm_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731
-        return self._once((admm_times, rows), threads, run)  # type: ignore[no-any-return]
+    def admm(self, rows: int, threads: int, pooled: bool = False) -> AdmmTimes:
+        run = lambda: admm_times(self.model, *self._rows(rows), self.cfg, pooled=pooled)  # noqa: E731
+        return self._once((admm_times, rows, pooled), threads, run)  # type: ignore[no-any-return]
 
     def kfac(self, rows: int, threads: int) -> KfacTimes:
         run = lambda: kfac_times(self.model, *self._rows(rows), self.cfg)  # noqa: E731

@@ -40,7 +40,7 @@ def layer_parallel(
     p, w = stages_of(cfg), workers_of(cfg)
     t = threads_per_rank(cluster, w)
     n = math.ceil(train_size / cfg.replicas)  # the largest replica's samples
-    a = compute.admm(n, t)
+    a = compute.admm(n, t, pooled=cfg.replicas > 1)
     L = len(a.layer_s)
     speeds, by_speed = balanced_speeds(cfg, cluster)
     if listed_balance(cfg.balance):

@@ -129,7 +129,14 @@ def staged_step(
                 for b in range(starts[s][0], starts[s][0] + starts[s][1])) * FLOAT
             for r in range(p)
         ]  # fmt: skip
-        column_s = max(cluster.all_reduce_over_s(g, column(cfg, r)) for r, g in enumerate(grads))
+        # torch's DDP's own work (its hooks copying gradients into buckets), the measured
+        # ddp step's beyond the plain one, each rank's in proportion to its parameters,
+        # and what a ddp all-reduce loses beyond its fitted time where ranks share cores
+        extra = max(0.0, compute.ddp_step(rows, t) - compute.step(rows, t)) / max(1, sum(grads))
+        column_s = max(
+            cluster.all_reduce_over_s(g, column(cfg, r)) + extra * g for r, g in enumerate(grads)
+        )
+        column_s += cluster.ddp_sync_penalty_s(w)
         sent += replicas * sum(grads)
     step = finish * slow + penalty + column_s
     parts = {"finish_s": finish, "slowdown": slow, "sync_s": penalty, "replicas_s": column_s}

@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from deepjimu.admm_math import updates as U
-from deepjimu.comm import Comm
+from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.layers import LayerOp
 
-__all__ = ["Pool", "mean", "rms", "solve_Wb", "span", "stats", "stats_all"]
+__all__ = ["Pool", "SelfPool", "mean", "rms", "solve_Wb", "span", "stats", "stats_all"]
 
 
 class Pool:
@@ -39,6 +39,20 @@ class Pool:
 
     def max(self, t: Tensor) -> Tensor:
         return self.comm.all_reduce(t, kind="replicas", op=dist.ReduceOp.MAX)
+
+
+class SelfPool(Pool):
+    """A pool of one replica: the pooled code path without a message (every sum is the
+    part's own), for timing a replicated block's work in one process."""
+
+    def __init__(self) -> None:
+        super().__init__(Comm(CommStats()))
+
+    def sum(self, t: Tensor) -> Tensor:
+        return t
+
+    def max(self, t: Tensor) -> Tensor:
+        return t
 
 
 def stats_all(
