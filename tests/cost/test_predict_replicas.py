@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_predict import GPU, LINK, Fixed, cfg, gpus, layers
 
 from deepjimu.cost.cluster import Cluster, Link
 from deepjimu.cost.memory import admm_state, staged_state
 from deepjimu.cost.profile import Layer
 from deepjimu.strategies.registry import predict
-from test_predict import GPU, LINK, Fixed, cfg, gpus, layers
 
 SLOW = Link(alpha_s=1e-2, bytes_per_s=1e5)  # between nodes: 10 ms + 10 us per byte
 
@@ -42,7 +42,9 @@ def test_replicas_on_two_nodes_cross_the_slow_link_and_the_chain_does_not() -> N
     lay = layers([1000, 1000], [8, 2])
     compute = Fixed([0.001, 0.001])
     # 2 x 2 on two nodes of 2: a replica's chain within a node, each column across the nodes
-    two = predict(cfg("model-parallel", 4, replicas=2, balance="1,1"), lay, 20, compute, two_nodes(2))
+    two = predict(
+        cfg("model-parallel", 4, replicas=2, balance="1,1"), lay, 20, compute, two_nodes(2)
+    )
     assert two.parts["replicas_s"] == pytest.approx(2 * 1e-2 + 4000 / 1e5)
 
 

@@ -178,7 +178,7 @@ class PipelineStrategy(ModelParallelStrategy):
         self.first = self.plan.rank_of(0) == run.rank
         self.last = self.plan.rank_of(n - 1) == run.rank
         self._pads: dict[int, tuple[Tensor, Tensor]] = {}
-        self._batch_rows = 1  # rows of the current batch, set by each step for _loss
+        self._batch_rows = 1.0  # rows of the current batch, set by each step for _loss
         stages = []
         for s, module in self.stages.items():
             lo, hi = self.plan.bounds(s)

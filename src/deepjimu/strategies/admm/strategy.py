@@ -135,8 +135,9 @@ class AdmmStrategy(Strategy):
         x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
         if not cfg.admm_batch:  # full batch: this replica's samples (mini-batches: of each batch)
             x = self._part(x)
-        y = self._part(data.train_y) if hi == L and not cfg.admm_batch else data.train_y
-        y = y if hi == L else None
+        y: Tensor | None = None
+        if hi == L:  # the labels of the block's samples (mini-batches: of every batch)
+            y = data.train_y if cfg.admm_batch else self._part(data.train_y)
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         self._readout_state(keep, run)
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
