@@ -109,7 +109,7 @@ def link(rates: list[str], epochs: int, runs: Path) -> None:
                 jimu = ["train", "--strategy", strategy, "--replicas", str(replicas),
                         "--model", "mlp:256x3", "--epochs", str(epochs), "--threads", "1",
                         "--quiet", "--runs-dir", str(runs), "--name", name, *extra]  # fmt: skip
-                two_nodes(jimu, port, runs / name, 3600, procs=2)
+                two_nodes(jimu, port, runs / name, 3600, per_node=2)
                 s = read_summary(runs / name)
                 print(
                     f"| {rate} | {label} | {s['train_s'] / s['epochs']:.3f} | "

@@ -122,10 +122,10 @@ def two_nodes(
     log: Path,
     timeout: float,
     program: tuple[str, ...] = ("-m", "deepjimu"),
-    procs: int = 1,
+    per_node: int = 1,
 ) -> None:
     """Run ``python -m deepjimu <jimu_args>`` (or ``program``, a script or ``-m`` module, with
-    those arguments) as a two-node torchrun job, one node per namespace, ``procs`` workers
+    those arguments) as a two-node torchrun job, one node per namespace, ``per_node`` workers
     a node (ranks 0 .. procs-1 on the first).
 
     Raises:
@@ -142,7 +142,7 @@ def two_nodes(
             "--nnodes",
             "2",
             "--nproc-per-node",
-            str(procs),
+            str(per_node),
         ]
         cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRESSES[0]}:{port}"]
         cmd += ["--rdzv-id", rid, "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", addr]
