@@ -181,7 +181,6 @@ def kept_readout(
         return mode
     assert all(kept.store.has(k) for k in range(len(batches))), "an epoch first"
     wanted = [n for n, on in (("plain", mode != "all"), ("refit", mode != "last")) if on]
-    nu, ridge = block.params.nu, block.readout_ridge
     block.refit_Wb = {}
     # the inputs of the current layer, batch by batch; None: the data, rank 0's first layer
     acts: SampleStore | None = None
@@ -207,17 +206,7 @@ def kept_readout(
                 a, z = inputs(k), kept.store.load(k, device, (f"z{l}",))[f"z{l}"]
                 for n in fits:
                     stats[n] = U.merge_stats(stats[n], U.batch_stats(a[n], z))
-            pool = block.pooled  # --replicas: over every replica's samples
-            solved = {
-                n: U.update_Wb_stats(
-                    st if pool is None else U.pool_stats([st], pool.sum)[0],
-                    block.W[l],
-                    nu,
-                    ridge=ridge,
-                )
-                for n, st in stats.items()
-                if st is not None
-            }
+            solved = {n: _refit(block, l, st) for n, st in stats.items() if st is not None}
             weights = {"plain": (block.W[l], block.b[l])}
             if "refit" in solved:
                 block.refit_Wb[l] = weights["refit"] = solved["refit"]
@@ -241,6 +230,14 @@ def kept_readout(
     finally:
         if acts is not None:
             acts.close()
+
+
+def _refit(block: LayerBlock, l: int, stats: U.WbStats) -> tuple[Tensor, Tensor]:
+    """Layer l's readout least squares over the samples ``stats`` summarises (with
+    ``--replicas``, pooled over every replica's first)."""
+    pool = block.pooled
+    pooled = stats if pool is None else U.pool_stats([stats], pool.sum)[0]
+    return U.update_Wb_stats(pooled, block.W[l], block.params.nu, ridge=block.readout_ridge)
 
 
 def _choose(

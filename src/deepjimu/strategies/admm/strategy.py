@@ -116,12 +116,7 @@ class AdmmStrategy(Strategy):
         self.block = new_block(
             maps, ops, lo, hi, AdmmParams.of(cfg.rho, cfg.nu, cfg.quantize, cfg.admm_tau, chosen)
         )  # maps on run.device
-        # --replicas: the block's sums over samples, over its column of replicas (pooled.py)
-        pool = Pool(run.replicas) if run.replicas is not None else None
-        self.block.pooled = pool
-        # the variables' dtype: float32 from every data set (a float64 test's data: float64)
-        dtype = data.train_x.dtype if data.train_x.is_floating_point() else torch.float32
-        self.exchange = Exchange(run.comm, cfg.quantize, run.device, pool, dtype)
+        self.exchange = self._exchange(data, run)
         # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
         # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
         # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
@@ -131,13 +126,7 @@ class AdmmStrategy(Strategy):
             sweeps=int(chosen["sweeps"]), init=init,
             rho_growth=1.0 if cfg.admm_batch else cfg.rho_growth,  # full batch only
         )  # fmt: skip
-        # dense layers take flat rows, conv layers [N, C, H, W] maps
-        x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
-        if not cfg.admm_batch:  # full batch: this replica's samples (mini-batches: of each batch)
-            x = self._part(x)
-        y: Tensor | None = None
-        if hi == L:  # the labels of the block's samples (mini-batches: of every batch)
-            y = data.train_y if cfg.admm_batch else self._part(data.train_y)
+        x, y = self._samples(data, ops, hi == L)
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         self._readout_state(keep, run)
         self._x, self._y, self._n = (x if lo == 0 else None), y, len(x)
@@ -174,6 +163,27 @@ class AdmmStrategy(Strategy):
             rows = math.ceil((self.cfg.admm_batch or len(data.train_y)) / self.cfg.replicas)
             self._plan_stages(ops, len(ops), rows, run)
         return set(range(*self.plan.bounds(run.rank)))
+
+    def _exchange(self, data: DataSplits, run: Run) -> Exchange:
+        """The block's messages to its neighbours; with ``--replicas``, its sums over samples
+        pooled over its column of replicas (:mod:`~deepjimu.strategies.admm.pooled`)."""
+        pool = Pool(run.replicas) if run.replicas is not None else None
+        self.block.pooled = pool
+        # the variables' dtype: float32 from every data set (a float64 test's data: float64)
+        dtype = data.train_x.dtype if data.train_x.is_floating_point() else torch.float32
+        return Exchange(run.comm, self.cfg.quantize, run.device, pool, dtype)
+
+    def _samples(
+        self, data: DataSplits, ops: list[LayerOp], last: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """The training rows this rank's block sees (dense layers take flat rows, conv layers
+        [N, C, H, W] maps) and, for the last block, their labels: full batch, this replica's
+        part; mini-batches, all of them (each batch is cut into the replicas' parts)."""
+        x = data.train_x if isinstance(ops[0], ConvOp) else data.train_x.flatten(1)
+        whole = bool(self.cfg.admm_batch)
+        x = x if whole else self._part(x)
+        y = (data.train_y if whole else self._part(data.train_y)) if last else None
+        return x, y
 
     @property
     def _first_replica(self) -> bool:
