@@ -188,11 +188,12 @@ def _trait_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:
             f"(workers: {workers}, replicas: {cfg.replicas}, stages: {stages})"
         )
     if traits.splits_model and facts.n_blocks and stages > facts.n_blocks:
-        per = "worker" if cfg.replicas == 1 else "stage"
+        per, shape = "worker", f"workers: {workers}"
+        if cfg.replicas > 1:
+            per, shape = "stage", f"{shape}, stages: {stages}"
         problems.append(
             f"strategy {name} needs at least one block per {per} "
-            f"(workers: {workers}, {'' if per == 'worker' else f'stages: {stages}, '}"
-            f"blocks in {cfg.model}: {facts.n_blocks})"
+            f"({shape}, blocks in {cfg.model}: {facts.n_blocks})"
         )
     if isinstance(cfg.precision, Precision) and cfg.precision not in traits.precisions:
         problems.append(
