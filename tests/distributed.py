@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import inspect
 import io
 import os
 import queue
+import shutil
+import sys
+import tempfile
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,8 +32,16 @@ _NOT_FORMED = "the process group did not form"
 
 
 def _entry(
-    fn: Callable[..., Any], rank: int, world: int, port: int, out: Any, args: tuple[Any, ...]
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    where: tuple[int, str, float],
+    out: Any,
+    args: tuple[Any, ...],
 ) -> None:
+    port, store, timeout = where
+    # a rank still running when the test gives up prints where it waits (the test's stderr)
+    faulthandler.dump_traceback_later(max(timeout - 5, 1), exit=False, file=sys.stderr)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -39,7 +52,7 @@ def _entry(
     )
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{store}")
     except BaseException:
         out.put((rank, False, f"{_NOT_FORMED}\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
@@ -54,6 +67,7 @@ def _entry(
         out.put((rank, False, traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
+        faulthandler.cancel_dump_traceback_later()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -74,11 +88,13 @@ def run_world(
     importable (a module-level function). A rank that raises, dies or hangs past
     ``timeout`` seconds fails the test with that rank's traceback.
 
-    The port is free when chosen, but another test's process may take it before rank 0's
-    store listens (EADDRINUSE), or its ranks may meet on it and break the mesh ("Connection
-    closed by peer" in gloo's connectFullMesh): a world that fails in
-    ``init_process_group``, before ``fn`` runs, starts again once, on a new port. A failure
-    in ``fn`` is never retried.
+    The ranks meet in a store file of their own (as torch's own multi-process tests do),
+    not on a TCP port: a port free when chosen could be taken by another test's world
+    before rank 0's store listened, and a rank of that world could join this one's store and
+    leave both waiting on a dead peer (a hang seen in CI, with 4 test processes). A world
+    that still fails in ``init_process_group``, before ``fn`` runs, starts again once. A
+    failure in ``fn`` is never retried. A rank that dies without reporting fails the test
+    at once, with its exit code.
 
     Returns:
         the ranks' return values, in rank order.
@@ -96,9 +112,10 @@ def _run_world(
 ) -> list[Any]:
     ctx = mp.get_context(start_method)
     out = ctx.Queue()
-    port = free_port()
+    folder = tempfile.mkdtemp(prefix="jimu-world-")
+    where = (free_port(), os.path.join(folder, "store"), timeout)
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world, port, out, args), daemon=True)
+        ctx.Process(target=_entry, args=(fn, r, world, where, out, args), daemon=True)
         for r in range(world)
     ]
     for p in procs:
@@ -106,27 +123,45 @@ def _run_world(
     results: dict[int, Any] = {}
     errors: list[str] = []
     try:
-        for _ in range(world):
-            try:
-                rank, ok, value = out.get(timeout=timeout)
-            except queue.Empty:
-                raise AssertionError(
-                    f"distributed test hung for {timeout} s (results from ranks {sorted(results)})"
-                ) from None
-            if ok:
-                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
-            else:
-                errors.append(f"rank {rank} failed:\n{value}")
-                break
+        _collect(out, procs, timeout, results, errors)
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.5)
             if p.is_alive():
                 p.kill()
                 p.join()
+        shutil.rmtree(folder, ignore_errors=True)
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world)]
+
+
+def _collect(
+    out: Any, procs: list[Any], timeout: float, results: dict[int, Any], errors: list[str]
+) -> None:
+    """Every rank's result into ``results``, or the first failure into ``errors``."""
+    deadline, dead_since = time.monotonic() + timeout, None
+    while len(results) < len(procs):
+        try:
+            rank, ok, value = out.get(timeout=1.0)
+        except queue.Empty:
+            silent = [r for r, p in enumerate(procs) if r not in results and p.exitcode is not None]
+            if silent:
+                # a rank's last message may still be in the pipe: a moment to drain it
+                dead_since = dead_since or time.monotonic()
+                if time.monotonic() - dead_since > 3.0:
+                    codes = ", ".join(f"rank {r}: exit code {procs[r].exitcode}" for r in silent)
+                    errors.append(f"a rank died without reporting ({codes})")
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"distributed test hung for {timeout} s (results from ranks {sorted(results)})"
+                ) from None
+            continue
+        if not ok:
+            errors.append(f"rank {rank} failed:\n{value}")
+            return
+        results[rank] = torch.load(io.BytesIO(value), weights_only=False)
 
 
 def distributed_test(
