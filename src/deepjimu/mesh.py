@@ -9,12 +9,14 @@ dimensions ``replica`` and ``stage``, row-major as torch lays it out): replica 0
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["Mesh", "device_mesh"]
+__all__ = ["Mesh", "batch_problems", "device_mesh"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,32 @@ class Mesh:
         """The global ranks of this rank's stage, replica by replica."""
         return [r * self.stages + self.stage for r in range(self.replicas)]
 
+    def parts(
+        self, batches: Sequence[tuple[Tensor, Tensor]]
+    ) -> tuple[list[tuple[Tensor, Tensor]], list[float]]:
+        """This replica's part of each batch (the r-th of R nearly equal consecutive parts),
+        and the weight of each part's mean loss, R b / B where it holds b of the batch's B
+        rows: the replicas' gradients are averaged, so the average is the gradient of the
+        whole batch's mean loss, as one process would take it.
+
+        Example:
+            >>> x, y = torch.zeros(5, 2), torch.arange(5)
+            >>> parts, weights = Mesh(replicas=2, stages=1, rank=1).parts([(x, y)])
+            >>> parts[0][1].tolist(), weights
+            ([3, 4], [0.8])
+        """
+        parts = [
+            (
+                x.tensor_split(self.replicas)[self.replica],
+                y.tensor_split(self.replicas)[self.replica],
+            )
+            for x, y in batches
+        ]
+        weights = [
+            self.replicas * len(p[1]) / len(b[1]) for p, b in zip(parts, batches, strict=True)
+        ]
+        return parts, weights
+
 
 def device_mesh(mesh: Mesh, device: torch.device) -> DeviceMesh:
     """Collective (every rank of the default group): torch's ``DeviceMesh`` of ``mesh``,
@@ -57,3 +85,13 @@ def device_mesh(mesh: Mesh, device: torch.device) -> DeviceMesh:
     return init_device_mesh(
         device.type, (mesh.replicas, mesh.stages), mesh_dim_names=("replica", "stage")
     )
+
+
+def batch_problems(batch_size: int, replicas: int) -> list[str]:
+    """The one-line problem of a batch too small for each replica to take a share of it."""
+    if batch_size >= replicas:
+        return []
+    return [
+        f"batch-size must be >= replicas, each replica takes its share of every batch "
+        f"(batch-size: {batch_size}, replicas: {replicas})"
+    ]

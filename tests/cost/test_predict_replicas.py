@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_predict import GPU, LINK, Fixed, cfg, gpus, layers
+from test_predict import GPU, LINK, Fixed, cfg, cpus, gpus, layers
 
 from deepjimu.cost.cluster import Cluster, Link
-from deepjimu.cost.memory import admm_state, staged_state
+from deepjimu.cost.memory import admm_state, staged_state, tensor_state
 from deepjimu.cost.profile import Layer
 from deepjimu.strategies.registry import predict
 
@@ -77,3 +77,28 @@ def test_a_replicas_memory_holds_its_part_of_the_samples_and_batch() -> None:
     assert two[1] < one[1] and one[1] - two[1] == pytest.approx(7 * 500 * 10 * 4)
     mp = staged_state(cfg("model-parallel", 4, replicas=2, balance="1,1"), lay, 1000)
     assert len(mp) == 4 and mp[:2] == mp[2:]
+
+
+def test_tp_replicas_cut_pairs_within_a_replica_and_move_shards_among_the_replicas() -> None:
+    # blocks 0 and 1 paired over a replica's 2 ranks (4 ranks on 4 cores: none share one):
+    # each replica steps on 5 of the 10 rows with half the paired work, all-reduces the row
+    # block's output within the replica, and per block moves its 1/2 of the rank's part
+    # among the replicas as FSDP does (two all-gathers, one reduce-scatter: each half a ring
+    # all-reduce of the whole part)
+    lay = layers([100, 60], [4, 2])
+    compute = Fixed([0.001, 0.002], overhead=0.005)
+    one = predict(dataclasses.replace(cfg("tp", 2), batch_size=5), lay, 5, compute, cpus(4, 4))
+    two = predict(cfg("tp", 4, replicas=2), lay, 10, compute, cpus(4, 4))
+    parts = [50, 30]  # a rank's part of each paired block
+    rings = [2 * 1e-3 + 4 * p / 1e6 for p in parts]  # 2 ranks, the part's bytes
+    assert two.step_s == pytest.approx(one.step_s + sum(3 * r / 2 for r in rings))
+    # bytes a rank hands on a step: the pair's all-reduce on 5 rows (2 floats each) and per
+    # block 2 shards gathered, 2 shards reduce-scattered (each shard half the part)
+    shard_bytes = sum((2 + 2) * 4 * p // 2 for p in parts)
+    assert two.bytes_per_sample == pytest.approx(4 * (5 * 2 * 4 + shard_bytes) / 10)
+    # memory: a rank holds a quarter of each paired block's state (the pair cut in two, then
+    # sharded over the replicas), the batch's half of the activations
+    held_one, held_two = (
+        tensor_state(c, lay, 10)[0] for c in (cfg("tp", 2), cfg("tp", 4, replicas=2))
+    )
+    assert held_two < held_one

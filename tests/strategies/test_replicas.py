@@ -193,7 +193,7 @@ def test_admm_replica_bytes_are_the_pooled_sums(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["admm", "pipeline"])
+@pytest.mark.parametrize("strategy", ["admm", "pipeline", "tp"])
 def test_two_dimensional_run_resumes_as_uninterrupted(tmp_path: Path, strategy: str) -> None:
     """``jimu train --workers 4 --replicas 2``: the checkpoint holds replica 0's blocks once
     and every rank's own state, and a resumed run ends with the uninterrupted run's weights."""

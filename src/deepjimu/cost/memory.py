@@ -115,12 +115,20 @@ def fsdp_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[flo
 
 def tensor_state(cfg: RunConfig, layers: list[Layer], train_size: int) -> list[float]:
     """Megatron's pairs: 1/P of each paired block, the unpaired ones whole; every rank on
-    the whole batch."""
-    p = _workers(cfg)
-    paired = [b for pair in pairs(len(layers)) for b in pair]
-    split = sum(layers[b].params for b in paired)
-    own = math.ceil(split / p) + sum(l.params for l in layers) - split
-    return [_weights(cfg, own) + _activations(cfg.batch_size, layers)] * p
+    the whole batch. With ``--replicas R``: the pairs cut over the K = P / R ranks of a
+    replica, every block's part then sharded over the replicas (FSDP: 1/R of it held, one
+    block's part gathered at a time, as :func:`fsdp_state`), activations of a replica's
+    part of the batch."""
+    p, k, r = _workers(cfg), _stages(cfg), cfg.replicas
+    paired = {b for pair in pairs(len(layers)) for b in pair}
+    parts = [math.ceil(l.params / (k if b in paired else 1)) for b, l in enumerate(layers)]
+    rows = math.ceil(cfg.batch_size / r)
+    if r == 1:
+        return [_weights(cfg, sum(parts)) + _activations(rows, layers)] * p
+    ordered = sorted(parts, reverse=True)
+    whole = (2 * ordered[0] + (ordered[1] if len(ordered) > 1 else 0)) * FLOAT
+    own = sum(math.ceil(n / r) for n in parts)
+    return [_weights(cfg, own) + whole + _activations(rows, layers)] * p
 
 
 def stage_sizes(cfg: RunConfig, layers: list[Layer], stages: int) -> list[int]:

@@ -378,12 +378,11 @@ def _torch_save(obj: Any, path: Path) -> None:
 
 
 def _held_state(model: nn.Module, rank: int) -> tuple[dict[str, Tensor], dict[str, int]]:
-    """The entries of ``model``'s state that this rank writes, on the CPU, and the dimension
-    each sharded one is cut on. Not a split model's other blocks (on the meta device); of a
-    sharded model (torch's DTensors), this rank's piece of each entry sharded on the mesh's
-    last dimension, and the replicated ones and the plain ones beside them by rank 0 alone;
-    on a mesh of replicas x shards (``--replicas``: torch's HSDP, replicated on the first
-    dimension) only the first replica's ranks write."""
+    """Collective where a tensor is sharded over replicas: the entries of ``model``'s state
+    that this rank writes, on the CPU, and the dimension each sharded one is cut on. Not a
+    split model's other blocks (on the meta device); of a sharded model (torch's DTensors),
+    this rank's piece of each entry sharded within a replica (:func:`_own_piece`), the
+    replicated ones and the plain ones beside them by rank 0 alone."""
     # only a run that shards has loaded DTensor; importing it here would load it for every run
     dtensor_module = sys.modules.get("torch.distributed.tensor")
     dtensor = dtensor_module.DTensor if dtensor_module is not None else None
@@ -393,20 +392,45 @@ def _held_state(model: nn.Module, rank: int) -> tuple[dict[str, Tensor], dict[st
     cuts: dict[str, int] = {}
     for k, v in state.items():
         if dtensor is not None and isinstance(v, dtensor):
-            *outer, placement = v.placements
-            assert all(p.is_replicate() for p in outer), "sharded on one mesh dimension only"
-            *replica, shard = v.device_mesh.get_coordinate() or [rank]
-            if any(replica):
+            piece, cut = _own_piece(v, rank)
+            if piece is None:
                 continue
-            if placement.is_shard():
-                cuts[k] = placement.dim
-            elif shard:
-                continue
-            v = v.to_local()
+            if cut is not None:
+                cuts[k] = cut
+            v = piece
         elif v.is_meta or (sharded and rank):
             continue
         out[k] = v.detach().cpu()
     return out, cuts
+
+
+def _own_piece(v: Any, rank: int) -> tuple[Tensor | None, int | None]:
+    """Of DTensor ``v``: the piece this rank writes (None: another rank writes it) and the
+    dimension it is cut on (None: whole). A mesh's ``replica`` dimension (``--replicas``)
+    holds copies: only the first replica's ranks write, and a tensor sharded over the
+    replicas (tp's FSDP) is first gathered among them, a replica's piece at a time (no rank
+    holds the whole). On the other dimension (at most one) each rank its shard; a tensor
+    replicated everywhere is rank 0's to write."""
+    from torch.distributed.tensor import Replicate
+
+    names = v.device_mesh.mesh_dim_names or (None,) * v.device_mesh.ndim
+    over_replicas = [n == "replica" for n in names]
+    if any(r and not p.is_replicate() for r, p in zip(over_replicas, v.placements, strict=True)):
+        v = v.redistribute(
+            placements=[
+                Replicate() if r else p for r, p in zip(over_replicas, v.placements, strict=True)
+            ]
+        )
+    coordinate = v.device_mesh.get_coordinate() or [rank] * v.device_mesh.ndim
+    inner = [
+        (c, p) for r, c, p in zip(over_replicas, coordinate, v.placements, strict=True) if not r
+    ]
+    assert len(inner) <= 1, "sharded on one mesh dimension besides the replicas' only"
+    first = not any(c for r, c in zip(over_replicas, coordinate, strict=True) if r)
+    cut = next((p.dim for _, p in inner if p.is_shard()), None)
+    if not first or (cut is None and rank):
+        return None, None
+    return v.to_local(), cut
 
 
 def _model_file(rank: int) -> str:

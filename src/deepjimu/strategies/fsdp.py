@@ -41,7 +41,13 @@ from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
 from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
-__all__ = ["CountedAllGather", "CountedAllReduce", "CountedReduceScatter", "FSDPStrategy"]
+__all__ = [
+    "CountedAllGather",
+    "CountedAllReduce",
+    "CountedReduceScatter",
+    "FSDPStrategy",
+    "counted_units",
+]
 
 
 class CountedAllGather(DefaultAllGather):
@@ -86,6 +92,27 @@ class CountedAllReduce:
 
     def __call__(self, reduce_output: Tensor) -> None:
         self.comm.count(sent=nbytes(reduce_output), recv=nbytes(reduce_output))
+
+
+Counted = CountedAllGather | CountedReduceScatter | CountedAllReduce
+
+
+def counted_units(sharded: nn.Module, comm: Comm, all_reduce: bool) -> list[Counted]:
+    """Count the collectives of each FSDP unit of ``sharded`` (its blocks and itself) on
+    ``comm``: all-gathers, reduce-scatters and, for HSDP (``all_reduce``), the replicas'
+    all-reduces. Returns the counters, whose ``comm`` a caller may swap."""
+    out: list[Counted] = []
+    for unit in [*sharded.children(), sharded]:
+        assert isinstance(unit, FSDPModule)
+        gather, scatter = CountedAllGather(comm), CountedReduceScatter(comm)
+        unit.set_custom_all_gather(gather)
+        unit.set_custom_reduce_scatter(scatter)
+        out += [gather, scatter]
+        if all_reduce:
+            reduce = CountedAllReduce(comm)
+            unit.set_all_reduce_hook(reduce)
+            out.append(reduce)
+    return out
 
 
 class FSDPStrategy(ShardedModel, DataParallel):
@@ -151,17 +178,7 @@ class FSDPStrategy(ShardedModel, DataParallel):
                 fully_shard(unit, mesh=mesh)
 
         sharded = (shard_copy if whole else sharded_skeleton)(model, shard, run.device)
-        self._comms: list[CountedAllGather | CountedReduceScatter | CountedAllReduce] = []
-        for unit in [*sharded.children(), sharded]:
-            assert isinstance(unit, FSDPModule)
-            gather, scatter = CountedAllGather(run.comm), CountedReduceScatter(run.comm)
-            unit.set_custom_all_gather(gather)
-            unit.set_custom_reduce_scatter(scatter)
-            self._comms += [gather, scatter]
-            if run.device_mesh is not None:
-                reduce = CountedAllReduce(run.comm)
-                unit.set_all_reduce_hook(reduce)
-                self._comms.append(reduce)
+        self._comms = counted_units(sharded, run.comm, all_reduce=run.device_mesh is not None)
         return sharded
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ from deepjimu.balance import balance_problems, parse_balance, partition
 from deepjimu.choices import Optimizer
 from deepjimu.compress.base import HookState, allreduce_hook
 from deepjimu.data import DataSplits
+from deepjimu.mesh import batch_problems
 from deepjimu.options import DdpOptions, GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, ProbeStep, make_optimizer, probed_options
@@ -90,12 +91,7 @@ class ModelParallelStrategy(GradientStrategy):
         assert cfg.workers is not None, "defaults not resolved"
         stages = cfg.workers // cfg.replicas * cls.chunks(cfg)
         problems = balance_problems(cfg.balance, n_blocks, stages)
-        if cfg.batch_size < cfg.replicas:
-            problems.append(
-                f"batch-size must be >= replicas, each replica takes its share of every batch "
-                f"(batch-size: {cfg.batch_size}, replicas: {cfg.replicas})"
-            )
-        return problems
+        return problems + batch_problems(cfg.batch_size, cfg.replicas)
 
     @classmethod
     def probe_step(
@@ -195,16 +191,7 @@ class ModelParallelStrategy(GradientStrategy):
         mesh = self.run.mesh
         if mesh is None:
             return out
-        parts = [
-            (
-                x.tensor_split(mesh.replicas)[mesh.replica],
-                y.tensor_split(mesh.replicas)[mesh.replica],
-            )
-            for x, y in out
-        ]
-        self._scales = [
-            mesh.replicas * len(p[1]) / len(b[1]) for p, b in zip(parts, out, strict=True)
-        ]
+        parts, self._scales = mesh.parts(out)
         self._scales.reverse()  # popped in step order
         return parts
 

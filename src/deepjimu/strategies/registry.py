@@ -209,7 +209,14 @@ ENTRIES: tuple[Entry, ...] = (
         "deepjimu.strategies.tp:TensorParallelStrategy",
         GradientOptions,
         # base: torch.distributed.tensor's modules
-        Traits(default_workers=2, min_workers=2, shards_model=True, needs_group=True, base_mb=6),
+        Traits(
+            default_workers=2,
+            min_workers=2,
+            shards_model=True,
+            replicates=True,
+            needs_group=True,
+            base_mb=6,
+        ),
         predict=tensor_parallel,
         memory=tensor_state,
         probed=True,

@@ -10,18 +10,28 @@ left without a partner is replicated: every rank computes it alike. Every rank t
 the whole batch, so an update equals ``local``'s. The all-reduces are those of torch's
 DTensor, counted where their result is handed back: the row layer's output after its
 forward all-reduce, the column layer's input gradient after its backward one.
+
+With ``--replicas R`` (torchtitan's two dimensions): the pairs cut over the K = workers / R
+ranks of a replica (the mesh's ``stage`` dimension), each replica on its part of every
+batch, and every block sharded over the R replicas by torch's FSDP2 (``fully_shard`` on
+the ``replica`` dimension: its shards all-gathered before the block's forward and backward,
+its gradients reduce-scattered and averaged over the replicas), so a rank holds 1/(R K)
+of each paired block. FSDP rather than DDP because torch's DDP does not take DTensor
+parameters, and FSDP on a tensor-parallel mesh is the composition torch documents.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -29,13 +39,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from deepjimu.comm import nbytes
+from deepjimu.comm import Comm, CommStats, nbytes
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
+from deepjimu.mesh import batch_problems
 from deepjimu.models import parse_spec
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, accuracies, make_optimizer
+from deepjimu.strategies.fsdp import Counted, counted_units
 from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
 __all__ = ["TensorParallelStrategy", "tp_plan"]
@@ -99,18 +111,26 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
             return [f"tp needs at least two Linear layers to pair (model: {cfg.model})"]
         assert cfg.workers is not None, "defaults not resolved"
         # a pair's hidden width is cut into equal parts (each column layer's outputs)
-        split = spec.widths[0::2]
-        if any(w % cfg.workers for w in split):
+        split, k = spec.widths[0::2], cfg.workers // max(1, cfg.replicas)
+        if any(w % k for w in split):
+            widths = ", ".join(map(str, split))
+            if cfg.replicas == 1:
+                return [
+                    f"tp cuts each pair's hidden width into workers equal parts: widths "
+                    f"{widths} and workers {k} (model: {cfg.model})"
+                ]
             return [
-                f"tp cuts each pair's hidden width into workers equal parts: widths "
-                f"{', '.join(map(str, split))} and workers {cfg.workers} (model: {cfg.model})"
+                f"tp cuts each pair's hidden width into equal parts, one per rank of a "
+                f"replica: widths {widths} and {k} ranks a replica (workers: {cfg.workers}, "
+                f"replicas: {cfg.replicas}, model: {cfg.model})"
             ]
-        return []
+        return batch_problems(cfg.batch_size, cfg.replicas)
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         self.run, self.model = run, model
         self.sharded = self.training_copy(model, run)
         self._counting = True
+        self._scales: list[float] = []
         plan = tp_plan(self.sharded)
         first = next(iter(plan))  # its input is the data: no gradient, no all-reduce
         for name, style in plan.items():
@@ -125,23 +145,34 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
 
     def _shard(self, model: nn.Sequential, run: Run, whole: bool) -> nn.Module:
         """The training copy of ``model`` (loaded with its weights where it is built
-        ``whole``), its Linear pairs cut over the ranks' mesh."""
-        mesh = init_device_mesh(run.device.type, (run.world,))
+        ``whole``), its Linear pairs cut over a replica's ranks; with ``--replicas``, every
+        block then sharded over the replicas (FSDP), its collectives counted."""
+        run.chain()  # collective: the R x K mesh of --replicas
+        both = run.device_mesh
+        mesh = (
+            both["stage"] if both is not None else init_device_mesh(run.device.type, (run.world,))
+        )
         plan = tp_plan(model)
         for name, style in plan.items():
             layer = model.get_submodule(name)
             assert isinstance(layer, nn.Linear)
             width = layer.out_features
-            if isinstance(style, ColwiseParallel) and width % run.world:
+            if isinstance(style, ColwiseParallel) and width % mesh.size():
                 raise JimuError(
-                    f"tp cuts each pair's hidden width into workers equal parts: layer {name} "
-                    f"has {width} outputs, workers {run.world}"
+                    f"tp cuts each pair's hidden width into equal parts: layer {name} has "
+                    f"{width} outputs, ranks to cut it over {mesh.size()}"
                 )
 
         def shard(m: nn.Module) -> None:
             parallelize_module(m, mesh, plan, src_data_rank=None)
+            if both is not None:
+                _shard_over(m, both["replica"])
 
-        return (shard_copy if whole else sharded_skeleton)(model, shard, run.device)
+        sharded = (shard_copy if whole else sharded_skeleton)(model, shard, run.device)
+        self._comms: list[Counted] = []
+        if both is not None:
+            self._comms = counted_units(sharded, run.comm, all_reduce=False)
+        return sharded
 
     def _count(self, t: Tensor) -> None:
         if self._counting:
@@ -157,16 +188,31 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
     def _uncounted(self) -> Iterator[None]:
         """Evaluation's all-reduces are bookkeeping, as every other strategy's."""
         self._counting = False
+        for c in self._comms:
+            c.comm = Comm(CommStats())
         try:
             yield
         finally:
             self._counting = True
+            for c in self._comms:
+                c.comm = self.run.comm
+
+    def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
+        """The batches of ``local``; with ``--replicas``, this replica's part of each, its
+        mean loss weighted so that FSDP's average over the replicas is the whole batch's
+        gradient (:meth:`~deepjimu.mesh.Mesh.parts`)."""
+        out = super().batches(data, epoch, run)
+        if run.mesh is None:
+            return out
+        parts, self._scales = run.mesh.parts(out)
+        self._scales.reverse()  # popped in step order
+        return parts
 
     def train_step(self, x: Tensor, y: Tensor) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         with self.run.autocast():
             loss = F.cross_entropy(self.sharded(x), y)
-        loss.backward()
+        (loss * (self._scales.pop() if self._scales else 1.0)).backward()
         self.optimizer.step()
         self.run.synchronize()
         return loss
@@ -177,3 +223,15 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
         with self._uncounted(), torch.no_grad():
             out = accuracies(self.sharded, data, ("train", "val", "test"))
         return out if run.is_main else {}
+
+
+def _shard_over(model: nn.Module, replicas: DeviceMesh) -> None:
+    """Each block of ``model`` (its pairs already cut by tensor parallelism), then the whole,
+    an FSDP unit sharded over ``replicas``."""
+    # the model's output is the last row layer's all-reduced local tensor, a view: FSDP warns
+    # that an in-place op on it would skip its backward hook; nothing here writes into it
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module \(FSDPSequential\) returned a view tensor"
+    )
+    for unit in [*model.children(), model]:
+        fully_shard(unit, mesh=replicas)
