@@ -18,6 +18,7 @@ from deepjimu.admm_math.quantize import project
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp
 from deepjimu.strategies.admm.pooled import Pool
 from deepjimu.strategies.admm.pooled import mean as pooled_mean
+from deepjimu.strategies.admm.pooled import means as pooled_means
 from deepjimu.strategies.admm.pooled import rms as pooled_rms
 from deepjimu.strategies.admm.pooled import solve_Wb as pooled_Wb
 from deepjimu.strategies.admm.pooled import span as pooled_span
@@ -583,8 +584,6 @@ class LayerBlock:
         logits: dict[str, Tensor] = {}
         self.iterate_fit = None
         if plain is not None:
-            accuracy = pooled_mean((plain.argmax(1) == y).float(), self.pooled)
-            self.iterate_fit = (self.loss(plain, y), accuracy)
             features = self.readout_features
             assert features is not None
             self.last_Wb = pooled_Wb(
@@ -595,10 +594,26 @@ class LayerBlock:
         if refit is not None:
             logits["all"] = refit
         self.readout_features = None
+        losses, accuracy = self._fits(logits, y)
+        if plain is not None:
+            self.iterate_fit = (losses["iterate"], accuracy)
         if mode != "auto":
             return mode
-        losses = {k: self.loss(v, y) for k, v in logits.items()}
         return min(losses, key=lambda k: losses[k])
+
+    def _fits(self, logits: dict[str, Tensor], y: Tensor) -> tuple[dict[str, float], float]:
+        """Each readout's training loss, and the iterate's accuracy (0 where it did not run),
+        over every replica's samples: with ``--replicas`` all in one all-reduce."""
+        iterate = logits.get("iterate")
+        if self.pooled is None:
+            losses = {k: self.loss(v, y) for k, v in logits.items()}
+            correct = float((iterate.argmax(1) == y).float().mean()) if iterate is not None else 0.0
+            return losses, correct
+        values = [F.cross_entropy(v, y, reduction="none") for v in logits.values()]
+        if iterate is not None:
+            values.append((iterate.argmax(1) == y).float())
+        out = pooled_means(values, self.pooled)
+        return dict(zip(logits, out, strict=False)), out[-1] if iterate is not None else 0.0
 
     def readout_weights(self, choice: str) -> dict[int, tuple[Tensor, Tensor]]:
         """The owned layers' (W, b) of the readout ``choice`` (see :meth:`readout_choice`)."""

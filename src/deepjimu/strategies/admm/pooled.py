@@ -22,7 +22,7 @@ from deepjimu.admm_math import updates as U
 from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.layers import LayerOp
 
-__all__ = ["Pool", "SelfPool", "mean", "rms", "solve_Wb", "span", "stats", "stats_all"]
+__all__ = ["Pool", "SelfPool", "mean", "means", "rms", "solve_Wb", "span", "stats", "stats_all"]
 
 
 class Pool:
@@ -102,8 +102,18 @@ def mean(values: Tensor, pool: Pool | None) -> float:
     """The mean of ``values`` (one or more per sample) over every replica's samples."""
     if pool is None:
         return float(values.mean())
-    both = pool.sum(torch.stack([values.sum(), values.new_tensor(float(values.numel()))]))
-    return float(both[0] / both[1])
+    return means([values], pool)[0]
+
+
+def means(values: Sequence[Tensor], pool: Pool) -> list[float]:
+    """The mean of each of ``values`` over every replica's entries, in one all-reduce (each
+    collective is a point where the replicas wait for one another: a readout pools its fits
+    at once)."""
+    sums = [v.sum().double() for v in values]
+    counts = [sums[0].new_tensor(float(v.numel())) for v in values]
+    both = pool.sum(torch.stack([*sums, *counts]))
+    k = len(values)
+    return [float(both[i] / both[k + i]) for i in range(k)]
 
 
 def rms(t: Tensor, pool: Pool | None) -> float:
