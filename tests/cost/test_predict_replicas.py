@@ -53,15 +53,22 @@ def test_admm_replicas_solve_on_their_samples_and_pool_the_statistics() -> None:
     lay = [Layer("0", 0.0, 10, 2, 4, ((4, 2), (4,))), Layer("1", 0.0, 15, 4, 3, ((3, 4), (3,)))]
     c = cfg("admm", 4, replicas=2, balance="1,1", eval_every=1)
     p = predict(c, lay, 100, compute, gpus(4))
-    # per iteration each rank pools its layer's statistics with its replica: layer 0 (the
-    # data's inputs kept) 4 x (2 + 1) floats, layer 1: its means, count and moments
-    # 4 + 3 + 1 + 4 x (4 + 3) floats; the readout as much again
-    floats = [4 * 3, 4 + 3 + 1 + 4 * 7]
-    rings = [2 * 1e-3 + f * 4 / 1e6 for f in floats]
-    assert p.parts["replicas_s"] == pytest.approx(max(rings))
+
+    # per iteration each rank pools its layer's statistics with its replica in two
+    # all-reduces: layer 0 (the data's inputs kept) its 4 sums of z, then C_zp's 4 x 2;
+    # layer 1 its means and count (4 + 3 + 1), then C_pp and C_zp (4 x (4 + 3))
+    def ring(floats: int) -> float:
+        return 2 * 1e-3 + floats * 4 / 1e6
+
+    iteration = max(ring(4) + ring(8), ring(8) + ring(28))
+    assert p.parts["replicas_s"] == pytest.approx(iteration)
+    # a readout refits layer after layer (two each), and the last block refits its
+    # classifier again (two) and pools the fits (one)
+    readout = 2 * (ring(8) + ring(28)) + ring(8)
     # the exchange: each replica's 50 samples, 4 wide, each way; the readout's chain as much
     cut = 1e-3 + 50 * 4 * 4 / 1e6
-    assert p.step_s == pytest.approx(2.0 + 2 * cut + max(rings) + 0.0 + 2 * cut + max(rings))
+    assert p.step_s == pytest.approx(2.0 + 2 * cut + iteration + 0.0 + 2 * cut + readout)
+    floats = [4 * 3, 4 + 3 + 1 + 4 * 7]
     pooled = 2 * sum(floats) * 4  # both replicas' ranks, each layer once an iteration
     exchange = 2 * (2 * 50 * 4 * 4) * 2  # both replicas, p and q, and the readout's two passes
     assert p.bytes_per_sample == pytest.approx((exchange + 2 * pooled) / 100)

@@ -51,11 +51,13 @@ def layer_parallel(
     ranks, chain_factor = _admm_rank_s(a.layer_s, sizes, speeds, slow)
     exchange, chain, sent = _admm_traffic(cfg, n, a.widths, sizes, cluster)
     sent *= cfg.replicas
-    pooled, pooled_bytes = _pooled_s(cfg, layers, sizes, cluster)
+    pooled, pooled_readout, pooled_bytes = _pooled_s(cfg, layers, sizes, cluster)
     sent += pooled_bytes * (1 + 1 / cfg.eval_every)
-    # three synchronisations: the p and q exchanges, the readout's choice
-    iteration = max(ranks) + 2 * exchange + pooled + 3 * cluster.sync_penalty_s(w)
-    readout = (a.readout_s * chain_factor + chain + pooled) / cfg.eval_every
+    # three synchronisations: the p and q exchanges, the readout's choice; with replicas,
+    # two more, the iteration's pooled sums
+    syncs = 3 + (2 if cfg.replicas > 1 else 0)
+    iteration = max(ranks) + 2 * exchange + pooled + syncs * cluster.sync_penalty_s(w)
+    readout = (a.readout_s * chain_factor + chain + pooled_readout) / cfg.eval_every
     step = iteration + readout
     # the start (a forward chain and the backward sweeps, rank after rank) once per run
     start = a.start_s * chain_factor + chain
@@ -77,24 +79,41 @@ def layer_parallel(
 
 def _pooled_s(
     cfg: RunConfig, layers: list[Layer], sizes: list[int], cluster: Cluster
-) -> tuple[float, float]:
-    """With ``--replicas``: the seconds of an iteration's all-reduces of the (W, b)
-    statistics among each rank's replicas (the slowest rank's; its layers' in turn), and the
-    bytes all ranks hand to them (``strategies.admm.pooled``: per layer the means, the count,
-    C_pp and C_zp, the data's C_pp once for the run). A readout pools as much again."""
+) -> tuple[float, float, float]:
+    """With ``--replicas``: the seconds of an iteration's and of a readout's all-reduces among
+    each rank's replicas (the slowest rank's), and the bytes all ranks hand to an iteration's
+    (``strategies.admm.pooled``: per layer the means and count, then C_pp and C_zp; the
+    data's C_pp once for the run). An iteration pools all of a rank's layers at once: two
+    all-reduces. A readout refits them one after another, two each, and the block that
+    ends the network two more (the classifier refitted on the iterate's features) and one
+    (the fits' losses and accuracy); a readout moves about an iteration's bytes. Every
+    all-reduce pays its link's latency: on a loopback gloo ring about 1 ms, which a readout
+    of 4 layers on one rank pays 11 times."""
     if cfg.replicas == 1:
-        return 0.0, 0.0
-    seconds, sent = [], 0.0
+        return 0.0, 0.0, 0.0
+    iteration, readout, sent = [], [], 0.0
     for r, (start, k) in enumerate(stage_starts(sizes)):
-        rank_s = 0.0
+        ranks = column(cfg, r)
+        heads, moments, refits = 0, 0, 0.0
         for l in range(start, start + k):
             shape = layers[l].param_shapes[0]  # W: [n_out, n_in] (a conv's: [C_out, C_in, s, s])
             n_out, n_in = shape[0], math.prod(shape[1:])
-            floats = n_out * (n_in + 1) if l == 0 else n_in + n_out + 1 + n_in * (n_in + n_out)
-            rank_s += cluster.all_reduce_over_s(floats * FLOAT, column(cfg, r))
-            sent += cfg.replicas * floats * FLOAT
-        seconds.append(rank_s)
-    return max(seconds), sent
+            head = n_out if l == 0 else n_in + n_out + 1
+            moment = n_out * n_in if l == 0 else n_in * (n_in + n_out)
+            heads, moments = heads + head, moments + moment
+            refits += cluster.all_reduce_over_s(head * FLOAT, ranks)
+            refits += cluster.all_reduce_over_s(moment * FLOAT, ranks)
+            sent += cfg.replicas * (head + moment) * FLOAT
+        if start + k == len(layers):  # the classifier's refit, and the fits
+            refits += cluster.all_reduce_over_s(head * FLOAT, ranks)
+            refits += cluster.all_reduce_over_s(moment * FLOAT, ranks)
+            refits += cluster.all_reduce_over_s(8 * FLOAT, ranks)
+        iteration.append(
+            cluster.all_reduce_over_s(heads * FLOAT, ranks)
+            + cluster.all_reduce_over_s(moments * FLOAT, ranks)
+        )
+        readout.append(refits)
+    return max(iteration), max(readout), sent
 
 
 def _admm_rank_s(
