@@ -82,7 +82,8 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
         {"dataset": "landsat-spectra"},
         {"download": True},
         "--download applies to data sets mnist, fashion-mnist, kmnist, cifar10, cora, citeseer, "
-        "pubmed, eurosat, eurosat-ms, indian-pines, pavia-u; dataset landsat-spectra is not one",
+        "pubmed, shakespeare-char, eurosat, eurosat-ms, indian-pines, pavia-u; dataset "
+        "landsat-spectra is not one",
     ),
     (
         {},

@@ -75,6 +75,7 @@ class Family(Choice):
     IMAGES = "images"
     TABULAR = "tabular"
     GRAPH = "graph"
+    TEXT = "text"
     TENSORS = "tensors"
 
     @property

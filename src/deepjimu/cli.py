@@ -172,10 +172,13 @@ def _print_summary(s: dict[str, Any]) -> None:
     acc = s.get("test_acc")
     r = s.get("replicas", 1)
     mesh = f" ({r} replicas x {s['workers'] // r})" if r > 1 else ""
+    # a language model's figure first: its validation loss (nats a token)
+    val_loss = f"val_loss {s['val_loss']:.4f}, " if s.get("val_loss") is not None else ""
+    length = f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''}"
     print(
         f"{s['strategy']} x{s['workers']}{mesh} on {s['dataset']} ({s['model']}): "
-        f"test_acc {acc:.4f}, train_acc {s.get('train_acc') or 0:.4f}, "
-        f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''} in {s['fit_s']:.1f} s "
+        f"{val_loss}test_acc {acc:.4f}, train_acc {s.get('train_acc') or 0:.4f}, "
+        f"{length} in {s['fit_s']:.1f} s "
         f"(training {s['train_s']:.1f} s, "
         f"evaluation {s['eval_s']:.1f} s; {s['time_s']:.1f} s since the start)"
     )

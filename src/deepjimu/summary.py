@@ -58,7 +58,7 @@ def summarise(
     if any(t.is_meta for t in model.state_dict().values()):
         # a split model: rank 0 holds its own blocks only; the last event, at the end of
         # training, evaluated the trained model by stages
-        summary |= {k: last.get(k) for k in ("val_acc", "test_acc")}
+        summary |= {k: last[k] for k in ("val_acc", "test_acc", "val_loss") if k in last}
     else:
         summary |= accuracies(model.to(device), data, ("val", "test"), device)
     summary |= best_validation(events)

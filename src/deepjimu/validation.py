@@ -162,6 +162,8 @@ def _problems(cfg: RunConfig, facts: Facts) -> list[str]:
     if facts.strategy is None:
         return problems
     problems += _trait_problems(cfg, facts.strategy, facts)
+    if getattr(cfg, "steps", None) is not None and "epochs" in facts.given:
+        problems.append("give the run's length once: --epochs or --steps, not both")
     if not problems:
         strategy = get_strategy(cfg.strategy)
         problems += strategy.problems(narrow(cfg, facts.strategy.options), facts.n_blocks)
@@ -202,7 +204,26 @@ def _trait_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:
         )
     if cfg.precision == Precision.TF32 and cfg.device == Device.CPU:
         problems.append("precision tf32 needs --device cuda or auto (TF32 is a GPU mode)")
-    return problems + _graph_model_problems(cfg, strategy, facts)
+    return problems + _graph_model_problems(cfg, strategy, facts) + _text_problems(cfg, facts)
+
+
+def _text_problems(cfg: RunConfig, facts: Facts) -> list[str]:
+    """A language model (gpt) reads text data, and text data needs a language model: its
+    targets are a sequence of next tokens, not a class."""
+    if facts.family is None or not facts.n_blocks:
+        return []
+    is_gpt, is_text = parse_spec(cfg.model).kind == "gpt", facts.family == Family.TEXT
+    if is_gpt and not is_text:
+        return [
+            f"model {cfg.model} is a language model: it trains on text data "
+            f"({', '.join(datasets_of(Family.TEXT))}; dataset: {cfg.dataset})"
+        ]
+    if is_text and not is_gpt:
+        return [
+            f"dataset {cfg.dataset} is text, whose targets are each next character: it trains "
+            f"a gpt:LAYERSxWIDTH:HEADS model (model: {cfg.model})"
+        ]
+    return []
 
 
 def _graph_model_problems(cfg: RunConfig, strategy: Entry, facts: Facts) -> list[str]:

@@ -52,7 +52,7 @@ def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> N
     skipped = {c.label: c.skip for c in cells if c.skip}
     assert (
         skipped["tp x2 cnn:4"]
-        == "tp splits mlp:... models into Linear pairs; model cnn:4 is not one"
+        == "tp splits mlp:... models into Linear pairs and gpt:... models by heads; model cnn:4 is neither"
     )
     assert [c.label for c in cells if not c.skip] == [
         "local x1 cnn:4",
@@ -62,7 +62,8 @@ def test_plan_skips_impossible_combinations_and_refuses_bad_ones_up_front() -> N
     with pytest.raises(ConfigErrors) as err:
         plan(RunConfig(), ["tp"], [2], ["cnn:4"])
     assert err.value.problems == [
-        "tp x2 cnn:4: tp splits mlp:... models into Linear pairs; model cnn:4 is not one"
+        "tp x2 cnn:4: tp splits mlp:... models into Linear pairs and gpt:... models by heads; "
+        "model cnn:4 is neither"
     ]
     # a value that runs nowhere is a mistake, not an impossible combination
     _, lrs = split_variants({"lr": "0.1,-1"})

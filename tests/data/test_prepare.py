@@ -48,6 +48,7 @@ def test_every_data_set_names_its_family() -> None:
             ["bow", "indian-pines", "landsat-spectra", "pavia-u", "synthetic"], Family.TABULAR
         ),
         **dict.fromkeys(["citeseer", "cora", "pubmed", "sbm"], Family.GRAPH),
+        "shakespeare-char": Family.TEXT,
         "tensors": Family.TENSORS,
     }
     assert datasets_of(Family.GRAPH) == sorted(GRAPH_DATASETS)

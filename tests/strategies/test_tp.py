@@ -100,6 +100,7 @@ def test_tp_equals_one_process_and_counts_each_pairs_all_reduces(
     assert out["counted"] == [(t + fsdp[0], t + fsdp[1]) for t in totals]
 
 
+@pytest.mark.slow
 def test_a_resumed_tp_run_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     common = {"strategy": "tp", "workers": 2, "model": "mlp:32x3", "quiet": True,
               "runs_dir": str(tmp_path)}  # fmt: skip
@@ -124,7 +125,10 @@ def test_the_plan_pairs_linear_layers_and_names_what_it_cannot_split() -> None:
         tp_plan(nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), nn.Linear(4, 2)))
     with pytest.raises(ConfigErrors) as e:
         validate(RunConfig(strategy="tp", workers=2, model="cnn:8"))
-    assert str(e.value) == "tp splits mlp:... models into Linear pairs; model cnn:8 is not one"
+    assert str(e.value) == (
+        "tp splits mlp:... models into Linear pairs and gpt:... models by heads; model cnn:8 "
+        "is neither"
+    )
     with pytest.raises(ConfigErrors) as e:
         validate(RunConfig(strategy="tp", workers=3, model="mlp:32x3"))
     assert str(e.value) == (

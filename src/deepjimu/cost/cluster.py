@@ -98,7 +98,8 @@ class Cluster:
     collective. ``source``: ``"probe"`` or the TOML path, for printing. ``action_s``: per
     split-model strategy (``pipeline``, ``model-parallel``), the seconds its runtime adds to
     each forward or backward action, and per sharding one (``fsdp``, ``tp``) to each
-    sharded unit's step, solved from a probe's step of that strategy.
+    sharded unit's step, solved from a probe's step of that strategy; ``<name>:replicas``,
+    what the sharding of its ``--replicas`` pays per unit (set from its registry entry).
 
     Example:
         >>> gpu = Device("g", {"fp32": 1e12}, 2**30)

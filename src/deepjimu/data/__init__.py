@@ -13,6 +13,7 @@ from deepjimu.data import (  # noqa: F401
     sbm,
     synthetic,
     tensors,
+    text,
 )
 from deepjimu.data.base import (
     DataOptions,

@@ -61,6 +61,8 @@ class DataOptions:
     sbm_degree: float = 10.0
     sbm_homophily: float = 0.8
     node_level: bool = False
+    # text: characters a sample (the context of a language model)
+    block_size: int = 64
 
     @classmethod
     def from_config(cls, cfg: object) -> DataOptions:
@@ -87,6 +89,7 @@ class DataOptions:
             sbm_degree=cfg.sbm_degree,  # type: ignore[attr-defined]
             sbm_homophily=cfg.sbm_homophily,  # type: ignore[attr-defined]
             node_level=parse_spec(cfg.model).needs_graph,  # type: ignore[attr-defined]
+            block_size=cfg.block_size,  # type: ignore[attr-defined]
         )
 
 
@@ -129,7 +132,8 @@ class RawData:
     ``val_x`` / ``val_y``, which :func:`prepare` uses instead of splitting off
     ``val_fraction`` of the training set. ``graph`` is the node-level data of a graph data
     set, given only when a graph model asked for it (``DataOptions.node_level``); ``info``
-    holds figures about the loading worth reporting (e.g. preprocessing time and memory).
+    holds figures about the loading worth reporting (e.g. preprocessing time and memory);
+    ``train_eval_every``: an evaluation scores every so many training rows (1: all).
     """
 
     train_x: np.ndarray | Tensor
@@ -141,6 +145,7 @@ class RawData:
     val_y: np.ndarray | Tensor | None = None
     graph: GraphData | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    train_eval_every: int = 1
 
 
 @dataclass
@@ -165,6 +170,16 @@ class DataSplits:
     train_size: int
     graph: GraphData | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    train_eval_every: int = 1
+
+    def eval_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """The rows of ``split`` (train, val or test) that an evaluation scores: all of them,
+        but of the training split every ``train_eval_every``-th (a language model's
+        training windows are scored as many as its validation windows, not all 15,685)."""
+        x, y = getattr(self, f"{split}_x"), getattr(self, f"{split}_y")
+        if split == "train" and self.train_eval_every > 1:
+            return x[:: self.train_eval_every], y[:: self.train_eval_every]
+        return x, y
 
     def shard(self, rank: int, world: int, weights: Sequence[float] | None = None) -> DataSplits:
         """This rank's rows of the training split (rows ``rank::world``); eval splits kept whole.
@@ -352,6 +367,7 @@ def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
         train_size=len(train_y),
         graph=graph,
         info=dict(raw.info),
+        train_eval_every=raw.train_eval_every,
     )
 
 

@@ -102,6 +102,12 @@ SOURCES: dict[str, Source] = {
     ),
     "citeseer": Source(PLANETOID_URL),
     "pubmed": Source(PLANETOID_URL),
+    # Karpathy's char-rnn repository; the MD5 of the copy in ../shared/data/shakespeare
+    # (its README gives the SHA-256 too)
+    "shakespeare-char": Source(
+        "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/",
+        {"input.txt": "6fb458f1232090904fb40fe944165e91"},
+    ),
     # EuroSAT: the archives torchvision (datasets/eurosat.py: RGB) and TorchGeo
     # (datasets/eurosat.py: all bands) download, at a pinned revision, with their MD5s
     "eurosat": Source(

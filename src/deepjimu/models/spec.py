@@ -1,4 +1,4 @@
-"""Parse model specs (``mlp:256x3``, ``cnn:16-32``, ``lenet``, ``resnet``, ``gcn``) and build the block sequence."""
+"""Parse model specs (``mlp:256x3``, ``cnn:16-32``, ``lenet``, ``resnet``, ``gcn``, ``gpt:4x128:4``) and build the block sequence."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from deepjimu.errors import JimuError
 from deepjimu.models.cnn import cnn, lenet, resnet
 from deepjimu.models.embed import embed
 from deepjimu.models.gcn import gcn
+from deepjimu.models.gpt import gpt
 from deepjimu.models.mlp import mlp
 from deepjimu.models.parts import Place, placed
 
@@ -20,7 +21,8 @@ __all__ = ["ModelSpec", "build_model", "count_blocks", "factory_spec", "parse_sp
 
 _SPEC_HELP = (
     "mlp:WIDTHxDEPTH (e.g. mlp:256x3), mlp:W1-W2-..., cnn:C1-C2-... (e.g. cnn:16-32), cnn:CxDEPTH, "
-    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN, embed:VOCAB:DIM[:WIDTHxDEPTH or :W1-W2-...]"
+    "lenet, resnet or resnet:BLOCKS, gcn or gcn:HIDDEN, embed:VOCAB:DIM[:WIDTHxDEPTH or :W1-W2-...], "
+    "gpt:LAYERSxWIDTH:HEADS (e.g. gpt:4x128:4)"
 )
 # the spec of a model that a Python factory builds (deepjimu.fit): it names, not describes
 _FACTORY = "factory:"
@@ -29,11 +31,13 @@ _FACTORY = "factory:"
 @dataclass(frozen=True)
 class ModelSpec:
     """A parsed spec: ``kind`` and its numbers (mlp, gcn: hidden widths, cnn: channels, resnet:
-    blocks, embed: vocabulary, dimension, then the hidden widths of its head, if any)."""
+    blocks, embed: vocabulary, dimension, then the hidden widths of its head, if any; gpt:
+    each transformer block's width, and ``heads``)."""
 
     kind: str
     widths: tuple[int, ...] = ()
     blocks_per_stage: int = 1
+    heads: int = 0
 
     @property
     def needs_graph(self) -> bool:
@@ -82,6 +86,16 @@ def parse_spec(spec: str) -> ModelSpec:
                 f"model {spec!r}: embed needs a vocabulary, a dimension and hidden widths >= 1"
             )
         return ModelSpec("embed", widths=(int(m[1]), int(m[2]), *head))
+    elif m := re.fullmatch(r"gpt:(\d+)x(\d+):(\d+)", s):
+        layers, width, heads = int(m[1]), int(m[2]), int(m[3])
+        if min(layers, width, heads) < 1 or width % heads:
+            raise JimuError(
+                f"model {spec!r}: gpt needs layers, width and heads >= 1, the width a "
+                f"multiple of the heads (width: {width}, heads: {heads})"
+            )
+        return ModelSpec("gpt", widths=(width,) * layers, heads=heads)
+    elif s.startswith("gpt"):
+        raise JimuError(f"model {spec!r}: a gpt spec is gpt:LAYERSxWIDTH:HEADS (e.g. gpt:4x128:4)")
     elif s.startswith(_FACTORY):
         return ModelSpec("factory")
     elif m := re.fullmatch(r"gcn(?::(\d+))?", s):
@@ -119,6 +133,8 @@ def count_blocks(spec: str) -> int:
         return len(ms.widths)  # the bag, the hidden layers, the classifier
     if ms.kind == "gcn":
         return 2
+    if ms.kind == "gpt":
+        return len(ms.widths) + 2  # the embeddings, the transformer blocks, the head
     return 2 + 3 * ms.blocks_per_stage
 
 
@@ -169,6 +185,13 @@ def _whole(
     """The model of a spec that is built whole (not an ``mlp`` or an image ``cnn``)."""
     if ms.kind == "embed":
         return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes, ms.widths[2:])
+    if ms.kind == "gpt":
+        if len(feature_shape) != 1:
+            raise JimuError(
+                f"model {spec!r} needs token sequences (a text data set such as "
+                f"shakespeare-char); the data has shape {feature_shape}"
+            )
+        return gpt(feature_shape[0], num_classes, len(ms.widths), ms.widths[0], ms.heads)
     if ms.kind == "gcn":
         if len(feature_shape) != 1:
             raise JimuError(

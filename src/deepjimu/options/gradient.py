@@ -107,10 +107,16 @@ class OptimGroup(Group):
         ),
     )
     weight_decay: float = option(0.0, "L2 weight decay")
+    steps: int | None = option(
+        None,
+        "the run's length in optimizer steps, as language models count it, instead of "
+        "--epochs (the last epoch stops part way)",
+        default_text="--epochs decides",
+    )
 
     def problems(self) -> list[str]:
         problems, need = checker()
-        problems += minimums(self, {"batch_size": 1})
+        problems += minimums(self, {"batch_size": 1, "steps": 1})
         need(
             self.lr is None or (math.isfinite(self.lr) and self.lr > 0),
             f"lr must be a positive number (lr: {self.lr})",

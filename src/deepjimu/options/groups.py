@@ -133,6 +133,13 @@ def between_groups(cfg: Any) -> list[str]:
         )
     if cfg.optimizer == Optimizer.KFAC and cfg.workers is not None and cfg.workers >= 1:
         problems.extend(kfac_worker_problems(cfg.kfac_grad_workers, cfg.workers))
+    if cfg.optimizer == Optimizer.KFAC and str(cfg.model).strip().lower().startswith("gpt"):
+        # its factors are those of a Linear on rows of features, or a conv on images; a
+        # transformer's Linear layers see (batch, time, width) and its attention has none
+        problems.append(
+            f"optimizer kfac preconditions the Linear and conv layers of mlp and cnn models; "
+            f"model {cfg.model} is a transformer (use --optimizer adam or sgd)"
+        )
     return problems
 
 

@@ -20,6 +20,9 @@ _GRAPH = Applies(data=(Family.GRAPH,))
 _PLANETOID = Applies(data=("cora", "citeseer", "pubmed"))
 _SYNTHETIC = Applies(data=("synthetic", "sbm", "bow"))
 _SBM = Applies(data=("sbm",))
+_TEXT = Applies(data=(Family.TEXT,))
+# token ids are not features: no class subset, no standardising
+_NOT_TEXT = Applies(data=(Family.IMAGES, Family.TABULAR, Family.GRAPH, Family.TENSORS))
 # the data sets whose files --download fetches (digits comes with scikit-learn,
 # landsat-spectra with spyndex)
 _FETCHED = Applies(
@@ -31,6 +34,7 @@ _FETCHED = Applies(
         "cora",
         "citeseer",
         "pubmed",
+        "shakespeare-char",
         "eurosat",
         "eurosat-ms",
         "indian-pines",
@@ -168,8 +172,11 @@ class DataGroup(Group):
         "average-pool images by this factor per side (2: 28x28 -> 14x14)",
         applies=Applies(data=(Family.IMAGES, Family.TENSORS)),
     )
-    classes: list[int] | None = option(None, "keep only these classes, e.g. 0,1")
-    normalize: bool = option(False, "standardise features with the training mean and std")
+    classes: list[int] | None = option(None, "keep only these classes, e.g. 0,1", applies=_NOT_TEXT)
+    normalize: bool = option(
+        False, "standardise features with the training mean and std", applies=_NOT_TEXT
+    )
+    block_size: int = option(64, "characters a sample: the language model's context", applies=_TEXT)
     synthetic_n: int = option(10000, "number of samples (train + test)", applies=_SYNTHETIC)
     synthetic_features: int = option(
         196, "number of input features (bow: the vocabulary)", applies=_SYNTHETIC

@@ -155,8 +155,8 @@ class EventLog:
         if self._bar is not None:
             post = {
                 k: f"{event[k]:.4f}"
-                for k in ("loss", "train_acc", "test_acc")
-                if event[k] is not None
+                for k in ("loss", "val_loss", "train_acc", "test_acc")
+                if event.get(k) is not None
             }
             self._bar.set_postfix(post, refresh=False)
             self._bar.n = epoch

@@ -240,7 +240,8 @@ def count_correct(
 ) -> tuple[int, float, int]:
     """Correct predictions, summed cross-entropy and count of ``model`` on ``(x, y)``, in
     batches of ``batch`` rows, or in exactly ``chunks`` nearly equal ones (some maybe
-    empty: a sharded model's ranks must run as many forwards as each other)."""
+    empty: a sharded model's ranks must run as many forwards as each other). A sequence's
+    targets (a language model's) count each token."""
     was_training = model.training
     model.eval()
     correct, loss = 0, 0.0
@@ -253,7 +254,7 @@ def count_correct(
         correct += int((out.argmax(1) == yb).sum())
         loss += float(F.cross_entropy(out, yb, reduction="sum"))
     model.train(was_training)
-    return correct, loss, len(y)
+    return correct, loss, y.numel()
 
 
 def accuracies(
@@ -262,7 +263,8 @@ def accuracies(
     splits: tuple[str, ...],
     device: torch.device | None = None,
 ) -> dict[str, float | None]:
-    """``<split>_acc`` of ``model`` for each named split that has samples.
+    """``<split>_acc`` of ``model`` for each named split that has samples, and the
+    validation split's mean cross-entropy ``val_loss`` (a language model's figure).
 
     A graph model (``data.graph`` is set) is run once over the whole graph and scored on
     each split's nodes. With ``device`` the data is moved there split by split.
@@ -273,11 +275,14 @@ def accuracies(
         )
     out: dict[str, float | None] = {}
     for split in splits:
-        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        x, y = data.eval_split(split)
         if len(y):
             if device is not None:
                 x, y = x.to(device), y.to(device)
-            out[f"{split}_acc"] = count_correct(model, x, y)[0] / len(y)
+            correct, loss, n = count_correct(model, x, y)
+            out[f"{split}_acc"] = correct / n
+            if split == "val":
+                out["val_loss"] = loss / n
     return out
 
 
@@ -355,9 +360,17 @@ class GradientStrategy(Strategy):
         (default: rank 0's whole model, the others' copies being the same)."""
         return self.model if run.is_main else None
 
+    def epochs_of(self, data: DataSplits) -> int:
+        """The run's epochs: ``--epochs``, or with ``--steps`` as many as its steps need
+        (the last one cut short)."""
+        assert self.cfg.epochs is not None, "config not resolved"
+        if self.cfg.steps is None:
+            return self.cfg.epochs
+        return math.ceil(self.cfg.steps / self.steps_per_epoch(data))
+
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         cfg = self.cfg
-        assert cfg.epochs is not None, "config not resolved"
+        epochs = self.epochs_of(data)
         self.setup(model, data, run)
         start, step, samples = 0, 0, 0  # samples: trained on since the last event
         if run.resumed is not None:
@@ -367,10 +380,13 @@ class GradientStrategy(Strategy):
         # the ranks start training together: what one rank still sets up (another's
         # balance profiling, building its stages) is set-up, not the first step's training
         run.barrier()
-        run.progress(cfg.epochs, self.name)
+        run.progress(epochs, self.name)
         run.progress_at(start)
-        for epoch in range(start, cfg.epochs):
+        for epoch in range(start, epochs):
             batches = self.batches(data, epoch, run)
+            whole = len(batches)
+            if cfg.steps is not None:
+                batches = batches[: cfg.steps - step]
             losses: list[Tensor] = []
             with run.training():
                 for x, y in batches:
@@ -378,9 +394,9 @@ class GradientStrategy(Strategy):
                     if loss is not None:
                         losses.append(loss.detach())
             step += len(batches)
-            samples += data.train_size
+            samples += round(data.train_size * len(batches) / whole)
             done = epoch + 1
-            if done % cfg.eval_every == 0 or done == cfg.epochs:
+            if done % cfg.eval_every == 0 or done == epochs:
                 mean_loss = float(torch.stack(losses).mean()) if losses else None
                 with run.evaluation():
                     metrics = self.evaluate(data, run)
@@ -391,13 +407,13 @@ class GradientStrategy(Strategy):
                         f"training diverged at epoch {done}: loss is {event['loss']}; "
                         f"lower --lr (lr: {cfg.lr}); last good checkpoint: {run.last_checkpoint_text()}"
                     )
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < epochs:
                 run.save_checkpoint(
                     step, done, self.full_model(run), self.rank_state(), {"samples": samples}
                 )
         run.close()
-        run.save_checkpoint(step, cfg.epochs, self.full_model(run), self.rank_state())
-        return FitResult(epochs=cfg.epochs, steps=step)
+        run.save_checkpoint(step, epochs, self.full_model(run), self.rank_state())
+        return FitResult(epochs=epochs, steps=step)
 
 
 class DataParallel(GradientStrategy):

@@ -274,7 +274,7 @@ class DDPStrategy(DataParallel):
 
     def evaluate(self, data: DataSplits, run: Run) -> dict[str, float | None]:
         # the training split is sharded: sum correct / count over ranks (bookkeeping, not counted)
-        correct, _, n = count_correct(self.model, data.train_x, data.train_y)
+        correct, _, n = count_correct(self.model, *data.eval_split("train"))
         totals = torch.tensor([correct, n], dtype=torch.float64, device=run.device)  # NCCL: on GPU
         dist.all_reduce(totals)
         seconds, steps = self._steps

@@ -199,12 +199,15 @@ class FSDPStrategy(ShardedModel, DataParallel):
             return self._accuracies(data, run, chunks)
 
     def _accuracies(self, data: DataSplits, run: Run, chunks: int) -> dict[str, float | None]:
-        correct, _, n = count_correct(self.sharded, data.train_x, data.train_y, chunks=chunks)
+        correct, _, n = count_correct(self.sharded, *data.eval_split("train"), chunks=chunks)
         totals = torch.tensor([correct, n], dtype=torch.float64, device=run.device)
         dist.all_reduce(totals)  # bookkeeping: not counted
         out: dict[str, float | None] = {"train_acc": float(totals[0] / totals[1])}
         for split in ("val", "test"):
-            x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+            x, y = data.eval_split(split)
             if len(y):
-                out[f"{split}_acc"] = count_correct(self.sharded, x, y)[0] / len(y)
+                correct, loss, n = count_correct(self.sharded, x, y)
+                out[f"{split}_acc"] = correct / n
+                if split == "val":
+                    out["val_loss"] = loss / n
         return out if run.is_main else {}

@@ -174,21 +174,21 @@ def staged_count_correct(
             elif plan.rank_of(s + 1) != run.rank:
                 comm.send(a.contiguous(), plan.rank_of(s + 1))
     model.train(was_training)
-    return (correct, loss, len(y)) if plan.rank_of(last) == run.rank else None
+    return (correct, loss, y.numel()) if plan.rank_of(last) == run.rank else None
 
 
 def staged_metrics(
     model: nn.Sequential, plan: StagePlan, run: Run, shapes: Sequence[Shape], data: DataSplits
 ) -> dict[str, float]:
-    """Collective: ``train_acc``, ``val_acc``, ``test_acc`` and the training ``loss`` (mean
-    cross-entropy) of the split model, by :func:`staged_count_correct` on each split.
+    """Collective: ``train_acc``, ``val_acc``, ``test_acc``, the training ``loss`` and the
+    ``val_loss`` (mean cross-entropy) of the split model, by :func:`staged_count_correct` on each split.
 
     Returns:
         the figures on the last stage's rank, an empty dict elsewhere.
     """
     out: dict[str, float] = {}
     for split in ("train", "val", "test"):
-        x, y = getattr(data, f"{split}_x"), getattr(data, f"{split}_y")
+        x, y = data.eval_split(split)
         if len(y):
             scored = staged_count_correct(model, plan, run, shapes, x, y)
             if scored is not None:
@@ -196,4 +196,6 @@ def staged_metrics(
                 out[f"{split}_acc"] = correct / n
                 if split == "train":
                     out["loss"] = loss_sum / n
+                elif split == "val":
+                    out["val_loss"] = loss_sum / n
     return out

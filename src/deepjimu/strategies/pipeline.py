@@ -228,13 +228,15 @@ class PipelineStrategy(ModelParallelStrategy):
 
     def forward_backward(self, x: Tensor, y: Tensor) -> Tensor | None:
         index, pad = self._padding(len(y), y.device)
-        # a replica's part weighs as R b / B (batches): its losses add up to R b / B times its mean
-        self._batch_rows = len(y) / self._scale
+        # a replica's part weighs as R b / B (batches): its losses add up to R b / B times its
+        # mean; a sequence's targets (a language model's) count every token
+        self._batch_rows = y.numel() / self._scale
         args = (x[index],) if self.first else ()
         kwargs: dict[str, Any] = {"return_outputs": False}
         losses: list[Tensor] = []
         if self.last:
-            kwargs.update(target=y[index].masked_fill(pad, _IGNORE), losses=losses)
+            rows_pad = pad.view(-1, *[1] * (y.dim() - 1))
+            kwargs.update(target=y[index].masked_fill(rows_pad, _IGNORE), losses=losses)
         with counted_p2p(self.run.comm):
             self.schedule.step(*args, **kwargs)
         return torch.stack([loss.detach() for loss in losses]).sum() if losses else None

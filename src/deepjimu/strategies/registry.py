@@ -138,7 +138,9 @@ class Entry:
     ``color``: its colour in every plot (None: one fixed by its name); ``family_defaults``:
     per data family, the options' defaults for this strategy over the family's row for all
     (:mod:`deepjimu.defaults`); ``epoch_unit``: what one logged epoch of a run is, from its
-    saved options (``epoch``; ``iteration`` where an epoch is one full-batch iteration).
+    saved options (``epoch``; ``iteration`` where an epoch is one full-batch iteration);
+    ``replica_runtime``: the strategy whose runtime per unit its ``--replicas`` pay beside
+    its own (tp: fsdp, which shards its blocks over the replicas), as the probe priced it.
     """
 
     name: str
@@ -151,6 +153,7 @@ class Entry:
     color: str | None = None
     family_defaults: Mapping[Family, Mapping[str, Any]] = field(default_factory=dict)
     epoch_unit: Callable[[Mapping[str, Any]], str] = _epochs
+    replica_runtime: str | None = None
 
     def load(self) -> type[Any]:
         """The strategy's class (its module imported now; typed by
@@ -221,6 +224,7 @@ ENTRIES: tuple[Entry, ...] = (
         memory=tensor_state,
         probed=True,
         color="#e377c2",
+        replica_runtime="fsdp",
     ),
     Entry(
         "model-parallel",
@@ -357,6 +361,11 @@ def predict(
     predictor = entry(cfg.strategy).predict
     if predictor is None:
         raise ValueError(f"the planner does not predict strategy {cfg.strategy}")
+    replicas_by = entry(cfg.strategy).replica_runtime
+    if replicas_by is not None:  # what its replicas' sharding pays per unit, by its own key
+        paid = cluster.action_s.get(replicas_by, 0.0)
+        actions = cluster.action_s | {f"{cfg.strategy}:replicas": paid}
+        cluster = dataclasses.replace(cluster, action_s=actions)
     out = predictor(cfg, layers, train_size, compute, cluster)
     data = train_size * (layers[0].in_elems if layers else 0) * 4  # the training set's floats
     peaks = rank_peaks(cfg, layers, train_size, data, cluster.gpus)

@@ -44,6 +44,7 @@ from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.mesh import batch_problems
 from deepjimu.models import parse_spec
+from deepjimu.models.gpt import TransformerBlock
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, accuracies, make_optimizer
@@ -56,7 +57,8 @@ _ELEMENTWISE = (nn.ReLU, nn.Flatten, nn.Sequential)
 
 
 def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
-    """Megatron's plan of ``model``: its Linear layers in pairs, columns then rows.
+    """Megatron's plan of ``model``: its Linear layers in pairs, columns then rows; of a GPT
+    (:func:`gpt_plan`), each transformer block's attention by heads and its MLP.
 
     Raises:
         JimuError: a module other than Linear, ReLU and Flatten (an activation that mixes
@@ -66,6 +68,8 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
         >>> sorted(tp_plan(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))).items())
         [('0', ColwiseParallel()), ('2', RowwiseParallel())]
     """
+    if any(isinstance(m, TransformerBlock) for m in model.modules()):
+        return gpt_plan(model)
     linears = []
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
@@ -82,6 +86,23 @@ def tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
     plan: dict[str, ParallelStyle] = {}
     for first, second in zip(linears[0::2], linears[1::2], strict=False):
         plan[first], plan[second] = ColwiseParallel(), RowwiseParallel()
+    return plan
+
+
+def gpt_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+    """Megatron's plan of a GPT: in each transformer block q, k and v cut by columns (each
+    rank a share of the heads, attention run on its own heads), the attention's output
+    projection by rows; the MLP's first Linear by columns, its second by rows. So a block
+    costs two all-reduces forward (each projection's output) and two kinds backward (the
+    inputs' gradients of q, k, v and of the MLP's first Linear). The embeddings, the norms
+    and the head stay whole on every rank."""
+    plan: dict[str, ParallelStyle] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, TransformerBlock):
+            for column in ("attn.q", "attn.k", "attn.v", "mlp.fc"):
+                plan[f"{name}.{column}"] = ColwiseParallel()
+            for row in ("attn.proj", "mlp.proj"):
+                plan[f"{name}.{row}"] = RowwiseParallel()
     return plan
 
 
@@ -105,8 +126,20 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
     @classmethod
     def problems(cls, cfg: GradientOptions, n_blocks: int) -> list[str]:
         spec = parse_spec(cfg.model)
+        assert cfg.workers is not None, "defaults not resolved"
+        if spec.kind == "gpt":
+            k = cfg.workers // max(1, cfg.replicas)
+            if spec.heads % k:
+                return [
+                    f"tp splits attention by heads, an equal share a rank: heads {spec.heads} "
+                    f"and {k} ranks to split them over (model: {cfg.model})"
+                ]
+            return batch_problems(cfg.batch_size, cfg.replicas)
         if spec.kind not in ("mlp", "factory"):  # a factory's model: model_blocks checked it
-            return [f"tp splits mlp:... models into Linear pairs; model {cfg.model} is not one"]
+            return [
+                f"tp splits mlp:... models into Linear pairs and gpt:... models by heads; "
+                f"model {cfg.model} is neither"
+            ]
         if spec.kind == "mlp" and n_blocks < 2:
             return [f"tp needs at least two Linear layers to pair (model: {cfg.model})"]
         assert cfg.workers is not None, "defaults not resolved"
@@ -132,12 +165,11 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
         self._counting = True
         self._scales: list[float] = []
         plan = tp_plan(self.sharded)
-        first = next(iter(plan))  # its input is the data: no gradient, no all-reduce
         for name, style in plan.items():
             layer = self.sharded.get_submodule(name)
             if isinstance(style, RowwiseParallel):
                 layer.register_forward_hook(self._forward_all_reduce)
-            elif name != first:
+            elif name.split(".")[0] != "0":  # block 0's input is the data: no gradient
                 layer.register_full_backward_hook(self._backward_all_reduce)
         # the paired layers' parameters are DTensors, an unpaired last layer's plain tensors:
         # torch's multi-tensor kernels (its default on a GPU) refuse such a mix

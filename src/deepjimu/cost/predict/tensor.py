@@ -49,8 +49,8 @@ def tensor_parallel(
     paired = [b for pair in pairs(len(layers)) for b in pair]
     among, among_sent = _replica_comm(cfg, layers, cluster)
     runtime = len(paired) * cluster.action_s.get(cfg.strategy, 0.0)
-    if cfg.replicas > 1:
-        runtime += (len(layers) + 1) * cluster.action_s.get("fsdp", 0.0)
+    if cfg.replicas > 1:  # the sharding over the replicas' runtime (the registry's key)
+        runtime += (len(layers) + 1) * cluster.action_s.get(f"{cfg.strategy}:replicas", 0.0)
     epoch, steps, compute_s, sent = 0.0, 0, 0.0, 0
     for whole, count in epoch_batches(train_size, cfg.batch_size):
         rows = math.ceil(whole / cfg.replicas)

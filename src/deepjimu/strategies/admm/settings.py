@@ -126,6 +126,12 @@ def auto_restarts(cfg: AdmmGroup, cnn: bool) -> bool:
 
 def _refusal(spec: str) -> str:
     """The one line that says why admm cannot train a model that is neither mlp nor cnn."""
+    if parse_spec(spec).kind == "gpt":
+        return (
+            f"admm solves each layer's subproblem in closed form (Linear and conv layers with "
+            f"ReLU); model {spec}'s attention and layer norms are not such layers: train it "
+            "with a gradient strategy (local, ddp, fsdp, tp, model-parallel, pipeline)"
+        )
     if parse_spec(spec).kind != "gcn":  # name the first block it cannot train
         try:
             admm_layers(build_model(spec, (1, 32, 32), 10), (1, 32, 32))

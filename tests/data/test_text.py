@@ -1,0 +1,64 @@
+"""shakespeare-char: the text cut into windows and their next characters, 90/10, fetched and checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from datafiles import Server, md5
+
+from deepjimu.data import DataOptions, load_dataset
+from deepjimu.data import download as dl
+from deepjimu.errors import JimuError
+from texts import TEXT, put_text
+
+
+def _error(opts: DataOptions) -> str:
+    with pytest.raises(JimuError) as e:
+        load_dataset("shakespeare-char", opts)
+    return str(e.value)
+
+
+def test_windows_of_the_first_90_percent_train_and_of_the_last_10_validate(tmp_path: Path) -> None:
+    put_text(tmp_path, TEXT.encode())
+    d = load_dataset("shakespeare-char", DataOptions(data_dir=tmp_path, block_size=16))
+    vocab = sorted(set(TEXT))
+    assert d.num_classes == len(vocab) and d.feature_shape == (16,)
+    # 3,600 characters train: (3,600 - 1) // 16 windows; 400 validate: 399 // 16
+    assert d.train_x.shape == (224, 16) and d.val_x.shape == (24, 16) and d.train_size == 224
+    decode = "".join
+    # each window is 16 consecutive characters, its target the same shifted by one
+    assert decode(vocab[int(i)] for i in d.train_x[1]) == TEXT[16:32]
+    assert decode(vocab[int(i)] for i in d.train_y[1]) == TEXT[17:33]
+    assert decode(vocab[int(i)] for i in d.val_x[0]) == TEXT[3600:3616]
+    # no test split of its own: the validation split; the training windows scored every 10th
+    assert (d.test_x == d.val_x).all() and d.train_eval_every == 10
+    assert d.eval_split("train")[0].shape == (23, 16)
+
+
+def test_a_missing_short_or_unreadable_file_is_one_line(tmp_path: Path) -> None:
+    opts = DataOptions(data_dir=tmp_path, block_size=16)
+    path = tmp_path / "shakespeare" / "input.txt"
+    assert _error(opts) == f"shakespeare-char: missing file {path}; run with --download to fetch it"
+    put_text(tmp_path, TEXT[:100].encode())
+    assert _error(opts) == (
+        f"shakespeare-char: {path} holds 100 characters, too few for windows of 16 in both "
+        "its training 90% and its validation 10% (block-size: 16)"
+    )
+    put_text(tmp_path, b"\xff\xfe" + TEXT.encode())
+    assert _error(opts).startswith(f"shakespeare-char: cannot read {path} as UTF-8 text (")
+
+
+def test_download_checks_the_md5_and_leaves_nothing_behind_on_a_mismatch(
+    tmp_path: Path, http_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    http_server.serve({"input.txt": TEXT.encode()}, prefix="/m")
+    opts = DataOptions(data_dir=tmp_path, download=True, data_url=http_server.url + "/m")
+    # the official MD5 refuses this text, and no file is left
+    assert "checksum mismatch" in _error(opts)
+    assert list((tmp_path / "shakespeare").iterdir()) == []
+    source = dl.Source("http://127.0.0.1:9/unused/", {"input.txt": md5(TEXT.encode())})
+    monkeypatch.setitem(dl.SOURCES, "shakespeare-char", source)
+    d = load_dataset("shakespeare-char", DataOptions(**{**opts.__dict__, "block_size": 8}))
+    assert d.train_size == 3599 // 8
+    assert (tmp_path / "shakespeare" / "input.txt").read_text() == TEXT
