@@ -105,6 +105,7 @@ def deepjimu_local(args: argparse.Namespace, runs_dir: Path, name: str) -> dict[
         quiet=True,
         runs_dir=str(runs_dir),
         name=name,
+        lr_schedule="constant",  # as the plain loop's (text data's defaults decay it)
     )
     s = train(cfg)
     assert s is not None

@@ -106,6 +106,14 @@ class Optimizer(Choice):
     KFAC = "kfac"
 
 
+class LrSchedule(Choice):
+    """``--lr-schedule`` of the gradient strategies: a constant rate, or nanoGPT's linear
+    warm-up then cosine decay to ``--min-lr``."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"
+
+
 class Schedule(Choice):
     """``--schedule`` of the pipeline strategy."""
 

@@ -141,10 +141,12 @@ def _table(cfg: RunConfig, facts: Facts) -> dict[str, Any]:
         return {}
     own = RunConfig().to_dict()
     rows = facts.strategy.family_defaults if facts.strategy is not None else None
+    # the run's length is one option in two units: a given --epochs keeps the table's steps out
+    length = {"steps"} if "epochs" in facts.given else set()
     table = {
         k: v
         for k, v in table_defaults(facts.family, rows).items()
-        if k not in facts.given and getattr(cfg, k) == own[k] and v != own[k]
+        if k not in facts.given and k not in length and getattr(cfg, k) == own[k] and v != own[k]
     }
     candidate = dataclasses.replace(cfg, **table)
     return {k: v for k, v in table.items() if does_not_apply(k, candidate) is None}

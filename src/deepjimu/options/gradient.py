@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from deepjimu.applies import Applies, Condition, Takers
-from deepjimu.choices import KfacMethod, Optimizer, Schedule
+from deepjimu.choices import KfacMethod, LrSchedule, Optimizer, Schedule
 from deepjimu.options.base import Group, checker, choice_problems, minimums, option
 from deepjimu.options.compress import compress_problems
 
@@ -19,6 +19,11 @@ __all__ = ["KfacGroup", "OptimGroup", "PipelineGroup", "SyncGroup"]
 
 _KFAC = Applies(
     when=Condition("--optimizer kfac", lambda c: c.optimizer == Optimizer.KFAC, ("optimizer",)),
+)
+_COSINE = Applies(
+    when=Condition(
+        "--lr-schedule cosine", lambda c: c.lr_schedule == LrSchedule.COSINE, ("lr_schedule",)
+    ),
 )
 
 
@@ -107,6 +112,15 @@ class OptimGroup(Group):
         ),
     )
     weight_decay: float = option(0.0, "L2 weight decay")
+    lr_schedule: LrSchedule = option(
+        LrSchedule.CONSTANT,
+        "learning rate over the run: constant, or cosine (linear warm-up over --warmup-steps, "
+        "then cosine decay to --min-lr at the run's last step, as nanoGPT's)",
+    )
+    warmup_steps: int = option(0, "steps of linear warm-up from 0 to --lr", applies=_COSINE)
+    min_lr: float | None = option(
+        None, "the rate the cosine decay ends at", default_text="--lr / 10", applies=_COSINE
+    )
     steps: int | None = option(
         None,
         "the run's length in optimizer steps, as language models count it, instead of "
@@ -122,6 +136,12 @@ class OptimGroup(Group):
             f"lr must be a positive number (lr: {self.lr})",
         )
         need(0 <= self.momentum < 1, f"momentum must be in [0, 1) (momentum: {self.momentum})")
+        problems += minimums(self, {"warmup_steps": 0})
+        need(
+            self.min_lr is None
+            or (self.min_lr >= 0 and (self.lr is None or self.min_lr <= self.lr)),
+            f"min-lr must be in [0, lr] (min-lr: {self.min_lr}, lr: {self.lr})",
+        )
         problems += minimums(self, {"weight_decay": 0})
         return [*problems, *choice_problems(self, OptimGroup)]
 

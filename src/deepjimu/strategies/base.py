@@ -25,6 +25,7 @@ from deepjimu.models.parts import Place, keeping
 from deepjimu.options import DdpOptions, GradientOptions, KfacGroup, OptimGroup, RunGroup, narrow
 from deepjimu.run import Run
 from deepjimu.strategies.registry import entry
+from deepjimu.strategies.schedule import attach_schedule
 
 __all__ = [
     "DataParallel",
@@ -372,6 +373,9 @@ class GradientStrategy(Strategy):
         cfg = self.cfg
         epochs = self.epochs_of(data)
         self.setup(model, data, run)
+        if getattr(self, "optimizer", None) is not None:  # a stage without parameters has none
+            total = cfg.steps or epochs * self.steps_per_epoch(data)
+            attach_schedule(self.optimizer, cfg, total)
         start, step, samples = 0, 0, 0  # samples: trained on since the last event
         if run.resumed is not None:
             self.load_rank_state(run.resumed.rank_state)
