@@ -93,20 +93,25 @@ def plain_local(data: DataSplits, args: argparse.Namespace) -> dict[str, float]:
 
 def deepjimu_local(args: argparse.Namespace, runs_dir: Path, name: str) -> dict[str, float]:
     """``jimu train --strategy local`` in this process; its summary's train, eval and fit seconds."""
-    cfg = RunConfig(
-        strategy="local",
-        model=args.model,
-        dataset=args.dataset,
-        data_dir=args.data_dir,
-        downsample=args.downsample,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        quiet=True,
-        runs_dir=str(runs_dir),
-        name=name,
-        lr_schedule="constant",  # as the plain loop's (text data's defaults decay it)
-    )
+    given = {
+        "strategy": "local",
+        "model": args.model,
+        "dataset": args.dataset,
+        "data_dir": args.data_dir,
+        "downsample": args.downsample,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "quiet": True,
+        "runs_dir": str(runs_dir),
+        "name": name,
+        "lr_schedule": "constant",
+    }
+    if args.downsample == 1:  # images' option: not given where it would not apply
+        del given["downsample"]
+    # each option as given, so that no data family's defaults change them (text data's
+    # would decay the rate, which the plain loop keeps constant)
+    cfg = RunConfig(**given, given=dict.fromkeys(given, "flag"))  # type: ignore[arg-type]
     s = train(cfg)
     assert s is not None
     return {"train_s": s["train_s"], "eval_s": s["eval_s"], "total_s": s["fit_s"]}

@@ -11,7 +11,8 @@ cluster (they run for real in tests/test_hpc.py); nor is ``--emulate-speeds`` wh
 is no root or no cpu cgroup controller.
 
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
-  Training is shortened to run in the suite (``--epochs`` capped at 2, ``--quiet``;
+  Training is shortened to run in the suite (``--epochs`` capped at 2, ``--steps`` at 20,
+  ``--quiet``;
   ``--synthetic-n`` at 5,000; a bench runs 1 epoch, 2 workers and, unless named, local and
   admm; a plan 1 and 2 workers and, unless named, local and admm, one check of 1 epoch);
   nothing else changes.
@@ -50,6 +51,7 @@ from deepjimu.data.eurosat import CLASSES
 from deepjimu.data.hyperspectral import SCENES
 from deepjimu.emulate import find_cpu_controller
 from processes import env, run_warm
+from texts import TEXT, put_text
 
 # every command of the pages runs as a process of its own
 pytestmark = pytest.mark.slow
@@ -165,6 +167,7 @@ def _make_folder(folder: Path) -> Path:
     make_idx_set(n_train=60, n_test=30).write(folder / "data" / "mnist")
     make_planetoid_set("cora").write(folder / "data")
     make_planetoid_set("citeseer").write(folder / "data")
+    put_text(folder / "data", (TEXT * 3).encode())  # Tiny Shakespeare's stand-in
     _remote_sensing(folder / "data")
     shutil.copytree(ROOT / "examples", folder / "examples")
     return folder
@@ -217,7 +220,7 @@ def shorten(words: list[str]) -> list[str]:
     if "--synthetic-n" in out:  # a generated data set: a smaller one of the same kind
         cap("--synthetic-n", 5000)
     if sub == "train":
-        cap("--epochs", 2)
+        cap("--steps", 20) if "--steps" in out else cap("--epochs", 2)
         out.append("--quiet")
     elif sub == "plan":  # its --check trains
         cap("--epochs", 1)

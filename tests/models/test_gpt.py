@@ -84,13 +84,18 @@ def test_tp_and_the_pipeline_train_a_gpt_as_one_process_does(tmp_path: Path) -> 
     local: the same validation loss and weights, up to float32 sums."""
     _text(tmp_path)
     common = {"dataset": "shakespeare-char", "data_dir": str(tmp_path), "model": "gpt:2x16:2",
-              "block_size": 16, "batch_size": 8, "steps": 12, "quiet": True,
+              "block_size": 16, "batch_size": 8, "steps": 12, "lr_schedule": "constant", "quiet": True,
               "runs_dir": str(tmp_path / "runs")}  # fmt: skip
-    local = train(RunConfig(strategy="local", name="local", **common))
-    tp = train(RunConfig(strategy="tp", workers=2, name="tp", **common))
-    pipeline = {"workers": 2, "microbatches": 2, "schedule": "1f1b"}
-    pipe = train(RunConfig(strategy="pipeline", name="pipe", **pipeline, **common))
-    assert local is not None and tp is not None and pipe is not None
+
+    def run(**kw: object) -> dict:
+        given = {**common, **kw}  # as flags: a constant rate, not text data's default schedule
+        out = train(RunConfig(**given, given=dict.fromkeys(given, "flag")))  # type: ignore[arg-type]
+        assert out is not None
+        return out
+
+    local = run(strategy="local", name="local")
+    tp = run(strategy="tp", workers=2, name="tp")
+    pipe = run(strategy="pipeline", workers=2, microbatches=2, schedule="1f1b", name="pipe")
     # learnt: below a uniform guess's loss, ln(vocabulary)
     assert local["steps"] == 12 and local["val_loss"] < math.log(len(set(TEXT))) - 0.1
     for other in (tp, pipe):
