@@ -390,7 +390,7 @@ class GradientStrategy(Strategy):
             batches = self.batches(data, epoch, run)
             whole = len(batches)
             if cfg.steps is not None:
-                batches = batches[: cfg.steps - step]
+                batches = batches[: max(0, cfg.steps - step)]
             losses: list[Tensor] = []
             with run.training():
                 for x, y in batches:

@@ -89,12 +89,12 @@ class DDPStrategy(DataParallel):
 
     def setup(self, model: nn.Sequential, data: DataSplits, run: Run) -> None:
         cfg = self.cfg
-        assert cfg.epochs is not None, "config not resolved"
         self.run = run
         self.model = model.to(run.device)
         self.setup_shards(data, run)
         # warm-up default: a tenth of the run, at least the 2 steps DDP needs to settle its buckets
-        tenth = max(2, math.ceil(self.steps_per_epoch(data) * cfg.epochs / 10))
+        steps = cfg.steps or self.steps_per_epoch(data) * self.epochs_of(data)
+        tenth = max(2, math.ceil(steps / 10))
         self.spec = parse_compress(cfg.compress)
         self.predictions: dict[str, float] = {}
         self.averaging: Averaging | None = None
