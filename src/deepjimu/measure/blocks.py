@@ -41,11 +41,10 @@ def runnable(block: nn.Module, device: torch.device) -> nn.Module:
     layer's time does not depend on its values, and zeros are no denormals."""
     if not any(t.is_meta for t in [*block.parameters(), *block.buffers()]):
         return copy.deepcopy(block).to(device)
-    made = copy.deepcopy(block).to_empty(device=device)
-    with torch.no_grad():
-        for t in [*made.parameters(), *made.buffers()]:
-            t.zero_()
-    return made
+    # not Module.to_empty: on meta tensors it runs torch's Python references, whose first use
+    # imports sympy (0.56 s here; a worker slowed to a twentieth by --emulate-speeds spent
+    # minutes on it before its first timing)
+    return copy.deepcopy(block)._apply(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device))
 
 
 @contextmanager
