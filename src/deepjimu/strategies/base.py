@@ -369,13 +369,16 @@ class GradientStrategy(Strategy):
             return self.cfg.epochs
         return math.ceil(self.cfg.steps / self.steps_per_epoch(data))
 
+    def total_steps(self, data: DataSplits) -> int:
+        """The run's optimizer steps: ``--steps``, or its epochs' steps."""
+        return self.cfg.steps or self.epochs_of(data) * self.steps_per_epoch(data)
+
     def fit(self, model: nn.Sequential, data: DataSplits, run: Run) -> FitResult:
         cfg = self.cfg
         epochs = self.epochs_of(data)
         self.setup(model, data, run)
         if getattr(self, "optimizer", None) is not None:  # a stage without parameters has none
-            total = cfg.steps or epochs * self.steps_per_epoch(data)
-            attach_schedule(self.optimizer, cfg, total)
+            attach_schedule(self.optimizer, cfg, self.total_steps(data))
         start, step, samples = 0, 0, 0  # samples: trained on since the last event
         if run.resumed is not None:
             self.load_rank_state(run.resumed.rank_state)

@@ -93,8 +93,7 @@ class DDPStrategy(DataParallel):
         self.model = model.to(run.device)
         self.setup_shards(data, run)
         # warm-up default: a tenth of the run, at least the 2 steps DDP needs to settle its buckets
-        steps = cfg.steps or self.steps_per_epoch(data) * self.epochs_of(data)
-        tenth = max(2, math.ceil(steps / 10))
+        tenth = max(2, math.ceil(self.total_steps(data) / 10))
         self.spec = parse_compress(cfg.compress)
         self.predictions: dict[str, float] = {}
         self.averaging: Averaging | None = None

@@ -38,7 +38,7 @@ from deepjimu.memory import return_freed_memory
 from deepjimu.models import parse_spec
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
-from deepjimu.strategies.base import DataParallel, count_correct, make_optimizer
+from deepjimu.strategies.base import DataParallel, accuracies, count_correct, make_optimizer
 from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
 __all__ = [
@@ -203,11 +203,5 @@ class FSDPStrategy(ShardedModel, DataParallel):
         totals = torch.tensor([correct, n], dtype=torch.float64, device=run.device)
         dist.all_reduce(totals)  # bookkeeping: not counted
         out: dict[str, float | None] = {"train_acc": float(totals[0] / totals[1])}
-        for split in ("val", "test"):
-            x, y = data.eval_split(split)
-            if len(y):
-                correct, loss, n = count_correct(self.sharded, x, y)
-                out[f"{split}_acc"] = correct / n
-                if split == "val":
-                    out["val_loss"] = loss / n
+        out |= accuracies(self.sharded, data, ("val", "test"))
         return out if run.is_main else {}
