@@ -47,6 +47,7 @@ __all__ = [
     "CountedReduceScatter",
     "FSDPStrategy",
     "counted_units",
+    "uncounted",
 ]
 
 
@@ -115,6 +116,19 @@ def counted_units(sharded: nn.Module, comm: Comm, all_reduce: bool) -> list[Coun
     return out
 
 
+@contextlib.contextmanager
+def uncounted(counters: list[Counted], comm: Comm) -> Iterator[None]:
+    """Inside the block ``counters`` count on a scratch ``Comm`` (evaluation's collectives
+    are bookkeeping, as every other strategy's); after it, on ``comm`` again."""
+    for c in counters:
+        c.comm = Comm(CommStats())
+    try:
+        yield
+    finally:
+        for c in counters:
+            c.comm = comm
+
+
 class FSDPStrategy(ShardedModel, DataParallel):
     """Fully sharded data parallel (ZeRO-3) with torch's FSDP2, one unit per block.
 
@@ -156,13 +170,8 @@ class FSDPStrategy(ShardedModel, DataParallel):
     def _uncounted(self) -> Iterator[None]:
         """Inside the block the sharded model's collectives go uncounted: evaluation is
         bookkeeping, as every other strategy's (whose evaluation sends nothing)."""
-        for c in self._comms:
-            c.comm = Comm(CommStats())
-        try:
+        with uncounted(self._comms, self.run.comm):
             yield
-        finally:
-            for c in self._comms:
-                c.comm = self.run.comm
 
     def _shard(self, model: nn.Sequential, run: Run, whole: bool) -> nn.Module:
         """The training copy of ``model`` (loaded with its weights where it is built

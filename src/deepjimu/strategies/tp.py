@@ -39,7 +39,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from deepjimu.comm import Comm, CommStats, nbytes
+from deepjimu.comm import nbytes
 from deepjimu.data import DataSplits
 from deepjimu.errors import JimuError
 from deepjimu.mesh import batch_problems
@@ -48,7 +48,7 @@ from deepjimu.models.gpt import TransformerBlock
 from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy, accuracies, make_optimizer
-from deepjimu.strategies.fsdp import Counted, counted_units
+from deepjimu.strategies.fsdp import Counted, counted_units, uncounted
 from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
 
 __all__ = ["TensorParallelStrategy", "tp_plan"]
@@ -220,14 +220,11 @@ class TensorParallelStrategy(ShardedModel, GradientStrategy):
     def _uncounted(self) -> Iterator[None]:
         """Evaluation's all-reduces are bookkeeping, as every other strategy's."""
         self._counting = False
-        for c in self._comms:
-            c.comm = Comm(CommStats())
         try:
-            yield
+            with uncounted(self._comms, self.run.comm):
+                yield
         finally:
             self._counting = True
-            for c in self._comms:
-                c.comm = self.run.comm
 
     def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
         """The batches of ``local``; with ``--replicas``, this replica's part of each, its
