@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.9,
         help="print the training time to this test accuracy, a fraction (default: 0.9)",
     )
+    report.add_argument(
+        "--target-loss",
+        type=float,
+        default=None,
+        help="print the training time to this validation loss instead (a language model's "
+        "figure, e.g. 1.9)",
+    )
     bench = sub.add_parser("bench", help="run strategies x worker counts side by side")
     add_bench_arguments(bench)
     sbatch = sub.add_parser(
@@ -118,8 +125,17 @@ def _add_matrix_arguments(p: argparse.ArgumentParser) -> None:
         "--target-acc",
         type=float,
         default=None,
-        help="test accuracy for time-to-target, a fraction (default: 95%% of the best final "
-        "test accuracy among the configurations, rounded down to a whole percent)",
+        help="test accuracy for time-to-target, a fraction (default, except on text data: "
+        "95%% of the best final test accuracy among the configurations, rounded down to a "
+        "whole percent)",
+    )
+    p.add_argument(
+        "--target-loss",
+        type=float,
+        default=None,
+        help="validation loss for time-to-target instead, e.g. 1.9 (default on text data: the "
+        "best final validation loss among the configurations over 95%%, rounded up to two "
+        "decimals)",
     )
     p.add_argument("--seed", type=int, default=None, help="seed of every run (default: 0)")
     p.add_argument(

@@ -94,11 +94,14 @@ def _command(args: argparse.Namespace, place: Placement) -> int:
             raise JimuError(
                 f"--target-acc must be a fraction in (0, 1] (target-acc: {args.target_acc})"
             )
+        if args.target_loss is not None and not args.target_loss > 0:
+            raise JimuError(f"--target-loss must be > 0 (target-loss: {args.target_loss})")
         report(
             Path(args.run_dir),
             plots=not args.no_plots,
             target_acc=args.target_acc,
             out_dir=Path(args.out) if args.out else None,
+            target_loss=args.target_loss,
         )
         return 0
     if args.command == "sbatch":

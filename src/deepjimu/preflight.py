@@ -76,7 +76,7 @@ def check_machine(
     device = pick_device(cfg, 0, cfg.workers)
     cuda = device.type == "cuda"
     try:
-        layers = layers_of(model, data.train_x[:1])  # type: ignore[arg-type]
+        layers = layers_of(model, data.train_x[:1], flops=False)  # type: ignore[arg-type]
     except (RuntimeError, TypeError, NotImplementedError):
         # a model whose blocks take more than a batch of features (a graph's): its
         # parameters as one block, held whole by every worker

@@ -11,6 +11,8 @@ from deepjimu.cost.compress import Prediction, format_predictions
 from deepjimu.cost.probe import format_probe, read_probe
 from deepjimu.errors import JimuError
 from deepjimu.record.read import (
+    ACCURACY,
+    VAL_LOSS,
     finite_number,
     read_config,
     read_events,
@@ -168,9 +170,12 @@ def run_figures(events: list[dict[str, Any]], title: str, unit: str = "epoch") -
     ax = loss.add_subplot()
     x, y = numbers("loss")
     ax.plot(x, y, marker="o", markersize=3, label=f"training loss (mean over the {unit})")
+    x, y = numbers("val_loss")
+    if x:
+        ax.plot(x, y, marker="o", markersize=3, label="validation loss")
     ax.set_xlabel(unit)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no epoch 2.5
-    ax.set_ylabel("cross-entropy loss (nats per sample)")
+    ax.set_ylabel("cross-entropy loss (nats per sample, or per token)")
     ax.set_title(f"Loss: {title}")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -268,10 +273,30 @@ def _bench_line(bench_dir: Path) -> str:
     )
 
 
+def _time_to_line(
+    events: list[dict[str, Any]], target_acc: float, target_loss: float | None
+) -> str:
+    """The training time to ``target_loss`` (a validation loss) if given, else to
+    ``target_acc`` (a test accuracy)."""
+    metric, target = (VAL_LOSS, target_loss) if target_loss is not None else (ACCURACY, target_acc)
+    what = metric.phrase(target)
+    train_s, wall_s = train_time_to(events, target, metric)
+    if train_s is None:
+        return f"time to {what}: not reached"
+    return (
+        f"time to {what}: {train_s:.2f} s of training "
+        f"(evaluation excluded; {wall_s:.2f} s since the run started)"
+    )
+
+
 def report(
-    run_dir: Path, plots: bool = True, target_acc: float = 0.9, out_dir: Path | None = None
+    run_dir: Path,
+    plots: bool = True,
+    target_acc: float = 0.9,
+    out_dir: Path | None = None,
+    target_loss: float | None = None,
 ) -> None:
-    """Print a run's event table, its resumes, time to ``target_acc`` and summary; write its plots.
+    """Print a run's event table, its resumes, time to a target and summary; write its plots.
 
     A probe's folder (``probe.json``, no ``events.jsonl``) prints the probe's table instead;
     a bench's folder (``bench.json``) is refused in one line naming its ``report.md``.
@@ -281,6 +306,8 @@ def report(
         plots: also write ``loss.png`` and ``accuracy.png``.
         target_acc: the test accuracy (a fraction) whose training time to reach is printed.
         out_dir: where the plots go (default: the run folder).
+        target_loss: a validation loss whose training time to reach is printed instead
+            (``--target-loss``; a language model's figure).
 
     Raises:
         JimuError: missing folder or ``events.jsonl``, a bench's folder, a damaged JSON
@@ -308,14 +335,7 @@ def report(
                 f"epoch {e.get('epoch')}: went on from the checkpoint at epoch {r.get('epoch')} "
                 f"(by {r.get('by')}; {r.get('events_dropped')} later event(s) dropped)"
             )
-    train_s, wall_s = train_time_to(events, target_acc)
-    if train_s is None:
-        print(f"time to {target_acc:.0%} test accuracy: not reached")
-    else:
-        print(
-            f"time to {target_acc:.0%} test accuracy: {train_s:.2f} s of training "
-            f"(evaluation excluded; {wall_s:.2f} s since the run started)"
-        )
+    print(_time_to_line(events, target_acc, target_loss))
     if summary is None:
         print("summary: none (the run has not finished)")
     else:

@@ -399,7 +399,9 @@ def _train(
     if parts:
         place = strategy.placer(model, data, run)
         assert place is not None, "a strategy that builds in parts places its blocks"
-        model = build_model(cfg.model, data.feature_shape, data.num_classes, cfg.seed, place)
+        model = build_model(
+            cfg.model, data.feature_shape, data.num_classes, cfg.seed, place, cfg.dropout
+        )
     if traits.shards_data:
         data = data.shard(rank, world, run.speeds)
     data = data.to(strategy.data_device(device))
@@ -423,7 +425,9 @@ def _train(
 def _model(cfg: RunConfig, data: DataSplits, model_factory: ModelFactory | None) -> nn.Sequential:
     """The run's model: built from its spec, or by the user's factory (``deepjimu.fit``)."""
     if model_factory is None:
-        return build_model(cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed)
+        return build_model(
+            cfg.model, data.feature_shape, data.num_classes, seed=cfg.seed, dropout=cfg.dropout
+        )
     # the same start on every rank, as build_model's seeded init
     torch.manual_seed(cfg.seed)
     return model_factory()

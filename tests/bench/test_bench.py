@@ -274,7 +274,7 @@ def test_bench_end_to_end_records_failures_and_goes_on(
     assert 0 < float(ddp["time_to_target_s"]) <= float(ddp["train_s"])
     md = (out / "report.md").read_text()
     assert (
-        f"- time-to-accuracy target: {target}% test accuracy; 95% of the best final test "
+        f"- time-to-target: {target}% test accuracy; 95% of the best final test "
         f"accuracy, {float(ddp['test_acc']):.2%} (ddp x2 mlp:16x1 precision=bf16), rounded down"
     ) in md
     assert f"train s to {target}%" in md
@@ -315,6 +315,23 @@ def test_an_empty_item_of_a_comma_list_is_one_line_naming_the_option(
     argv = [command, *where, "--strategies", "local", "--models", "mlp:16x1"]
     assert main([*argv, flag, value]) == 2
     assert capsys.readouterr().err == f"error: {flag} has an empty item (got {value!r})\n"
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--target-acc", "0.9", "--target-loss", "1.9"], "give one target: --target-acc or "
+         "--target-loss, not both"),
+        (["--target-loss", "0"], "--target-loss must be > 0 (target-loss: 0.0)"),
+    ],
+)  # fmt: skip
+def test_a_bench_takes_one_target_and_a_positive_loss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], says: str
+) -> None:
+    argv = ["bench", "--bench-dir", str(tmp_path), "--name", "b", "--strategies", "local"]
+    assert main([*argv, *flags]) == 2
+    assert capsys.readouterr().err == f"error: {says}\n"
     assert not (tmp_path / "b").exists()
 
 

@@ -11,7 +11,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from deepjimu.bench.plots import figures
-from deepjimu.bench.results import Target, add_speedups, choose_target
+from deepjimu.bench.results import Target, add_speedups, add_time_to_target, choose_target
+from deepjimu.record.read import VAL_LOSS
 
 STRATEGIES = ("local", "ddp", "model-parallel", "pipeline", "admm")
 TARGET = Target(0.9, "set with --target-acc")
@@ -182,12 +183,35 @@ def test_the_target_and_its_reason_are_in_the_plot(tmp_path: Path) -> None:
     rows = [_row(tmp_path, "admm", 2, "", test_acc=0.812), _row(tmp_path, "ddp", 2, "")]
     rows[1]["test_acc"] = 0.79
     target = choose_target(rows, None)
-    assert target.acc == 0.77  # 95% of 81.2%, rounded down
+    assert target.value == 0.77  # 95% of 81.2%, rounded down
     fig = _drawn(rows, target)["time_to_target"]
     title = fig.get_suptitle()
     assert "target 77%" in title
     assert "95% of the best final test accuracy, 81.20% (admm x2" in " ".join(title.split())
     assert choose_target(rows, 0.5) == Target(0.5, "set with --target-acc")
+
+
+def test_a_language_models_target_is_a_validation_loss_reached_from_above(tmp_path: Path) -> None:
+    rows = [_row(tmp_path, "local", 1, ""), _row(tmp_path, "ddp", 2, "")]
+    for row, losses in zip(rows, ([2.4, 2.0, 1.8536], [2.5, 2.1, 1.95]), strict=True):
+        events = [{"epoch": e, "train_s": 10.0 * e, "val_loss": v} for e, v in enumerate(losses)]
+        Path(row["run_dir"], "events.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in events)
+        )
+        row["val_loss"] = losses[-1]
+    target = choose_target(rows, None, VAL_LOSS)
+    assert target.value == 1.96  # 1.8536 / 0.95 = 1.951, rounded up: within reach of the best
+    assert target.text == "validation loss 1.96" and "(local x1 mlp:256x3)" in target.why
+    add_time_to_target(rows, target)
+    assert [r["time_to_target_s"] for r in rows] == [20.0, 20.0]  # the first at or below
+    add_time_to_target(rows, choose_target(rows, 1.9, VAL_LOSS))
+    assert [r["time_to_target_s"] for r in rows] == [20.0, None]  # 1.95 never reached 1.9
+    figs = _drawn(rows, target)
+    assert "accuracy_time" not in figs
+    ax = figs["loss_time"].axes[0]
+    assert ax.get_ylabel() == "validation loss (nats)"
+    assert [ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_gid() == "reference"] == [1.96]
+    assert "target validation loss 1.96" in figs["time_to_target"].get_suptitle()
 
 
 def test_every_figure_names_the_configurations_that_did_not_fit(tmp_path: Path) -> None:

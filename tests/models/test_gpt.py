@@ -44,6 +44,18 @@ def test_a_token_never_sees_the_future() -> None:
     assert not torch.allclose(a[..., 7:], b[..., 7:])
 
 
+def test_dropout_acts_in_training_only_and_at_its_given_rate() -> None:
+    model = build_model("gpt:2x32:4", (12,), 20, seed=1, dropout=0.5)
+    rates = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+    assert rates == {0.5} and model[1].attn.dropout == 0.5  # blocks' and attention's own
+    x = torch.randint(0, 20, (2, 12))
+    assert not torch.equal(model(x), model(x))  # masks drawn afresh at each step
+    model.eval()
+    assert torch.equal(model(x), model(x))
+    plain = build_model("gpt:2x32:4", (12,), 20, seed=1)
+    assert torch.equal(model(x), plain.eval()(x))  # the same weights; eval drops nothing
+
+
 def test_tp_cuts_attention_by_heads_and_the_mlp_in_megatrons_layout() -> None:
     plan = tp_plan(build_model("gpt:1x16:2", (8,), 5))
     assert {k: type(v).__name__ for k, v in plan.items()} == {
@@ -63,6 +75,9 @@ def test_tp_cuts_attention_by_heads_and_the_mlp_in_megatrons_layout() -> None:
         ({"dataset": "digits"}, "model gpt:2x32:4 is a language model: it trains on text data"),
         ({"model": "mlp:32x2"}, "dataset shakespeare-char is text, whose targets are each next"),
         ({"steps": 5, "epochs": 2}, "give the run's length once: --epochs or --steps, not both"),
+        ({"dropout": 1.0}, "dropout must be in [0, 1) (dropout: 1.0)"),
+        ({"dataset": "digits", "model": "mlp:32x2", "dropout": 0.1},
+         "--dropout applies to"),
     ],
 )  # fmt: skip
 def test_what_cannot_train_a_gpt_is_one_line(tmp_path: Path, kw: dict, says: str) -> None:

@@ -17,7 +17,8 @@ __all__ = ["write_markdown"]
 _PLOT_TEXT = {
     "throughput": "Training throughput and speedup over 1 worker",
     "accuracy_time": "Test accuracy over training time, every configuration",
-    "time_to_target": "Training time to the target accuracy and final test accuracy",
+    "loss_time": "Validation loss over training time, every configuration",
+    "time_to_target": "Training time to the target and the final figure",
     "comm_memory": "Bytes communicated per training sample and peak memory per worker",
     "pipeline_bubble": "Pipeline: measured idle fraction next to the GPipe bubble (n-1)/(m+n-1)",
 }
@@ -31,7 +32,7 @@ def _secs(value: Any) -> str:
     return "-" if value is None else three_figures(value)
 
 
-def _row_cells(r: dict[str, Any], with_options: bool) -> list[str]:
+def _row_cells(r: dict[str, Any], with_options: bool, with_loss: bool) -> list[str]:
     speedup = "-" if r.get("speedup") is None else f"{r['speedup']:.2f} (over {r['speedup_base']})"
     bubble = "-"
     if r.get("idle_frac") is not None or r.get("bubble_theory") is not None:
@@ -48,6 +49,7 @@ def _row_cells(r: dict[str, Any], with_options: bool) -> list[str]:
         _secs(r.get("wall_s")),
         _num(r.get("samples_per_s"), ".0f"),
         speedup,
+        *([_num(r.get("val_loss"), ".4f")] if with_loss else []),
         _num(r.get("test_acc"), ".2%"),
         _secs(r.get("time_to_target_s")),
         "-" if r.get("bytes_per_sample") is None else format_bytes(r["bytes_per_sample"]),
@@ -108,9 +110,8 @@ def write_markdown(
         tunings: the ``--tune`` trials and choices, if the bench tuned.
     """
     target: Target = setup["target"]
-    pct = "the target" if target.acc is None else f"{target.acc:.0%}"
-    lines = _setup_lines(setup, target, pct)
-    lines += _results_lines(rows, pct)
+    lines = _setup_lines(setup, target)
+    lines += _results_lines(rows, target)
     if tunings:
         lines += _tuning_lines(tunings)
     lines += _no_fit_lines(rows)
@@ -121,7 +122,7 @@ def write_markdown(
     atomic_write_text(path, "\n".join(lines).rstrip() + "\n")
 
 
-def _setup_lines(setup: dict[str, Any], target: Target, pct: str) -> list[str]:
+def _setup_lines(setup: dict[str, Any], target: Target) -> list[str]:
     """The title and what all runs shared (see :func:`write_markdown`), the signal if any."""
     lines = [
         f"# deepjimu bench `{setup['name']}`",
@@ -132,7 +133,7 @@ def _setup_lines(setup: dict[str, Any], target: Target, pct: str) -> list[str]:
         f"- dataset: {setup['dataset']}, seed {setup['seed']}, "
         f"epochs: {setup['epochs'] or 'each strategy default'}, "
         f"extra train flags: `{setup['train_args'] or 'none'}`",
-        f"- time-to-accuracy target: {pct} test accuracy; {target.why}",
+        f"- time-to-target: {target.text}; {target.why}",
         "- every configuration ran in its own `jimu train` process, one after the other",
     ]
     if setup.get("interrupted"):
@@ -140,9 +141,12 @@ def _setup_lines(setup: dict[str, Any], target: Target, pct: str) -> list[str]:
     return lines
 
 
-def _results_lines(rows: list[dict[str, Any]], pct: str) -> list[str]:
+def _results_lines(rows: list[dict[str, Any]], target: Target) -> list[str]:
     """The results section: one table row per finished configuration, then what the columns mean."""
     lines = ["", "## Results", ""]
+    metric = target.metric
+    pct = "the target" if target.value is None else metric.text(target.value)
+    with_loss = not metric.higher
     ok = [r for r in rows if r["status"] == "ok"]
     with_options = any(r.get("options") or r.get("tuned") for r in rows)
     header = [
@@ -156,13 +160,14 @@ def _results_lines(rows: list[dict[str, Any]], pct: str) -> list[str]:
         "wall s",
         "samples/s",
         "speedup",
+        *(["val loss"] if with_loss else []),
         "test acc",
         f"train s to {pct}",
         "sent/sample",
         "peak MiB/worker",
         "idle / bubble",
     ]
-    cells = [_row_cells(r, with_options) for r in ok]
+    cells = [_row_cells(r, with_options, with_loss) for r in ok]
     lines += _table(header, cells) if ok else ["No configuration finished."]
     lines += [
         "",
@@ -172,7 +177,7 @@ def _results_lines(rows: list[dict[str, Any]], pct: str) -> list[str]:
         "- *speedup*: throughput over that of the same strategy and model with 1 worker; "
         "where that run does not exist or failed, over `local` with 1 worker.",
         f"- *train s to {pct}*: training time (evaluation excluded, so a strategy that "
-        f"evaluates more often is not penalised) until the first event whose test accuracy "
+        f"evaluates more often is not penalised) until the first event whose {metric.name} "
         f"reaches {pct}; `-` when it was not reached.",
         "- *sent/sample*: bytes sent by all ranks (the payload each rank handed to torch.distributed) "
         "per training sample processed.",

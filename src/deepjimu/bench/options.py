@@ -34,7 +34,8 @@ DEFAULTS: dict[str, Any] = {
 @dataclass
 class BenchOptions:
     """What one bench runs. ``epochs`` None: each strategy's default epochs; ``target_acc``
-    None: chosen from the runs (:func:`deepjimu.bench.results.choose_target`)."""
+    and ``target_loss`` None: chosen from the runs (:func:`deepjimu.bench.results.choose_target`;
+    a validation loss on text data, else a test accuracy)."""
 
     name: str
     bench_dir: Path = Path("bench")
@@ -45,6 +46,7 @@ class BenchOptions:
     data_dir: str = "data"
     epochs: int | None = None
     target_acc: float | None = None
+    target_loss: float | None = None
     seed: int = 0
     timeout: float = 300.0
     train_args: str = ""
@@ -81,7 +83,7 @@ def bench_options(args: argparse.Namespace, base: BenchOptions | None = None) ->
     Raises:
         JimuError: a bad value.
     """
-    keys = (*DEFAULTS, "name", "epochs", "target_acc")
+    keys = (*DEFAULTS, "name", "epochs", "target_acc", "target_loss")
     given = {k: v for k in keys if (v := getattr(args, k, None)) is not None}
     if given.get("epochs", 1) < 1:
         raise JimuError(f"--epochs must be >= 1 (epochs: {given['epochs']})")
@@ -89,6 +91,10 @@ def bench_options(args: argparse.Namespace, base: BenchOptions | None = None) ->
         raise JimuError(
             f"--target-acc must be a fraction in (0, 1] (target-acc: {given['target_acc']})"
         )
+    if not given.get("target_loss", 1) > 0:
+        raise JimuError(f"--target-loss must be > 0 (target-loss: {given['target_loss']})")
+    if "target_acc" in given and "target_loss" in given:
+        raise JimuError("give one target: --target-acc or --target-loss, not both")
     if given.get("timeout", 1) <= 0:
         raise JimuError(f"--timeout must be > 0 seconds (timeout: {given['timeout']})")
     if given.get("tune_trials", 1) < 1:
@@ -114,6 +120,10 @@ def bench_options(args: argparse.Namespace, base: BenchOptions | None = None) ->
         elif k not in ("tune", "tune_trials"):
             setattr(opts, k, v)
     opts.tune = trials if tune else 0
+    if "target_loss" in given:  # a target given on resume replaces the recorded one
+        opts.target_acc = None
+    elif "target_acc" in given:
+        opts.target_loss = None
     opts.flags.update(train_flags(args))
     return opts
 
@@ -138,6 +148,8 @@ def bench_command(opts: BenchOptions) -> str:
     argv += ["--seed", str(opts.seed), "--timeout", f"{opts.timeout:g}"]
     if opts.target_acc is not None:
         argv += ["--target-acc", f"{opts.target_acc:g}"]
+    if opts.target_loss is not None:
+        argv += ["--target-loss", f"{opts.target_loss:g}"]
     if opts.epochs is not None:
         argv += ["--epochs", str(opts.epochs)]
     if opts.tune:

@@ -274,11 +274,15 @@ def _throughput(
     return fig
 
 
-def _accuracy_time(
+def _over_time(
     rows: list[dict[str, Any]], style: dict[int, Style], many: bool, target: Target, title: str
 ) -> Any | None:
+    """The target's figure (test accuracy, or validation loss) of every run over its
+    training time, and the target as a dotted line."""
     from matplotlib.figure import Figure
 
+    metric = target.metric
+    scale = 100 if metric.higher else 1  # accuracies in percent
     lines = []
     for i, r in enumerate(rows):
         try:
@@ -287,9 +291,9 @@ def _accuracy_time(
             continue
         pts = []
         for e in events:
-            train_s, acc = finite_number(e.get("train_s")), finite_number(e.get("test_acc"))
-            if train_s is not None and acc is not None:
-                pts.append((train_s, 100 * acc))
+            train_s, value = finite_number(e.get("train_s")), finite_number(e.get(metric.key))
+            if train_s is not None and value is not None:
+                pts.append((train_s, scale * value))
         if pts:
             lines.append((i, pts))
     if not lines:
@@ -309,20 +313,21 @@ def _accuracy_time(
             markersize=5,
             label=_label(rows[i], many),
         )
-    if target.acc is not None:
-        shown.append(100 * target.acc)
+    if target.value is not None:
+        shown.append(scale * target.value)
         ax.axhline(
-            100 * target.acc,
+            scale * target.value,
             color="black",
             linewidth=0.8,
             linestyle=":",
-            label=f"target {100 * target.acc:g}%",
+            label=f"target {metric.text(target.value)}",
             gid="reference",
         )
-    ax.set_ylim(*accuracy_limits(shown))
+    if metric.higher:
+        ax.set_ylim(*accuracy_limits(shown))
     ax.set_xlabel("training time (s, evaluation excluded)")
-    ax.set_ylabel("test accuracy (% correct)")
-    ax.set_title(f"Test accuracy over time: {title}")
+    ax.set_ylabel("test accuracy (% correct)" if metric.higher else f"{metric.name} (nats)")
+    ax.set_title(f"{metric.name.capitalize()} over time: {title}")
     ax.grid(alpha=0.3)
     fig.legend(fontsize=8, loc="outside right upper")
     return fig
@@ -331,7 +336,13 @@ def _accuracy_time(
 def _target(
     rows: list[dict[str, Any]], style: dict[int, Style], many: bool, target: Target, title: str
 ) -> Any | None:
-    pct = "-" if target.acc is None else f"{100 * target.acc:g}%"
+    metric = target.metric
+    shown = "-" if target.value is None else metric.text(target.value)
+    final = (
+        ("Final test accuracy", _values(rows, "test_acc", 100), "final test accuracy (% correct)")
+        if metric.higher
+        else ("Final validation loss", _values(rows, "val_loss"), "final validation loss (nats)")
+    )
     fig = _bar_figure(
         rows,
         style,
@@ -339,21 +350,16 @@ def _target(
         title,
         [
             (
-                f"Time to {pct} test accuracy (n/a: not reached)",
+                f"Time to {target.text} (n/a: not reached)",
                 _values(rows, "time_to_target_s"),
                 "training time to the target (s, evaluation excluded)",
-                f"no configuration reached {pct}",
+                f"no configuration reached {shown}",
             ),
-            (
-                "Final test accuracy",
-                _values(rows, "test_acc", 100),
-                "final test accuracy (% correct)",
-                "no configuration logged a test accuracy",
-            ),
+            (*final, f"no configuration logged a {metric.name}"),
         ],
     )
-    if fig is not None and target.acc is not None:
-        fig.suptitle(_wrap(fig, f"{title}\ntarget {pct}: {target.why}", 10), fontsize=10)
+    if fig is not None and target.value is not None:
+        fig.suptitle(_wrap(fig, f"{title}\ntarget {target.text}: {target.why}", 10), fontsize=10)
     return fig
 
 
@@ -422,10 +428,10 @@ def figures(rows: list[dict[str, Any]], title: str, target: Target) -> dict[str,
     Args:
         rows: result rows (see :data:`deepjimu.bench.results.COLUMNS`); only ok ones are drawn.
         title: names the dataset (and what is shared by every run).
-        target: the time-to-accuracy target and why it was chosen.
+        target: the time-to-target figure and why it was chosen.
 
     Returns:
-        throughput, accuracy_time, time_to_target, comm_memory and, when a pipeline run
+        throughput, accuracy_time (loss_time for a validation-loss target), time_to_target, comm_memory and, when a pipeline run
         finished, pipeline_bubble; a figure with nothing to show is left out. Each names,
         under it, the configurations that did not fit in their memory.
     """
@@ -436,7 +442,9 @@ def figures(rows: list[dict[str, Any]], title: str, target: Target) -> dict[str,
     many = len({r["model"] for r in rows}) > 1
     out = {
         "throughput": _throughput(ok, style, many, title),
-        "accuracy_time": _accuracy_time(ok, style, many, target, title),
+        ("accuracy_time" if target.metric.higher else "loss_time"): _over_time(
+            ok, style, many, target, title
+        ),
         "time_to_target": _target(ok, style, many, target, title),
         "comm_memory": _comm_memory(ok, style, many, title),
     }

@@ -29,7 +29,7 @@ def resumed(args: argparse.Namespace) -> BenchOptions:
 
     Raises:
         JimuError: DIR holds no bench record; ConfigErrors: one line per option given that
-            differs from the record (only ``--timeout`` and ``--target-acc`` may change).
+            differs from the record (only ``--timeout`` and the target may change).
     """
     out = Path(args.resume)
     path = out / RECORD
@@ -48,7 +48,7 @@ def resumed(args: argparse.Namespace) -> BenchOptions:
     asked = bench_options(args, recorded)
     problems = []
     for f in dataclasses.fields(BenchOptions):
-        if f.name in ("timeout", "target_acc", "flags"):  # neither changes a configuration
+        if f.name in ("timeout", "target_acc", "target_loss", "flags"):  # none changes a run
             continue
         was, now = getattr(recorded, f.name), getattr(asked, f.name)
         if was != now:

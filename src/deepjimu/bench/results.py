@@ -11,7 +11,7 @@ from typing import Any
 
 from deepjimu.atomic import atomic_write_text
 from deepjimu.errors import JimuError
-from deepjimu.record.read import read_events, train_time_to
+from deepjimu.record.read import ACCURACY, Metric, read_events, train_time_to
 from deepjimu.strategies.registry import reference
 
 __all__ = [
@@ -45,6 +45,7 @@ COLUMNS = (
     "speedup",
     "speedup_base",
     "test_acc",
+    "val_loss",
     "time_to_target_s",
     "wall_to_target_s",
     "bytes_sent",
@@ -58,50 +59,65 @@ COLUMNS = (
 
 
 TARGET_SHARE = 0.95
-"""Without ``--target-acc``, the target is this share of the best final test accuracy."""
+"""Without a given target, the target is this share of the best final test accuracy (a
+language model's: the best final validation loss over this share)."""
 
 
 @dataclass(frozen=True)
 class Target:
-    """The test accuracy whose training time to reach the bench reports, and why it is that.
+    """The figure whose training time to reach the bench reports, and why it is that.
 
-    ``acc`` is a fraction, None when no configuration finished (nothing to choose from).
+    ``value``: a test accuracy (a fraction) or a validation loss (``metric`` says which);
+    None when no configuration finished (nothing to choose from).
     """
 
-    acc: float | None
+    value: float | None
     why: str
+    metric: Metric = ACCURACY
+
+    @property
+    def text(self) -> str:
+        """``90% test accuracy``, ``validation loss 1.90`` or ``the target``."""
+        return "the target" if self.value is None else self.metric.phrase(self.value)
 
 
-def choose_target(rows: list[dict[str, Any]], given: float | None) -> Target:
-    """The bench's time-to-accuracy target: ``given`` (``--target-acc``) if set, else
-    :data:`TARGET_SHARE` of the best final test accuracy among the finished configurations,
-    rounded down to a whole percent.
+def choose_target(
+    rows: list[dict[str, Any]], given: float | None, metric: Metric = ACCURACY
+) -> Target:
+    """The bench's time-to-target figure of ``metric``: ``given`` (``--target-acc`` or
+    ``--target-loss``) if set; else, of the best final figure among the finished
+    configurations, :data:`TARGET_SHARE` of the best test accuracy, rounded down to a whole
+    percent, or the best validation loss over that share, rounded up to two decimals.
 
     A fixed target suits no data set: Cora's runs end near 80% and never reach 90%, digits'
     reach 97%; a share of the best keeps every fast configuration comparable.
 
     Example:
         >>> choose_target([{"status": "ok", "test_acc": 0.819, "strategy": "ddp", "workers": 2,
-        ...                 "model": "mlp:16x1"}], None).acc
+        ...                 "model": "mlp:16x1"}], None).value
         0.77
     """
     if given is not None:
-        return Target(given, "set with --target-acc")
-    done = [r for r in rows if r["status"] == "ok" and isinstance(r.get("test_acc"), float)]
+        return Target(given, f"set with {metric.flag}", metric)
+    done = [r for r in rows if r["status"] == "ok" and isinstance(r.get(metric.key), float)]
     if not done:
-        return Target(None, "no configuration finished")
-    best = max(done, key=lambda r: r["test_acc"])
-    acc = max(1, math.floor(100 * TARGET_SHARE * best["test_acc"])) / 100
+        return Target(None, "no configuration finished", metric)
+    if metric.higher:
+        best = max(done, key=lambda r: r[metric.key])
+        value = max(1, math.floor(100 * TARGET_SHARE * best[metric.key])) / 100
+        how = f"{TARGET_SHARE:.0%} of the best final {metric.name}, {best[metric.key]:.2%}"
+        rounded = "rounded down to a whole percent"
+    else:
+        best = min(done, key=lambda r: r[metric.key])
+        value = math.ceil(100 * best[metric.key] / TARGET_SHARE) / 100
+        how = f"the best final {metric.name}, {best[metric.key]:.4f}"
+        rounded = f"over {TARGET_SHARE:.0%}, rounded up to two decimals"
     label = " ".join(
         x
         for x in (best["strategy"], f"x{best['workers']}", best["model"], best.get("options"))
         if x
     )
-    return Target(
-        acc,
-        f"{TARGET_SHARE:.0%} of the best final test accuracy, {best['test_acc']:.2%} "
-        f"({label}), rounded down to a whole percent; --target-acc sets it",
-    )
+    return Target(value, f"{how} ({label}), {rounded}; {metric.flag} sets it", metric)
 
 
 def add_time_to_target(rows: list[dict[str, Any]], target: Target) -> None:
@@ -109,13 +125,15 @@ def add_time_to_target(rows: list[dict[str, Any]], target: Target) -> None:
     run's events: ``train_s`` and ``time_s`` of the first event that reaches the target."""
     for row in rows:
         row["time_to_target_s"] = row["wall_to_target_s"] = None
-        if row["status"] != "ok" or target.acc is None or not row.get("run_dir"):
+        if row["status"] != "ok" or target.value is None or not row.get("run_dir"):
             continue
         try:
             events = read_events(Path(row["run_dir"]))
         except JimuError:
             continue
-        row["time_to_target_s"], row["wall_to_target_s"] = train_time_to(events, target.acc)
+        row["time_to_target_s"], row["wall_to_target_s"] = train_time_to(
+            events, target.value, target.metric
+        )
 
 
 def three_figures(value: float) -> str:

@@ -31,11 +31,13 @@ from deepjimu.bench.results import (
 )
 from deepjimu.bench.runner import measure, run_cell, train_command
 from deepjimu.bench.tune import Tuning, tune_group, tuned_keys
+from deepjimu.choices import Family
 from deepjimu.config import RunConfig
+from deepjimu.data import dataset_family
 from deepjimu.errors import Interrupted, JimuError
 from deepjimu.flags import add_options
 from deepjimu.record.folder import lock_run_dir
-from deepjimu.record.read import read_summary
+from deepjimu.record.read import ACCURACY, VAL_LOSS, read_summary
 
 __all__ = ["bench_from_args", "run_bench"]
 
@@ -232,7 +234,7 @@ def _report(
         if c.skip:
             print(f"skipped {c.label}: {c.skip}")
     add_speedups(rows)
-    target = choose_target(rows, opts.target_acc)
+    target = _target(opts, rows)
     add_time_to_target(rows, target)
     write_csv(rows, out / "results.csv")
     title = f"{opts.dataset}, seed {opts.seed}, " + (
@@ -242,6 +244,16 @@ def _report(
     setup = _setup(opts, resume, train, target, t0, stopped)
     write_markdown(out / "report.md", rows, setup, plots, tunings)
     print(f"wrote {out / 'results.csv'} and {out / 'report.md'}")
+
+
+def _target(opts: BenchOptions, rows: list[dict[str, Any]]) -> Target:
+    """The bench's time-to-target: a validation loss when ``--target-loss`` is given or, with
+    no target given, on text data (a language model's accuracy says little); else a test
+    accuracy."""
+    text = dataset_family(opts.dataset) == Family.TEXT
+    if opts.target_loss is not None or (text and opts.target_acc is None):
+        return choose_target(rows, opts.target_loss, VAL_LOSS)
+    return choose_target(rows, opts.target_acc, ACCURACY)
 
 
 def _setup(

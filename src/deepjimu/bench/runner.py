@@ -162,6 +162,7 @@ def measure(run_dir: Path, target_acc: float | None = None) -> dict[str, Any]:
         **{k: finite_number(summary.get(k)) for k in CLOCKS},
         "samples_per_s": finite_number(summary.get("samples_per_s")),
         "test_acc": finite_number(summary.get("test_acc")),
+        "val_loss": finite_number(summary.get("val_loss")),
         "time_to_target_s": to_target,
         "wall_to_target_s": wall_to_target,
         "bytes_sent": int(bytes_sent),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -58,13 +58,16 @@ def use_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
+def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[Layer]:
     """Each block's size figures: forward FLOPs, parameters and activations, per sample.
 
     Args:
         model: the model's blocks (not changed); on the meta device, shapes alone are
             counted and nothing is allocated.
         sample: a batch of inputs (its first row is used).
+        flops: count the forward FLOPs (torch's ``FlopCounterMode``, whose first use
+            imports sympy and much of torch's compiler: about a second of CPU, which a
+            memory check before every run need not pay); False leaves ``fwd_flops`` 0.
 
     Example:
         >>> [l.params for l in layers_of(nn.Sequential(nn.Linear(4, 2)), torch.zeros(1, 4))]
@@ -88,7 +91,7 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
                 if kinds[name] == "embedding":
                     ids = first if i == 0 else x
                     rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
-            with FlopCounterMode(display=False) as counter:
+            with FlopCounterMode(display=False) if flops else nullcontext() as counter:
                 y = block(x)
             for h in hooks:
                 h.remove()
@@ -96,7 +99,7 @@ def layers_of(model: nn.Sequential, sample: Tensor) -> list[Layer]:
             out.append(
                 Layer(
                     name=f"{i}:{type(block).__name__}",
-                    fwd_flops=float(counter.get_total_flops()),
+                    fwd_flops=float(counter.get_total_flops()) if flops else 0.0,
                     params=sum(p.numel() for _, p in named),
                     in_elems=math.prod(x.shape[1:]),
                     out_elems=math.prod(y.shape[1:]),

@@ -140,11 +140,12 @@ def count_blocks(spec: str) -> int:
 
 def build_model(
     spec: str, feature_shape: tuple[int, ...], num_classes: int, seed: int = 0,
-    place: Place = None,
+    place: Place = None, dropout: float = 0.0,
 ) -> nn.Sequential:  # fmt: skip
     """Build the model of ``spec`` for inputs of ``feature_shape``; weights drawn from ``seed``.
 
-    ``place``: what this worker does with each block as it is built (None: keeps it): keeps
+    ``dropout``: a gpt's dropout probability (``--dropout``; the other models have none or
+    their own). ``place``: what this worker does with each block as it is built (None: keeps it): keeps
     it, frees it to the meta device or loads its weights into its shards first
     (:mod:`deepjimu.models.parts`). An ``mlp`` or ``cnn`` is built one block at a time, so
     every block's weights equal the whole model's and a worker never holds more than what
@@ -173,16 +174,17 @@ def build_model(
             return mlp(feature_shape, ms.widths, num_classes, place)
         if ms.kind == "cnn" and len(feature_shape) == 3:
             return cnn(feature_shape, ms.widths, num_classes, place)
-        model = _whole(ms, spec, feature_shape, num_classes)
+        model = _whole(ms, spec, feature_shape, num_classes, dropout)
     if place is None or not isinstance(model, nn.Sequential):
         return model
     return nn.Sequential(*(placed(i, b, place) for i, b in enumerate(model)))
 
 
 def _whole(
-    ms: ModelSpec, spec: str, feature_shape: tuple[int, ...], num_classes: int
+    ms: ModelSpec, spec: str, feature_shape: tuple[int, ...], num_classes: int, dropout: float
 ) -> nn.Sequential:
-    """The model of a spec that is built whole (not an ``mlp`` or an image ``cnn``)."""
+    """The model of a spec that is built whole (not an ``mlp`` or an image ``cnn``);
+    ``dropout`` is a gpt's (``--dropout``)."""
     if ms.kind == "embed":
         return embed(feature_shape, ms.widths[0], ms.widths[1], num_classes, ms.widths[2:])
     if ms.kind == "gpt":
@@ -191,7 +193,7 @@ def _whole(
                 f"model {spec!r} needs token sequences (a text data set such as "
                 f"shakespeare-char); the data has shape {feature_shape}"
             )
-        return gpt(feature_shape[0], num_classes, len(ms.widths), ms.widths[0], ms.heads)
+        return gpt(feature_shape[0], num_classes, len(ms.widths), ms.widths[0], ms.heads, dropout)
     if ms.kind == "gcn":
         if len(feature_shape) != 1:
             raise JimuError(

@@ -75,6 +75,11 @@ class RunGroup(Group):
         "resnet or resnet:BLOCKS, gcn or gcn:HIDDEN (graph data, strategy local), "
         "embed:VOCAB:DIM[:WIDTHxDEPTH or :W1-W2-...] (bags of token ids)",
     )
+    dropout: float = option(
+        0.0,
+        "dropout probability in a gpt model's blocks (nanoGPT: 0 at its small sizes, 0.2 at 6x384)",
+        applies=_TEXT,
+    )
     epochs: int | None = option(None, "passes over the training data (admm: iterations)")
     name: str | None = option(
         None, "run folder name under --runs-dir", default_text="strategy-dataset-time"
@@ -143,6 +148,8 @@ class RunGroup(Group):
                     f"workers must be a multiple of replicas (workers: {self.workers}, "
                     f"replicas: {self.replicas})"
                 )
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout must be in [0, 1) (dropout: {self.dropout})")
         problems += limit_problems(self.memory_limit)
         return [*problems, *choice_problems(self, RunGroup)]
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deepjimu.errors import JimuError
 
 __all__ = [
+    "ACCURACY",
+    "VAL_LOSS",
+    "Metric",
     "best_validation",
     "finite_number",
     "read_config",
@@ -148,18 +152,53 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return read_json(path) if path.exists() else {}
 
 
+@dataclass(frozen=True)
+class Metric:
+    """A figure a run's evaluations log, whose first reaching of a target is timed: the test
+    accuracy (higher is better) or a language model's validation loss (lower is better).
+
+    Example:
+        >>> ACCURACY.reached(0.91, 0.9), VAL_LOSS.reached(1.91, 1.9)
+        (True, False)
+        >>> ACCURACY.text(0.9), VAL_LOSS.text(1.9)
+        ('90%', '1.90')
+    """
+
+    key: str
+    name: str
+    flag: str
+    higher: bool
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether ``value`` is at ``target`` or better."""
+        return value >= target if self.higher else value <= target
+
+    def text(self, value: float) -> str:
+        """``value`` as a target is written: a percentage, or a loss to two decimals."""
+        return f"{value:.0%}" if self.higher else f"{value:.2f}"
+
+    def phrase(self, value: float) -> str:
+        """``90% test accuracy`` or ``validation loss 1.90``."""
+        shown = self.text(value)
+        return f"{shown} {self.name}" if self.higher else f"{self.name} {shown}"
+
+
+ACCURACY = Metric("test_acc", "test accuracy", "--target-acc", higher=True)
+VAL_LOSS = Metric("val_loss", "validation loss", "--target-loss", higher=False)
+
+
 def train_time_to(
-    events: list[dict[str, Any]], target_acc: float
+    events: list[dict[str, Any]], target: float, metric: Metric = ACCURACY
 ) -> tuple[float | None, float | None]:
-    """(training seconds, seconds since the start) until the test accuracy first reaches
-    ``target_acc``; (None, None) if it never does.
+    """(training seconds, seconds since the start) until ``metric`` (the test accuracy by
+    default) first reaches ``target``; (None, None) if it never does.
 
     Training seconds are that event's ``train_s``, the run's training clock: evaluation,
     logging and checkpoints are not counted.
     """
     for e in events:
-        acc = finite_number(e.get("test_acc"))
-        if acc is not None and acc >= target_acc:
+        value = finite_number(e.get(metric.key))
+        if value is not None and metric.reached(value, target):
             return finite_number(e.get("train_s")), finite_number(e.get("time_s"))
     return None, None
 
