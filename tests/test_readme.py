@@ -13,7 +13,8 @@ is no root or no cpu cgroup controller.
 - ``bash`` blocks: each command (continuation lines joined, comments dropped) must exit 0.
   Training is shortened to run in the suite (``--epochs`` capped at 2, ``--steps`` at 20,
   ``--quiet``;
-  ``--synthetic-n`` at 5,000; a bench runs 1 epoch, 2 workers and, unless named, local and
+  ``--synthetic-n`` at 5,000; a bench runs 1 epoch (20 steps where it gives steps), 2
+  workers and, unless named, local and
   admm; a plan 1 and 2 workers and, unless named, local and admm, one check of 1 epoch);
   nothing else changes.
 - ``python`` blocks: run as a script after :data:`PRELUDE`, which defines the ``model``,
@@ -232,7 +233,7 @@ def shorten(words: list[str]) -> list[str]:
         if "--strategies" not in out:
             out += ["--strategies", "local,admm"]
     else:
-        cap("--epochs", 1)
+        cap("--steps", 20) if "--steps" in out else cap("--epochs", 1)
         if "--workers" not in out:
             out += ["--workers", "2"]
         if "--strategies" not in out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from datafiles import Server, md5
 
 from deepjimu.data import DataOptions, load_dataset
@@ -34,6 +35,18 @@ def test_windows_of_the_first_90_percent_train_and_of_the_last_10_validate(tmp_p
     # no test split of its own: the validation split; the training windows scored every 10th
     assert (d.test_x == d.val_x).all() and d.train_eval_every == 10
     assert d.eval_split("train")[0].shape == (23, 16)
+
+
+def test_synthetic_text_follows_its_rule_in_any_vocabulary_and_context() -> None:
+    opts = DataOptions(synthetic_n=50, synthetic_features=50257, block_size=32, seed=3)
+    d = load_dataset("synthetic-text", opts)
+    assert d.num_classes == 50257 and d.feature_shape == (32,)  # GPT-2's vocabulary
+    assert d.train_x.shape == (50, 32) and d.val_x.shape == (10, 32)
+    x, y = d.train_x.long(), d.train_y
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets: the windows shifted by one
+    assert set(((y - 31 * x) % 50257).unique().tolist()) == {0, 1, 2, 3}  # the rule's steps
+    again = load_dataset("synthetic-text", opts)
+    assert torch.equal(again.train_x, d.train_x)  # seeded
 
 
 def test_a_missing_short_or_unreadable_file_is_one_line(tmp_path: Path) -> None:

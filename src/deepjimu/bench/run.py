@@ -358,13 +358,11 @@ def _tune(cells: list[Cell], cfg: Any, opts: BenchOptions, train: Options) -> li
 def _progress_text(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{row['status']} after {row['wall_s']:.1f} s: {row['error']}"
-    acc = row.get("test_acc")
-    sps = row.get("samples_per_s")
-    return (
-        f"ok in {row['wall_s']:.1f} s (test_acc {acc:.4f}, {sps:.0f} samples/s)"
-        if acc is not None and sps is not None
-        else f"ok in {row['wall_s']:.1f} s"
-    )
+    acc, loss, sps = row.get("test_acc"), row.get("val_loss"), row.get("samples_per_s")
+    if acc is None or sps is None:
+        return f"ok in {row['wall_s']:.1f} s"
+    shown = "" if loss is None else f"val_loss {loss:.4f}, "
+    return f"ok in {row['wall_s']:.1f} s ({shown}test_acc {acc:.4f}, {sps:.0f} samples/s)"
 
 
 def _row(cell: Cell, tuned: Options) -> dict[str, Any]:

@@ -18,7 +18,8 @@ __all__ = ["DataGroup", "RunGroup"]
 
 _GRAPH = Applies(data=(Family.GRAPH,))
 _PLANETOID = Applies(data=("cora", "citeseer", "pubmed"))
-_SYNTHETIC = Applies(data=("synthetic", "sbm", "bow"))
+_SYNTHETIC = Applies(data=("synthetic", "sbm", "bow", "synthetic-text"))
+_SYNTHETIC_CLASSES = Applies(data=("synthetic", "sbm", "bow"))
 _SBM = Applies(data=("sbm",))
 _TEXT = Applies(data=(Family.TEXT,))
 # token ids are not features: no class subset, no standardising
@@ -183,12 +184,14 @@ class DataGroup(Group):
     normalize: bool = option(
         False, "standardise features with the training mean and std", applies=_NOT_TEXT
     )
-    block_size: int = option(64, "characters a sample: the language model's context", applies=_TEXT)
+    block_size: int = option(
+        64, "tokens (characters) a sample: the language model's context", applies=_TEXT
+    )
     synthetic_n: int = option(10000, "number of samples (train + test)", applies=_SYNTHETIC)
     synthetic_features: int = option(
-        196, "number of input features (bow: the vocabulary)", applies=_SYNTHETIC
+        196, "number of input features (bow, synthetic-text: the vocabulary)", applies=_SYNTHETIC
     )
-    synthetic_classes: int = option(10, "number of classes", applies=_SYNTHETIC)
+    synthetic_classes: int = option(10, "number of classes", applies=_SYNTHETIC_CLASSES)
     train_fraction: float | None = option(
         None,
         "share of each class's samples that trains, the rest tests",

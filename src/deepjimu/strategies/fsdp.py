@@ -14,6 +14,7 @@ reduce-scatter sends its input and receives its shard.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +41,11 @@ from deepjimu.options import GradientOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import DataParallel, accuracies, count_correct, make_optimizer
 from deepjimu.strategies.sharding import ShardedModel, shard_copy, sharded_skeleton
+
+# A GPT's head returns its logits as a view (batch, vocabulary, time: the layout the loss
+# takes), and FSDP2 warns at every step that an in-place op on a view would skip its hook;
+# nothing here writes into a unit's output, and a copy of the logits would cost their size
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 __all__ = [
     "CountedAllGather",
