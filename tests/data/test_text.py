@@ -37,6 +37,30 @@ def test_windows_of_the_first_90_percent_train_and_of_the_last_10_validate(tmp_p
     assert d.eval_split("train")[0].shape == (23, 16)
 
 
+def test_an_epoch_draws_its_windows_at_random_starts_seeded_and_per_shard(tmp_path: Path) -> None:
+    put_text(tmp_path, TEXT.encode())
+    d = load_dataset("shakespeare-char", DataOptions(data_dir=tmp_path, block_size=16))
+    assert d.stream is not None and len(d.stream) == 3600  # the training 90%, as ids
+    batches = d.windows(seed=0, epoch=0, steps=3)
+    assert [len(y) for _, y in batches] == [75, 75, 74]  # as many windows as rows
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    text = d.stream.long()
+    pairs = torch.cat([text[:-1].unfold(0, 16, 1), text[1:].unfold(0, 16, 1)], 1)
+    starts = []
+    for row in torch.cat([x.long(), y], 1):  # each a stretch of the text and its next characters
+        found = torch.nonzero((pairs == row).all(1))
+        assert len(found) > 0
+        starts.append(int(found[0]))
+    assert len({s % 16 for s in starts}) > 8  # not the rows' fixed places
+    again = d.windows(seed=0, epoch=0, steps=3)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again, strict=True))
+    assert not torch.equal(d.windows(seed=0, epoch=1, steps=3)[0][0], batches[0][0])
+    halves = [d.shard(r, 2).windows(seed=0, epoch=0, steps=3) for r in (0, 1)]
+    assert sum(len(y) for h in halves for _, y in h) == 224  # the shards' rows, each its own
+    assert not torch.equal(halves[0][0][0], halves[1][0][0])
+
+
 def test_synthetic_text_follows_its_rule_in_any_vocabulary_and_context() -> None:
     opts = DataOptions(synthetic_n=50, synthetic_features=50257, block_size=32, seed=3)
     d = load_dataset("synthetic-text", opts)

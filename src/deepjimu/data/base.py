@@ -133,7 +133,9 @@ class RawData:
     ``val_fraction`` of the training set. ``graph`` is the node-level data of a graph data
     set, given only when a graph model asked for it (``DataOptions.node_level``); ``info``
     holds figures about the loading worth reporting (e.g. preprocessing time and memory);
-    ``train_eval_every``: an evaluation scores every so many training rows (1: all).
+    ``train_eval_every``: an evaluation scores every so many training rows (1: all);
+    ``stream``: a language model's training tokens, whose windows an epoch draws at random
+    starts (:meth:`DataSplits.windows`) instead of taking the rows.
     """
 
     train_x: np.ndarray | Tensor
@@ -146,6 +148,7 @@ class RawData:
     graph: GraphData | None = None
     info: dict[str, Any] = field(default_factory=dict)
     train_eval_every: int = 1
+    stream: np.ndarray | None = None
 
 
 @dataclass
@@ -156,6 +159,10 @@ class DataSplits:
     tensors hold only one rank's rows, but ``train_size`` stays the global count.
     ``graph`` (graph models only) is the whole graph at node level, whose split node
     indices name the same nodes as the rows; ``info``: figures about the loading.
+    ``stream`` (text data): the training tokens, as float32 ids like the rows, from which
+    each epoch draws its windows (:meth:`windows`); the rows (consecutive windows) then
+    set how many and are what an evaluation scores. ``stream_part``: which shard of the
+    rows this rank holds, so that ranks that split the data draw different windows.
     """
 
     name: str
@@ -171,6 +178,30 @@ class DataSplits:
     graph: GraphData | None = None
     info: dict[str, Any] = field(default_factory=dict)
     train_eval_every: int = 1
+    stream: Tensor | None = None
+    stream_part: int = 0
+
+    def windows(self, seed: int, epoch: int, steps: int) -> list[tuple[Tensor, Tensor]]:
+        """An epoch's batches of a token stream, as nanoGPT samples them: as many windows as
+        this rank's rows, each starting at a random place in the training text (its target
+        the same window shifted by one), in ``steps`` nearly equal batches. Drawn from
+        (seed, epoch, ``stream_part``): a resumed run draws the same, the ranks of one
+        model alike, the ranks that split the data each their own.
+
+        Example:
+            >>> d = DataSplits("t", torch.zeros(4, 3), torch.zeros(4, 3, dtype=torch.long),
+            ...                torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 3),
+            ...                torch.zeros(1, 3), 5, (3,), 4, stream=torch.arange(20.0))
+            >>> x, y = d.windows(0, 0, 2)[0]
+            >>> x.shape, bool((y == x + 1).all())
+            (torch.Size([2, 3]), True)
+        """
+        assert self.stream is not None, "windows of a data set with no token stream"
+        block = self.feature_shape[0]
+        g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_009 + self.stream_part)
+        starts = torch.randint(len(self.stream) - block, (len(self.train_y),), generator=g)
+        at = starts.to(self.stream.device)[:, None] + torch.arange(block, device=self.stream.device)
+        return [(self.stream[i], self.stream[i + 1].long()) for i in torch.tensor_split(at, steps)]
 
     def eval_split(self, split: str) -> tuple[Tensor, Tensor]:
         """The rows of ``split`` (train, val or test) that an evaluation scores: all of them,
@@ -204,6 +235,7 @@ class DataSplits:
             self,
             train_x=self.train_x[rows].clone(),
             train_y=self.train_y[rows].clone(),
+            stream_part=rank,
         )
 
     def save(self, path: Path) -> None:
@@ -240,6 +272,7 @@ class DataSplits:
             test_x=self.test_x.to(device),
             test_y=self.test_y.to(device),
             graph=self.graph.to(device) if self.graph is not None else None,
+            stream=self.stream.to(device) if self.stream is not None else None,
         )
 
 
@@ -368,6 +401,7 @@ def prepare(name: str, raw: RawData, opts: DataOptions) -> DataSplits:
         graph=graph,
         info=dict(raw.info),
         train_eval_every=raw.train_eval_every,
+        stream=None if raw.stream is None else torch.from_numpy(raw.stream),
     )
 
 

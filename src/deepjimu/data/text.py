@@ -3,14 +3,14 @@
 The vocabulary is the sorted set of the text's characters (65); the first 90% of the
 characters train, the last 10% validate, as nanoGPT splits them. A sample is a window of
 ``block_size`` characters and its target the same window shifted by one (the next
-character at every position). The windows are consecutive and do not overlap (15,685
-training windows of 64 characters): an epoch reads the training text once, in an order
-shuffled per epoch, where nanoGPT draws each window's start at random; every character is
-predicted once an epoch, at a fixed place in its window. The data set has no test split of
-its own: its test split is the validation split (the language-model figures are the
-validation loss). An evaluation scores every 9th training window (as many as the
-validation windows), not all of them. Ids are held as float32, as every data set's samples are (exact below
-2^24); the GPT's embedding casts them back.
+character at every position). An epoch draws as many windows as the training text holds
+consecutive ones (15,685 of 64 characters), each at a random start, as nanoGPT samples
+them (:meth:`~deepjimu.data.base.DataSplits.windows`, seeded by the run's seed and the
+epoch); the consecutive windows are what an evaluation scores (every 9th, as many as the
+validation windows). The data set has no test split of its own: its test split is the
+validation split (the language-model figures are the validation loss). Ids are held as
+float32, as every data set's samples are (exact below 2^24); the GPT's embedding casts
+them back.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def load_shakespeare(opts: DataOptions) -> RawData:
     return RawData(
         train_x, train_y, val_x, val_y, num_classes=len(vocab), val_x=val_x, val_y=val_y,
         info=info, train_eval_every=math.ceil(len(train_y) / len(val_y)),
+        stream=ids[:cut].astype(np.float32),
     )  # fmt: skip
 
 

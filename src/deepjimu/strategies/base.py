@@ -330,11 +330,14 @@ class GradientStrategy(Strategy):
         return max(1, math.ceil(data.train_size / self.cfg.batch_size))
 
     def batches(self, data: DataSplits, epoch: int, run: Run) -> list[tuple[Tensor, Tensor]]:
-        """This rank's (x, y) batches of ``epoch``: its rows (all, or its shard), shuffled.
+        """This rank's (x, y) batches of ``epoch``: its rows (all, or its shard), shuffled;
+        of a token stream, as many windows drawn at random starts (:meth:`DataSplits.windows`).
 
         The step count comes from the global ``train_size``, so every rank of a sharded
         strategy takes the same number of steps (DDP's all-reduces must pair up).
         """
+        if data.stream is not None:  # text: windows at random starts, as nanoGPT draws them
+            return data.windows(self.cfg.seed, epoch, self.steps_per_epoch(data))
         order = epoch_order(len(data.train_y), self.cfg.seed, epoch).to(data.train_x.device)
         return [
             (data.train_x[i], data.train_y[i])
