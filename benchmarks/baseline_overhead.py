@@ -5,7 +5,8 @@ both alike, each side training the same ``nn.Sequential`` (deepjimu's model buil
 seed) on the same rows with Adam, the same batch size, epochs and evaluation schedule:
 
 - ``local``: ``deepjimu.launch.train(strategy="local")`` in this process against a plain loop
-  written below (shuffle, slice batches, zero_grad / forward / backward / step; after every
+  written below (shuffle, slice batches, or for text nanoGPT's random windows, zero_grad /
+  forward / backward / step; after every
   epoch the accuracy on the train, validation and test splits, as ``jimu train`` evaluates).
   Compared: the whole fit (training + evaluation) and the training time alone.
 - ``ddp``: ``python -m deepjimu train --strategy ddp`` against plain
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -69,18 +71,37 @@ def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
     return acc
 
 
+def _plain_batches(
+    data: DataSplits, batch: int, g: torch.Generator
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """An epoch's batches as a user writes them: the rows shuffled; for a language model,
+    nanoGPT's ``get_batch``: windows stacked from random starts in the training text."""
+    n = len(data.train_y)
+    if data.stream is None:
+        for idx in torch.randperm(n, generator=g).split(batch):
+            yield data.train_x[idx], data.train_y[idx]
+        return
+    text, block = data.stream, data.feature_shape[0]
+    for size in torch.arange(n).split(batch):
+        ix = torch.randint(len(text) - block, (len(size),), generator=g)
+        yield (
+            torch.stack([text[i : i + block] for i in ix]),
+            torch.stack([text[i + 1 : i + 1 + block] for i in ix]).long(),
+        )
+
+
 def plain_local(data: DataSplits, args: argparse.Namespace) -> dict[str, float]:
     """The training loop a PyTorch user writes; returns its train, eval and total seconds."""
     model = build_model(args.model, data.feature_shape, data.num_classes, seed=args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x_all, y_all, n = data.train_x, data.train_y, len(data.train_y)
+    x_all, y_all = data.train_x, data.train_y
     g = torch.Generator().manual_seed(args.seed)
     train_s = eval_s = 0.0
     for _ in range(args.epochs):
         t0 = time.perf_counter()
-        for idx in torch.randperm(n, generator=g).split(args.batch_size):
+        for x, y in _plain_batches(data, args.batch_size, g):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+            loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
         t1 = time.perf_counter()
