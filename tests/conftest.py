@@ -61,12 +61,19 @@ def uninterrupted(
 # early rather than after the many short ones.
 _LONG_FIRST = (
     "test_hpc.py",
+    "test_emulate.py",  # a worker at a twentieth of a core: two minutes on a busy machine
+    "test_budget.py",
     "test_readme.py",
+    "strategies/test_replicas.py",
     "plan/test_command.py",
     "strategies/admm/test_strategy.py",
     "test_run.py",
     "test_launch.py",
+    "api/test_fit.py",
     "bench/test_bench.py",
+    "strategies/test_tp.py",
+    "strategies/test_fsdp.py",
+    "test_imports.py",
     "strategies/test_ddp.py",
     "strategies/admm/test_driver.py",
 )

@@ -79,6 +79,20 @@ def test_report_without_plots_and_summary(
     assert not (run_dir / "loss.png").exists()
 
 
+def test_the_time_to_a_target_accuracy_or_validation_loss_is_printed(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = [_event(1, 0.5) | {"val_loss": 2.4}, _event(2, 0.8) | {"val_loss": 1.95},
+              _event(3, 0.95) | {"val_loss": 1.85}]  # fmt: skip
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    report(run_dir, plots=False, target_acc=0.75)
+    assert "time to 75% test accuracy: 2.00 s of training" in capsys.readouterr().out
+    report(run_dir, plots=False, target_loss=1.9)
+    assert "time to validation loss 1.90: 3.00 s of training" in capsys.readouterr().out
+    report(run_dir, plots=False, target_loss=1.5)
+    assert "time to validation loss 1.50: not reached" in capsys.readouterr().out
+
+
 def test_table_shows_missing_values_as_dash() -> None:
     text = table([{"epoch": 1, "loss": None, "test_acc": "nan"}])
     assert text.splitlines()[1].split()[:4] == ["1", "-", "-", "-"]
