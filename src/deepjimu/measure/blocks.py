@@ -91,7 +91,8 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
                 if kinds[name] == "embedding":
                     ids = first if i == 0 else x
                     rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
-            with FlopCounterMode(display=False) if flops else nullcontext() as counter:
+            counter = FlopCounterMode(display=False) if flops else None
+            with counter if counter is not None else nullcontext():
                 y = block(x)
             for h in hooks:
                 h.remove()
@@ -99,7 +100,7 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
             out.append(
                 Layer(
                     name=f"{i}:{type(block).__name__}",
-                    fwd_flops=float(counter.get_total_flops()) if flops else 0.0,
+                    fwd_flops=0.0 if counter is None else float(counter.get_total_flops()),
                     params=sum(p.numel() for _, p in named),
                     in_elems=math.prod(x.shape[1:]),
                     out_elems=math.prod(y.shape[1:]),
