@@ -62,7 +62,7 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], str | None]] = [
     (
         {},
         {"synthetic_n": 500},
-        "--synthetic-n applies to data sets synthetic, sbm, bow; dataset digits is not one",
+        "--synthetic-n applies to data sets synthetic, sbm, bow, synthetic-text; dataset digits is not one",
     ),
     ({"dataset": "sbm"}, {"synthetic_n": 500, "sbm_degree": 5.0}, None),
     (

@@ -277,7 +277,9 @@ def test_fit_outside_a_main_guard_stops_each_worker_in_one_line(tmp_path: Path) 
         "error: deepjimu.fit was called again by a worker process as it imported your "
         'script: call fit under `if __name__ == "__main__":`'
     )
-    assert r.stderr.count(line) == 2  # one per worker
+    # one per worker that reaches fit before the launcher, seeing the first one fail, ends
+    # the other (on a busy machine the second may still be importing torch)
+    assert 1 <= r.stderr.count(line) <= 2
     assert "spawn_main" not in r.stderr  # not multiprocessing's traceback
 
 

@@ -49,6 +49,7 @@ def test_every_data_set_names_its_family() -> None:
         ),
         **dict.fromkeys(["citeseer", "cora", "pubmed", "sbm"], Family.GRAPH),
         "shakespeare-char": Family.TEXT,
+        "synthetic-text": Family.TEXT,
         "tensors": Family.TENSORS,
     }
     assert datasets_of(Family.GRAPH) == sorted(GRAPH_DATASETS)
