@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import inspect
 import io
@@ -118,8 +119,17 @@ def _run_world(
         ctx.Process(target=_entry, args=(fn, r, world, where, out, args), daemon=True)
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
+    # what this process holds goes to the ranks frozen, never collected there: a finalizer
+    # of it run by a rank's garbage collection could wait on a lock that one of this
+    # process's other threads (xdist's) held at the fork, and the rank would hang (seen
+    # once: both ranks of a world stuck in a traceback's allocation for 2 minutes)
+    if start_method == "fork":
+        gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
     results: dict[int, Any] = {}
     errors: list[str] = []
     try:
