@@ -123,8 +123,7 @@ def _run_world(
     # of it run by a rank's garbage collection could wait on a lock that one of this
     # process's other threads (xdist's) held at the fork, and the rank would hang (seen
     # once: both ranks of a world stuck in a traceback's allocation for 2 minutes)
-    if start_method == "fork":
-        gc.freeze()
+    gc.freeze()  # (a spawned rank inherits nothing: there it changes nothing)
     try:
         for p in procs:
             p.start()

@@ -431,9 +431,10 @@ def figures(rows: list[dict[str, Any]], title: str, target: Target) -> dict[str,
         target: the time-to-target figure and why it was chosen.
 
     Returns:
-        throughput, accuracy_time (loss_time for a validation-loss target), time_to_target, comm_memory and, when a pipeline run
-        finished, pipeline_bubble; a figure with nothing to show is left out. Each names,
-        under it, the configurations that did not fit in their memory.
+        throughput, accuracy_time (loss_time for a validation-loss target), time_to_target,
+        comm_memory and, when a pipeline run finished, pipeline_bubble; a figure with
+        nothing to show is left out. Each names, under it, the configurations that did not
+        fit in their memory.
     """
     ok = [r for r in rows if r["status"] == "ok"]
     if not ok:
