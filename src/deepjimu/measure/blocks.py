@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from deepjimu.compress.sync import sparse_embeddings
 from deepjimu.config import RunConfig
 from deepjimu.cost.profile import BlockTimes, Layer
+from deepjimu.models.parts import shaped, zeroed
 from deepjimu.measure.timing import median_s, timed_runs
 from deepjimu.strategies.base import make_optimizer
 
@@ -41,10 +42,9 @@ def runnable(block: nn.Module, device: torch.device) -> nn.Module:
     layer's time does not depend on its values, and zeros are no denormals."""
     if not any(t.is_meta for t in [*block.parameters(), *block.buffers()]):
         return copy.deepcopy(block).to(device)
-    # not Module.to_empty: on meta tensors it runs torch's Python references, whose first use
-    # imports sympy (0.56 s here; a worker slowed to a twentieth by --emulate-speeds spent
-    # minutes on it before its first timing)
-    return copy.deepcopy(block)._apply(lambda t: torch.zeros(t.shape, dtype=t.dtype, device=device))
+    # zeroed, not Module.to_empty: a worker slowed to a twentieth by --emulate-speeds spent
+    # minutes on the import to_empty makes before its first timing
+    return zeroed(block, device)
 
 
 @contextmanager
@@ -75,7 +75,9 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
     """
     out, x = [], sample[:1]
     first = x  # an embedding's distinct ids are read from the real sample
-    if any(p.is_meta for p in model.parameters()):  # shapes alone: nothing is allocated
+    # shapes alone (models.parts.shaped): nothing of the model's size is allocated
+    meta = any(p.is_meta for p in model.parameters())
+    if meta:
         x = x.to("meta")
     with torch.no_grad():
         for i, block in enumerate(model):
@@ -93,7 +95,7 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
                     rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
             counter = FlopCounterMode(display=False) if flops else None
             with counter if counter is not None else nullcontext():
-                y = block(x)
+                y = shaped(block, x) if meta else block(x)  # the hooks travel with a copy
             for h in hooks:
                 h.remove()
             named = list(block.named_parameters())

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from deepjimu.balance import partition
 from deepjimu.comm import Comm, CommStats
 from deepjimu.data import DataSplits
-from deepjimu.models.parts import skeleton
+from deepjimu.models.parts import shaped
 from deepjimu.run import Run
 
 __all__ = [
@@ -42,18 +42,17 @@ Shape = tuple[tuple[int, ...], torch.dtype]
 def block_shapes(model: nn.Sequential, sample: Tensor) -> list[Shape]:
     """Per-sample shape and dtype of the input of every block, then of the output.
 
-    Runs ``sample``'s shape (a batch of one row is enough) through a copy of ``model`` on the
-    meta device, in eval mode: nothing is computed or allocated, and a split model's blocks
-    that another rank holds (on the meta device here) have their shapes too.
+    Runs ``sample``'s shape (a batch of one row is enough) through each block for its
+    output's shape alone (:func:`~deepjimu.models.parts.shaped`: nothing of the model's size is
+    computed or allocated), so a split model's blocks that another rank holds (on the meta
+    device here) have their shapes too.
 
     Returns:
         ``len(model) + 1`` pairs ``(shape without the batch dimension, dtype)``.
     """
-    shaped = skeleton(model).eval()
-    assert isinstance(shaped, nn.Sequential)
     x, shapes = sample.to("meta"), [(tuple(sample.shape[1:]), sample.dtype)]
-    for block in shaped:
-        x = block(x)
+    for block in model:
+        x = shaped(block, x)
         shapes.append((tuple(x.shape[1:]), x.dtype))
     return shapes
 
