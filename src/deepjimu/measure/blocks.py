@@ -21,8 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from deepjimu.compress.sync import sparse_embeddings
 from deepjimu.config import RunConfig
 from deepjimu.cost.profile import BlockTimes, Layer
-from deepjimu.models.parts import shaped, zeroed
 from deepjimu.measure.timing import median_s, timed_runs
+from deepjimu.models.parts import shaped, zeroed
 from deepjimu.strategies.base import make_optimizer
 
 __all__ = [
