@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import multiprocessing.util
 import os
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from deepjimu.config import RunConfig
-from processes import fault_options
+from deepjimu.starting import START_METHOD
+from processes import WARM, fault_options
 from sessions import once
 
 # A fixed OpenMP wait policy for the whole suite: `--omp-wait auto` would otherwise choose by
@@ -19,6 +21,20 @@ from sessions import once
 # tests' monkeypatches) when the choice differs from this process's policy. PASSIVE also
 # keeps the suite's many processes from spinning on CI's 2 cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# The runs a test launches in its own process (deepjimu.launch.train) fork their workers from
+# a fork server that has imported torch, its compiler and deepjimu once (3-4 s of CPU a
+# worker otherwise, most of a short run's cost); the commands a test runs as a user would
+# (tests/processes.env) spawn theirs, as do runs with a memory budget.
+os.environ.setdefault(START_METHOD, "forkserver")
+multiprocessing.set_forkserver_preload(WARM)
+
+
+@pytest.fixture
+def spawned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's launches spawn their workers, as a user's do: the workers print on this
+    test's file descriptors (``capfd``), which a fork server's children do not share."""
+    monkeypatch.setenv(START_METHOD, "spawn")
 
 
 @pytest.fixture

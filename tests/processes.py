@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from deepjimu.record.checkpoint import model_state_of
+from deepjimu.starting import START_METHOD
 
 __all__ = [
     "FAULT",
@@ -59,21 +60,25 @@ def fault_flags(strategy: str, **extra: Any) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    """This environment, with this checkout's ``src`` first on PYTHONPATH."""
+    """This environment, with this checkout's ``src`` first on PYTHONPATH, and the workers
+    spawned as a user's are (the suite's own launches fork theirs: tests/conftest.py)."""
     src = str(Path(__file__).resolve().parents[1] / "src")
-    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out.pop(START_METHOD, None)
+    return out
 
 
 # Modules a command's process imports before it does anything: 2.5-3.5 s of CPU per
 # process on the 2-core CI machine, most of a short command's cost (torch 1.5 s, the
 # torch._dynamo that torch's optimizers load 1.2 s, scikit-learn for digits).
-_WARM = [
+WARM = [
     "torch",
     "torch._dynamo",
     "torch.optim",
     "sklearn.datasets",
     "deepjimu.cli",
     "deepjimu.launch",
+    "deepjimu.worker",
 ]
 
 
@@ -81,7 +86,7 @@ def run_warm(argv: list[str], cwd: Path, timeout: float) -> subprocess.Completed
     """``subprocess.run(argv, cwd=cwd, env=env(), capture_output=True, text=True)`` for
     ``python -m deepjimu ...`` and ``python SCRIPT ...``, in a process forked from one that
     has imported torch, scikit-learn and deepjimu and done nothing else
-    (:mod:`multiprocessing`'s fork server, :data:`_WARM` preloaded), so each command does
+    (:mod:`multiprocessing`'s fork server, :data:`WARM` preloaded), so each command does
     not pay for those imports again. The child then runs what ``python`` would (the
     ``jimu`` entry point, or the script as ``__main__``) in ``cwd`` with :func:`env`, its
     output to files; it is a fresh process that has run no torch operation, as a forked
@@ -116,9 +121,9 @@ def run_warm(argv: list[str], cwd: Path, timeout: float) -> subprocess.Completed
 
 
 def _forkserver() -> Any:
-    """This test process's fork server context, :data:`_WARM` preloaded (started on first use)."""
+    """This test process's fork server context, :data:`WARM` preloaded (started on first use)."""
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_WARM)
+    ctx.set_forkserver_preload(WARM)
     return ctx
 
 

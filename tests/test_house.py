@@ -22,7 +22,7 @@ PACKAGE = SRC / "deepjimu"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("errors", "units", "clocks", "atomic", "comm", "counters", "precision", "cgroups",
                     "memory", "threads", "choices", "leave", "bookkeeping", "emulate", "budget",
-                    "launchers", "mesh")),
+                    "launchers", "mesh", "starting")),
     ("options", ("applies", "defaults", "options", "config", "balance")),
     ("components", ("data", "models", "compress", "admm_math", "kfac")),
     ("cost", ("cost",)),

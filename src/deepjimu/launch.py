@@ -42,6 +42,7 @@ from deepjimu.record.folder import (
     requeued,
     stopped_line,
 )
+from deepjimu.starting import start_method
 from deepjimu.strategies.registry import compressing
 from deepjimu.threads import ThreadPlan, plan_threads, scoped_env
 from deepjimu.units import format_bytes
@@ -62,6 +63,7 @@ __all__ = ["joined_config", "probe", "train"]
 
 # where a failed run's workers' tracebacks go
 _ERRORS_LOG = "worker-errors.log"
+
 # a disk with less free space than this could not hold a worker's error record (a few KB,
 # in whole blocks): a worker that could not write one found it full
 _FULL_BELOW = 2**20
@@ -294,12 +296,12 @@ def _launch_local(
             rdzv_endpoint="127.0.0.1:0",
             max_restarts=max_restarts,
             monitor_interval=0.1,
-            start_method="spawn",
+            start_method=start_method(budget is not None and budget.groups is not None),
             shutdown_timeout=5,
         )
         with scoped_env(plan.env()):  # the spawned workers start with the plan's environment
             results = elastic_launch(config, spawned_worker)(
-                cfg_dict, str(out_dir), plan, job, model_factory, data_file
+                cfg_dict, str(out_dir), plan, job, model_factory, data_file, dict(os.environ)
             )
     except ChildFailedError as e:
         _end_bar_line(cfg_dict, out_dir)

@@ -42,6 +42,7 @@ from deepjimu.record.folder import (
     stopped_line,
 )
 from deepjimu.run import Run
+from deepjimu.starting import adopt
 from deepjimu.strategies import get_strategy
 from deepjimu.strategies.registry import builds_in_parts, entry
 from deepjimu.summary import summarise
@@ -165,9 +166,11 @@ def spawned_worker(
     job: str,
     model_factory: ModelFactory | None = None,
     data_file: str | None = None,
+    environ: dict[str, str] | None = None,
 ) -> dict[str, Any] | None:
-    """:func:`worker_main` in a process the local launcher spawned, which then leaves as
-    :mod:`deepjimu.leave` says (multiprocessing would end it with ``sys.exit``).
+    """:func:`worker_main` in a process the local launcher spawned (or forked: ``environ``,
+    the launcher's environment, is made the worker's, :func:`deepjimu.starting.adopt`), which
+    then leaves as :mod:`deepjimu.leave` says (multiprocessing would end it with ``sys.exit``).
 
     After a signal the worker has unwound and leaves at once, with 128 + the signal (130
     after Ctrl-C). After an error it has written its error record, and leaves with 1 (or
@@ -176,6 +179,8 @@ def spawned_worker(
     the launcher can say how it died. After a summary the worker returns it to torch
     elastic, which passes it on, and leaves with 0 when the shutdown begins.
     """
+    if environ is not None:
+        adopt(environ)
     try:
         with signals_interrupt(once=True):  # SIGTERM (the launcher stopping us) unwinds too
             summary = worker_main(cfg_dict, out_dir, True, plan, job, model_factory, data_file)

@@ -44,6 +44,7 @@ def test_three_stages_match_local(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("spawned")
 def test_pipeline_run_through_launcher(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     cfg = RunConfig(
         strategy="pipeline",
