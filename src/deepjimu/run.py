@@ -146,7 +146,8 @@ class Run:
         splits the model runs its 1-D split on it unchanged; ``replicas`` counts, on the same
         counters, the messages among the R ranks that hold the same stage (the column). The
         event log, checkpoints and bookkeeping collectives stay the whole world's. A run of
-        one replica is its own chain.
+        one replica is its own chain. Its ``speeds`` (where the run balances by speed) are
+        its stages': each the slowest of its column, whose ranks meet at every pooled sum.
         """
         replicas = self.cfg.replicas
         if replicas == 1 or self.world == 1:
@@ -157,6 +158,9 @@ class Run:
             self.replicas = Comm(self.stats, self.device_mesh.get_group("replica"))
             view = copy.copy(self)
             view.rank, view.world = self.mesh.stage, self.mesh.stages
+            if self.speeds is not None:
+                K = self.mesh.stages
+                view.speeds = [min(self.speeds[k::K]) for k in range(K)]
             view.comm = Comm(self.stats, self.device_mesh.get_group("stage"))
             self._chain = view._chain = view
         return self._chain

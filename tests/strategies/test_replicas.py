@@ -207,3 +207,18 @@ def test_two_dimensional_run_resumes_as_uninterrupted(tmp_path: Path, strategy: 
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert full is not None and full["workers"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["admm", "model-parallel"])
+def test_a_speed_balance_over_replicas_weighs_each_stage_by_its_slowest_replica(
+    tmp_path: Path, strategy: str
+) -> None:
+    """``--balance speed`` on 2 replicas of 2 stages: a chain is cut by its stages' speeds,
+    each its column's slowest (Run.chain), not by the 4 ranks' (which ended the run)."""
+    common = {"strategy": strategy, "model": "mlp:32x3", "quiet": True, "epochs": 1,
+              "runs_dir": str(tmp_path)}  # fmt: skip
+    summary = train(RunConfig(workers=4, replicas=2, balance="speed", name="speed", **common))
+    assert summary is not None and summary["balance"] == "speed"
+    speeds = json.loads((tmp_path / "speed" / "speeds.json").read_text())["speeds"]
+    assert len(speeds) == 4 and min(speeds) > 0
