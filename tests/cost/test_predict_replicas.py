@@ -72,6 +72,10 @@ def test_admm_replicas_solve_on_their_samples_and_pool_the_statistics() -> None:
     pooled = 2 * sum(floats) * 4  # both replicas' ranks, each layer once an iteration
     exchange = 2 * (2 * 50 * 4 * 4) * 2  # both replicas, p and q, and the readout's two passes
     assert p.bytes_per_sample == pytest.approx((exchange + 2 * pooled) / 100)
+    # where ranks lose time at each synchronisation (a probe's sync_s), every pooled sum is
+    # one: the iteration's 3 and its 2 pooled sums, and the last block's readout's 2 + 3
+    busy = predict(c, lay, 100, compute, dataclasses.replace(gpus(4), sync_s={4: 1e-3}))
+    assert busy.step_s - p.step_s == pytest.approx((3 + 2 + 5) * 1e-3)
 
 
 def test_a_replicas_memory_holds_its_part_of_the_samples_and_batch() -> None:

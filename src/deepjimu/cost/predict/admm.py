@@ -51,13 +51,15 @@ def layer_parallel(
     ranks, chain_factor = _admm_rank_s(a.layer_s, sizes, speeds, slow)
     exchange, chain, sent = _admm_traffic(cfg, n, a.widths, sizes, cluster)
     sent *= cfg.replicas
-    pooled, pooled_readout, pooled_bytes = _pooled_s(cfg, layers, sizes, cluster)
+    pooled, pooled_readout, pooled_bytes, readout_syncs = _pooled_s(cfg, layers, sizes, cluster)
     sent += pooled_bytes * (1 + 1 / cfg.eval_every)
     # three synchronisations: the p and q exchanges, the readout's choice; with replicas,
-    # two more, the iteration's pooled sums
+    # two more, the iteration's pooled sums, and each of the readout's pooled sums one
+    penalty = cluster.sync_penalty_s(w)
     syncs = 3 + (2 if cfg.replicas > 1 else 0)
-    iteration = max(ranks) + 2 * exchange + pooled + syncs * cluster.sync_penalty_s(w)
-    readout = (a.readout_s * chain_factor + chain + pooled_readout) / cfg.eval_every
+    iteration = max(ranks) + 2 * exchange + pooled + syncs * penalty
+    readout = a.readout_s * chain_factor + chain + pooled_readout + readout_syncs * penalty
+    readout /= cfg.eval_every
     step = iteration + readout
     # the start (a forward chain and the backward sweeps, rank after rank) once per run
     start = a.start_s * chain_factor + chain
@@ -79,9 +81,10 @@ def layer_parallel(
 
 def _pooled_s(
     cfg: RunConfig, layers: list[Layer], sizes: list[int], cluster: Cluster
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
     """With ``--replicas``: the seconds of an iteration's and of a readout's all-reduces among
-    each rank's replicas (the slowest rank's), and the bytes all ranks hand to an iteration's
+    each rank's replicas (the slowest rank's), the bytes all ranks hand to an iteration's,
+    and the most all-reduces a rank's readout makes (each a synchronisation of its column)
     (``strategies.admm.pooled``: per layer the means and count, then C_pp and C_zp; the
     data's C_pp once for the run). An iteration pools all of a rank's layers at once: two
     all-reduces. A readout refits them one after another, two each, and the block that
@@ -90,8 +93,8 @@ def _pooled_s(
     all-reduce pays its link's latency: on a loopback gloo ring about 1 ms, which a readout
     of 4 layers on one rank pays 11 times."""
     if cfg.replicas == 1:
-        return 0.0, 0.0, 0.0
-    iteration, readout, sent = [], [], 0.0
+        return 0.0, 0.0, 0.0, 0
+    iteration, readout, sent, count = [], [], 0.0, 0
     for r, (start, k) in enumerate(stage_starts(sizes)):
         ranks = column(cfg, r)
         heads, moments, refits = 0, 0, 0.0
@@ -113,7 +116,8 @@ def _pooled_s(
             + cluster.all_reduce_over_s(moments * FLOAT, ranks)
         )
         readout.append(refits)
-    return max(iteration), max(readout), sent
+        count = max(count, 2 * k + (3 if start + k == len(layers) else 0))
+    return max(iteration), max(readout), sent, count
 
 
 def _admm_rank_s(
