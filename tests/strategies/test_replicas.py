@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_model_parallel import SMALL, WIDTH_BYTES, _double
 
-from deepjimu.config import RunConfig
+from deepjimu.config import ConfigErrors, RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.launch import train
 from deepjimu.measure.measurer import ThisMachine
@@ -107,6 +107,15 @@ def test_bad_shapes_end_in_one_line() -> None:
         validate(RunConfig(strategy="model-parallel", workers=8, replicas=2, model="mlp:16x2"))
     with pytest.raises(Exception, match="replicas"):
         validate(RunConfig(strategy="ddp", workers=4, replicas=2))
+
+
+def test_admm_on_replicas_refuses_a_cnn_in_one_line() -> None:
+    with pytest.raises(ConfigErrors) as e:
+        validate(RunConfig(strategy="admm", workers=4, replicas=2, model="cnn:4-4"))
+    assert str(e.value) == (
+        "admm on 2 replicas trains MLPs only: a CNN's 2-D iterates do not yet equal its 1-D "
+        "run's (model: cnn:4-4; use --replicas 1)"
+    )
 
 
 # admm on digits' 1,293 training rows (64 features), mlp:32x2: layers 64 -> 32 -> 32 -> 10
