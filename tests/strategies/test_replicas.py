@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_model_parallel import SMALL, WIDTH_BYTES, _double
 
-from deepjimu.config import ConfigErrors, RunConfig
+from deepjimu.config import RunConfig
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.launch import train
 from deepjimu.measure.measurer import ThisMachine
@@ -109,15 +109,6 @@ def test_bad_shapes_end_in_one_line() -> None:
         validate(RunConfig(strategy="ddp", workers=4, replicas=2))
 
 
-def test_admm_on_replicas_refuses_a_cnn_in_one_line() -> None:
-    with pytest.raises(ConfigErrors) as e:
-        validate(RunConfig(strategy="admm", workers=4, replicas=2, model="cnn:4-4"))
-    assert str(e.value) == (
-        "admm on 2 replicas trains MLPs only: a CNN's 2-D iterates do not yet equal its 1-D "
-        "run's (model: cnn:4-4; use --replicas 1)"
-    )
-
-
 # admm on digits' 1,293 training rows (64 features), mlp:32x2: layers 64 -> 32 -> 32 -> 10
 ADMM = {"strategy": "admm", "model": "mlp:32x2", "epochs": 4, "quiet": True}
 
@@ -148,15 +139,21 @@ def admm_world(
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest difference of a and b relative to b's largest entry."""
-    return float((a - b).abs().max() / b.abs().max())
+    """The largest difference of a and b relative to b's largest entry, at least 1e-6: a
+    layer the iteration drove to zero (a CNN's second convolution's W here, 1e-13) compares
+    in absolute terms."""
+    return float((a - b).abs().max() / max(float(b.abs().max()), 1e-6))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"admm_batch": 500, "admm_aux": "restart", "admm_memory": 0.5}],
-    ids=["full-batch", "restart-memory"],
+    [
+        {},
+        {"admm_batch": 500, "admm_aux": "restart", "admm_memory": 0.5},
+        {"model": "cnn:8-8", "epochs": 3},
+    ],
+    ids=["full-batch", "restart-memory", "cnn"],
 )
 def test_admm_on_two_replicas_runs_the_iterations_of_two_workers(tmp_path: Path, kw: dict) -> None:
     """2 blocks x 2 replicas: every iterate, the objective and the accuracies of the 2-worker

@@ -69,13 +69,6 @@ def problems(cfg: AdmmOptions, n_blocks: int) -> list[str]:
                 f"admm-memory is for admm-aux restart: with keep every (W, b) step already "
                 f"fits every sample (admm-memory: {cfg.admm_memory:g})"
             )
-    if kind == "cnn" and cfg.replicas > 1:
-        # a 2 x 2 run of cnn:4-4 ended with a dense layer's W (after the convolutions) other
-        # than the 2-worker run's, its b the same: not yet found why
-        out.append(
-            f"admm on {cfg.replicas} replicas trains MLPs only: a CNN's 2-D iterates do not "
-            f"yet equal its 1-D run's (model: {cfg.model}; use --replicas 1)"
-        )
     assert cfg.workers is not None, "defaults not resolved"
     out += balance_problems(cfg.balance, n_blocks, cfg.workers)
     if kind == "cnn" and cfg.precision == "bf16":
