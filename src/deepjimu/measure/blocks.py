@@ -95,7 +95,10 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
                     rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
             counter = FlopCounterMode(display=False) if flops else None
             with counter if counter is not None else nullcontext():
-                y = shaped(block, x) if meta else block(x)  # the hooks travel with a copy
+                # shapes alone: as zeros on the CPU (models.parts.shaped; the hooks travel with
+                # the copy); counted, on the meta device, where torch's FLOP counter knows
+                # attention's kernels (on the CPU's, it counts none of an attention's FLOPs)
+                y = shaped(block, x) if meta and counter is None else block(x)
             for h in hooks:
                 h.remove()
             named = list(block.named_parameters())
