@@ -60,10 +60,13 @@ def test_workers_see_what_their_launcher_set_after_the_fork_server_started(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
 ) -> None:
     monkeypatch.setenv(START_METHOD, method)
-    cfg = RunConfig(strategy="ddp", workers=2, epochs=1, quiet=True, runs_dir=str(tmp_path))
+    cfg = RunConfig(strategy="ddp", workers=2, epochs=1, quiet=True, runs_dir="runs")
     monkeypatch.setenv("JIMU_TEST_OUT", str(tmp_path))
     for value in ("first", "second"):  # the second launch's workers fork from the same server
         monkeypatch.setenv("JIMU_TEST_VALUE", value)
+        (tmp_path / value).mkdir()
+        monkeypatch.chdir(tmp_path / value)  # a relative runs folder is the launcher's too
         assert train(RunConfig(**{**cfg.to_dict(), "name": value}), model_factory=_reporting_model)
         for rank in (0, 1):
             assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == value
+        assert (tmp_path / value / "runs" / value / "summary.json").exists()

@@ -6,7 +6,8 @@ and imports torch itself: 2 s of CPU, and 1-2 s more for the compiler that torch
 optimizers load. ``DEEPJIMU_START_METHOD=forkserver`` forks them instead from one process
 that has imported what ``multiprocessing.set_forkserver_preload`` names (the test suite
 sets both: most of a short run's cost is these imports). A forked worker starts with the
-fork server's environment, made when the server started, not with its launcher's: the
+fork server's environment, made when the server started, not with its launcher's
+(multiprocessing gives it the launcher's working folder, not its environment): the
 launcher hands its own to each worker, which :func:`adopt` makes the worker's, keeping the
 variables torch's launcher gave its rank. What cannot follow: OpenMP read its settings
 (``OMP_WAIT_POLICY``) when the server loaded torch; and memory a forked worker shares with
