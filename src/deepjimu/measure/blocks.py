@@ -95,9 +95,10 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
                     rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
             counter = FlopCounterMode(display=False) if flops else None
             with counter if counter is not None else nullcontext():
-                # shapes alone: as zeros on the CPU (models.parts.shaped; the hooks travel with
-                # the copy); counted, on the meta device, where torch's FLOP counter knows
-                # attention's kernels (on the CPU's, it counts none of an attention's FLOPs)
+                # a meta model's shapes alone: as zeros on the CPU (models.parts.shaped; the
+                # hooks travel with the copy); its FLOPs counted on the meta device, where
+                # torch's counter knows attention's kernels (on the CPU's it counts none of
+                # them: a real gpt model's attention FLOPs are 0 here, left as they were)
                 y = shaped(block, x) if meta and counter is None else block(x)
             for h in hooks:
                 h.remove()
