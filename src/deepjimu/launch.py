@@ -63,7 +63,6 @@ __all__ = ["joined_config", "probe", "train"]
 
 # where a failed run's workers' tracebacks go
 _ERRORS_LOG = "worker-errors.log"
-
 # a disk with less free space than this could not hold a worker's error record (a few KB,
 # in whole blocks): a worker that could not write one found it full
 _FULL_BELOW = 2**20

@@ -23,6 +23,7 @@ from deepjimu.data.base import (
     dataset_family,
     dataset_names,
     datasets_of,
+    epoch_seed,
     load_dataset,
     register_dataset,
 )
@@ -31,5 +32,5 @@ from deepjimu.data.tensors import save_tensors
 
 __all__ = [
     "GRAPH_DATASETS", "DataOptions", "DataSplits", "GraphData", "RawData", "dataset_family",
-    "dataset_names", "datasets_of", "load_dataset", "register_dataset", "save_tensors",
+    "dataset_names", "datasets_of", "epoch_seed", "load_dataset", "register_dataset", "save_tensors",
 ]  # fmt: skip

@@ -27,6 +27,7 @@ __all__ = [
     "dataset_family",
     "dataset_names",
     "datasets_of",
+    "epoch_seed",
     "load_dataset",
     "per_class_split",
     "quiet_csr",
@@ -151,6 +152,12 @@ class RawData:
     stream: np.ndarray | None = None
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of everything random in ``epoch`` of a run seeded ``seed`` (its sample order,
+    its text windows, its dropout masks): a function of the two alone, so resume is exact."""
+    return seed * 1_000_003 + epoch
+
+
 @dataclass
 class DataSplits:
     """Train / validation / test tensors of one dataset, after preprocessing.
@@ -198,7 +205,7 @@ class DataSplits:
         """
         assert self.stream is not None, "windows of a data set with no token stream"
         block = self.feature_shape[0]
-        g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) * 1_009 + self.stream_part)
+        g = torch.Generator().manual_seed(epoch_seed(seed, epoch) * 1_009 + self.stream_part)
         starts = torch.randint(len(self.stream) - block, (len(self.train_y),), generator=g)
         at = starts.to(self.stream.device)[:, None] + torch.arange(block, device=self.stream.device)
         return [(self.stream[i], self.stream[i + 1].long()) for i in torch.tensor_split(at, steps)]

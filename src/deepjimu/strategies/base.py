@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from deepjimu.balance import SPEED_BALANCES, shard_counts
 from deepjimu.choices import Optimizer
 from deepjimu.comm import Comm
-from deepjimu.data import DataSplits, GraphData
+from deepjimu.data import DataSplits, GraphData, epoch_seed
 from deepjimu.defaults import DEFAULT_LR
 from deepjimu.errors import JimuError
 from deepjimu.kfac.optimizer import KFAC
@@ -227,7 +227,7 @@ def _dense_grads(opt: torch.optim.Optimizer, *_: Any) -> None:
 
 def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
     """The shuffled sample order of ``epoch``: a function of (seed, epoch) only, so resume is exact."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))
 
 
 def split_steps(order: Tensor, steps: int) -> list[Tensor]:

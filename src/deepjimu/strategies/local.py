@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deepjimu.data import DataSplits
+from deepjimu.data import DataSplits, epoch_seed
 from deepjimu.options import LocalOptions
 from deepjimu.run import Run
 from deepjimu.strategies.base import GradientStrategy
@@ -34,7 +34,7 @@ class LocalStrategy(GradientStrategy):
             return super().batches(data, epoch, run)
         # dropout draws from torch's global generator: seeded by (seed, epoch), a run
         # repeats exactly, resumed or not
-        torch.manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        torch.manual_seed(epoch_seed(self.cfg.seed, epoch))
         nodes = data.graph.train_idx
         return [(nodes, data.graph.y[nodes])]
 

@@ -97,26 +97,23 @@ def _pooled_s(
     iteration, readout, sent, count = [], [], 0.0, 0
     for r, (start, k) in enumerate(stage_starts(sizes)):
         ranks = column(cfg, r)
-        heads, moments, refits = 0, 0, 0.0
+        heads, moments, refits = 0, 0, []  # refits: the readout's all-reduces, in floats
         for l in range(start, start + k):
             shape = layers[l].param_shapes[0]  # W: [n_out, n_in] (a conv's: [C_out, C_in, s, s])
             n_out, n_in = shape[0], math.prod(shape[1:])
             head = n_out if l == 0 else n_in + n_out + 1
             moment = n_out * n_in if l == 0 else n_in * (n_in + n_out)
             heads, moments = heads + head, moments + moment
-            refits += cluster.all_reduce_over_s(head * FLOAT, ranks)
-            refits += cluster.all_reduce_over_s(moment * FLOAT, ranks)
+            refits += [head, moment]
             sent += cfg.replicas * (head + moment) * FLOAT
         if start + k == len(layers):  # the classifier's refit, and the fits
-            refits += cluster.all_reduce_over_s(head * FLOAT, ranks)
-            refits += cluster.all_reduce_over_s(moment * FLOAT, ranks)
-            refits += cluster.all_reduce_over_s(8 * FLOAT, ranks)
+            refits += [head, moment, 8]
         iteration.append(
             cluster.all_reduce_over_s(heads * FLOAT, ranks)
             + cluster.all_reduce_over_s(moments * FLOAT, ranks)
         )
-        readout.append(refits)
-        count = max(count, 2 * k + (3 if start + k == len(layers) else 0))
+        readout.append(sum(cluster.all_reduce_over_s(f * FLOAT, ranks) for f in refits))
+        count = max(count, len(refits))
     return max(iteration), max(readout), sent, count
 
 
