@@ -45,6 +45,16 @@ def test_the_start_method_is_spawn_or_forkserver_and_spawn_under_a_budget(
         start_method(False)
 
 
+@pytest.mark.slow
+def test_a_bad_start_method_ends_the_run_before_its_folder_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(START_METHOD, "fork")
+    with pytest.raises(JimuError, match=r"^DEEPJIMU_START_METHOD=fork: "):
+        train(RunConfig(strategy="ddp", workers=2, quiet=True, runs_dir=str(tmp_path / "runs")))
+    assert not (tmp_path / "runs").exists()
+
+
 def _reporting_model() -> nn.Sequential:
     """A model factory that writes, where it runs (the launcher, each worker), the variable
     the test set."""

@@ -134,6 +134,7 @@ def _start(
         # the device the workers will pick, so that --device cuda without GPUs or --precision
         # tf32 on a CPU fail here, before the run folder exists
         check_precision(cfg.precision, pick_device(cfg, 0, cfg.workers))
+        start_method(budgeted=False)  # a bad DEEPJIMU_START_METHOD, before the folder too
         # read (and download) the data once here, so bad files fail before any worker starts
         data = load_dataset(cfg.dataset, DataOptions.from_config(cfg))
         need = check_machine(cfg, plan, data, model)
