@@ -473,3 +473,16 @@ def test_a_configuration_past_the_budget_is_does_not_fit_and_the_matrix_goes_on(
     md = (tmp_path / "fit" / "report.md").read_text()
     assert "## Does not fit" in md and "local x1 mlp:2048x3: worker 0 needs about" in md
     assert "## Failed" not in md
+
+
+def test_a_default_value_of_an_option_that_does_not_apply_leaves_the_cell_plain() -> None:
+    # jimu plan --replicas 1,2: ddp takes no --replicas, and jimu train refuses it given
+    _, replicas = split_variants({"replicas": "1,2"})
+    cells = plan(RunConfig(), ["ddp", "pipeline"], [4], ["mlp:16x3"], replicas)
+    assert [(c.label, c.skip is None) for c in cells] == [
+        ("ddp x4 mlp:16x3", True),
+        ("ddp x4 mlp:16x3 replicas=2", False),
+        ("pipeline x4 mlp:16x3 replicas=1", True),
+        ("pipeline x4 mlp:16x3 replicas=2", True),
+    ]
+    assert "--replicas" not in cells[0].argv(())

@@ -257,7 +257,7 @@ def plan(
                     dropped = tuple(sorted(k for k, v in why.items() if v is not None))
                     cfg = dataclasses.replace(cfg, **{k: own[k] for k in dropped})
                     plain = dataclasses.replace(plain, **{k: own[k] for k in dropped})
-                    cell = Cell(strategy, w, model, options, dropped=dropped)
+                    cell = Cell(strategy, w, model, _own(options, cfg, own), dropped=dropped)
                     checked.append((cell, _problems(cfg)))
             plain_ok[strategy, model] = _problems(plain) is None
     nowhere = [f"--{k.replace('_', '-')}{misfits[k]}" for k in fixed if k not in fits]
@@ -278,6 +278,17 @@ def plan(
     if bad:
         raise ConfigErrors([f"{_some(labels)}: {problem}" for problem, labels in bad.items()])
     return cells
+
+
+def _own(options: Options, cfg: RunConfig, own: dict[str, object]) -> Options:
+    """A cell's varied ``options`` less those at their default that do not apply to its
+    strategy: ``jimu plan --replicas 1,2`` runs ddp as plain ddp (``jimu train`` refuses a
+    ``--replicas 1`` given to ddp), and labels it so."""
+    return tuple(
+        (k, v)
+        for k, v in options
+        if getattr(cfg, k) != own[k] or does_not_apply(k, cfg) is None
+    )
 
 
 def _some(labels: list[str], shown: int = 3) -> str:
