@@ -14,9 +14,10 @@ Same run, same synthetic MNIST-shaped data (N samples, 196 features, 10 classes,
 
 One warm-up iteration each, then ``--iters`` timed iterations that alternate between the two
 sides (so background load hits both alike); the figure per side is the median, and the ratio
-reference / deepjimu is taken between the medians of the same run. On CUDA it also reports
-deepjimu's achieved FLOP/s (its matmuls counted analytically, see :func:`deepjimu_matmuls`)
-as a fraction of an 8192^3 matmul measured in the same run, and peak memory per side.
+reference / deepjimu is taken between the medians of the same run. It also reports
+deepjimu's FLOPs per iteration (matmuls, factorisations and solves, counted analytically by
+``deepjimu.admm_math.flops``), the FLOP/s achieved and their fraction of a large matmul's
+measured in the same run (8192^3 on CUDA, 4096^3 on a CPU); on CUDA, peak memory per side.
 
 ``--workers 1,2,4`` instead launches deepjimu's real ``admm`` strategy through
 ``deepjimu.launch.train`` for each worker count and reports, from its ``events.jsonl``, the
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import statistics
 import sys
@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from deepjimu.admm_math.flops import iteration_flops
 from deepjimu.data import DataOptions, load_dataset
 from deepjimu.models import build_model
 from deepjimu.precision import autocast, matmul_precision
@@ -55,42 +56,9 @@ from deepjimu.strategies.admm.model import admm_maps
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pdadmm_reference import init_reference, reference_iteration
 
-__all__ = ["deepjimu_matmuls", "main"]
+__all__ = ["main"]
 
 RHO = NU = 1e-4
-
-
-def deepjimu_matmuls(
-    widths: list[int], n: int, data_gram_cached: bool = False
-) -> list[tuple[str, int, int, int]]:
-    """The matmuls (name, m, k, n) of one deepjimu serial iteration; each costs 2 m k n flops.
-
-    Per layer l, n_in -> n_out (as ``updates.py`` computes them): the p-step (l > 0) W W^T,
-    v W^T and s M when n_out <= n_in, else W^T W, (z - b) W and rhs H^-1; the (W, b)-step
-    the Gram p^T p (upper triangle in 4 row strips when n_in >= 256) and z^T p; then
-    a = p W^T + b. Factorisations and triangular solves (O(n^3)) and elementwise work are
-    left out. ``data_gram_cached``: the block keeps x^T x of layer 0 between iterations.
-    """
-    out = []
-    for l in range(len(widths) - 1):
-        n_in, n_out = widths[l], widths[l + 1]
-        if l > 0 and n_out <= n_in:
-            out += [
-                (f"W W^T [{l}]", n_out, n_in, n_out),
-                (f"v W^T [{l}]", n, n_in, n_out),
-                (f"s M [{l}]", n, n_out, n_in),
-            ]
-        elif l > 0:
-            out += [
-                (f"W^T W [{l}]", n_in, n_out, n_in),
-                (f"(z-b) W [{l}]", n, n_out, n_in),
-                (f"rhs H^-1 [{l}]", n, n_in, n_in),
-            ]
-        edges = [n_in * i // 4 for i in range(5)] if n_in >= 256 else [0, n_in]
-        if not (l == 0 and data_gram_cached):
-            out += [(f"p^T p [{l}]", hi - lo, n, n_in - lo) for lo, hi in itertools.pairwise(edges)]
-        out += [(f"z^T p [{l}]", n_out, n, n_in), (f"p W^T [{l}]", n, n_in, n_out)]
-    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -203,18 +171,30 @@ def serial_speed(args: argparse.Namespace) -> None:
                     f"ratio {k} / deepjimu: {med[k] / med['deepjimu']:.2f}x (medians), "
                     f"{min(times[k]) / min(times['deepjimu']):.2f}x (fastest)"
                 )
-    if device.type == "cuda" and "deepjimu" in made:
-        cached = getattr(made["deepjimu"], "_data_gram", None) is not None
-        flops = sum(2 * m * k * n for _, m, k, n in deepjimu_matmuls(widths, len(y), cached))
-        peak_flops = matmul_peak(device, args.dtype)
-        achieved = flops / med["deepjimu"]
-        print(
-            f"deepjimu: {flops / 1e9:.1f} GFLOP of matmuls per iteration, "
-            f"{achieved / 1e12:.1f} TFLOP/s = {achieved / peak_flops:.1%} of the "
-            f"{peak_flops / 1e12:.1f} TFLOP/s 8192^3 {args.dtype} matmul"
-        )
-        for k, v in peak.items():
-            print(f"peak memory {k} (data included, the other side's state not): {v:.2f} GiB")
+    if "deepjimu" in made:
+        _achieved(made["deepjimu"], widths, len(y), med["deepjimu"], device, args.dtype)
+    for k, v in peak.items():
+        print(f"peak memory {k} (data included, the other side's state not): {v:.2f} GiB")
+
+
+def _achieved(
+    block: LayerBlock, widths: list[int], n: int, seconds: float, device: torch.device, dtype: str
+) -> None:
+    """deepjimu's iteration FLOPs (counted analytically), the FLOP/s it achieved and their
+    fraction of a large matmul's, measured now (8192^3 on a GPU, 4096^3 on a CPU)."""
+    counts = iteration_flops(widths, n, data_gram_kept=block._data_gram is not None)
+    kinds: dict[str, float] = {}
+    for c in counts:
+        kinds[c.kind] = kinds.get(c.kind, 0.0) + c.flops
+    flops = sum(kinds.values())
+    peak_flops = matmul_peak(device, dtype, 8192 if device.type == "cuda" else 4096)
+    achieved = flops / seconds
+    split = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in kinds.items())
+    print(
+        f"deepjimu: {flops / 1e9:.2f} GFLOP per iteration ({split}), "
+        f"{achieved / 1e9:.1f} GFLOP/s = {achieved / peak_flops:.1%} of the "
+        f"{peak_flops / 1e9:.1f} GFLOP/s of a {dtype} matmul measured now"
+    )
 
 
 def workers_speed(args: argparse.Namespace) -> None:
