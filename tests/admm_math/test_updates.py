@@ -14,6 +14,7 @@ from deepjimu.admm_math.updates import (
     LayerVars,
     augmented_lagrangian,
     batch_stats,
+    by_rows,
     centred_gram,
     combine_stats,
     extrapolate,
@@ -384,6 +385,16 @@ def test_update_z_hidden_matches_elementwise_grid_search() -> None:
     assert (f_closed <= best.values + 1e-12).all()
     assert (f_closed >= best.values - 1e-7).all()  # no better point exists off the grid
     torch.testing.assert_close(z.reshape(-1), grid[best.indices], rtol=0, atol=1e-4)
+
+
+def test_update_z_hidden_on_many_rows_equals_it_row_block_by_row_block() -> None:
+    # more rows than one block of by_rows: the blocks' results are the whole's, bit for bit
+    g = torch.Generator().manual_seed(8)
+    a, q, z_old = (2 * torch.randn(3001, 40, generator=g) for _ in range(3))
+    whole = update_z_hidden(a, q, z_old)
+    for lo, hi in ((0, 1), (1000, 1700), (2999, 3001)):
+        assert torch.equal(whole[lo:hi], update_z_hidden(a[lo:hi], q[lo:hi], z_old[lo:hi]))
+    assert torch.equal(by_rows(lambda t: t * 2, a), a * 2)
 
 
 def test_update_z_hidden_beats_local_minimisation_from_many_starts() -> None:
