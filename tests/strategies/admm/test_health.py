@@ -10,7 +10,7 @@ import torch
 from deepjimu.config import RunConfig
 from deepjimu.errors import JimuError
 from deepjimu.launch import train
-from deepjimu.strategies.admm.health import Learning, chance_accuracy, solve_failed
+from deepjimu.strategies.admm.health import Learning, chance_accuracy, hint, solve_failed
 
 
 def test_a_stuck_run_is_named_and_a_slow_one_left_alone() -> None:
@@ -41,6 +41,13 @@ def test_solve_failed_names_rho_nu_and_what_to_try() -> None:
         "linalg.cholesky: not positive-definite; lower nu/rho"
     )
     assert "\n" not in line and "--rho 1 --nu 1" in line
+
+
+def test_the_hint_does_not_repeat_the_penalties_a_run_has() -> None:
+    assert hint(1e12, 1e-12).endswith("try --rho 1 --nu 1")
+    assert hint(1e-4, 1.0).endswith("try --rho 1 --nu 1")  # rho < nu
+    for rho, nu in ((1.0, 1.0), (0.5, 0.01)):  # where pdADMM learned: no --rho 1 --nu 1
+        assert "--rho" not in hint(rho, nu) and "already lie" in hint(rho, nu)
 
 
 @pytest.mark.parametrize(

@@ -8,15 +8,32 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-__all__ = ["HINT", "STALL", "Learning", "chance_accuracy", "readout_failed", "solve_failed"]
+__all__ = ["STALL", "Learning", "chance_accuracy", "hint", "readout_failed", "solve_failed"]
 
 # relative fall of the training loss over half the patience below which a run is stuck.
 # Measured on digits (mlp:32x2, rho and nu from 1e-4 to 1e4, and extremes): runs stuck at
 # chance fell by 0.07% or less over 5 iterations, runs that learned slowly by 0.43% or more.
 STALL = 0.002
 
-# what to try, from that grid: nu >= 100, or rho <= nu / 100, stayed at or near chance
-HINT = "on digits pdADMM learned with 0.01 <= nu <= 1 and rho >= nu; try --rho 1 --nu 1"
+
+
+def hint(rho: float, nu: float) -> str:
+    """What to try for a run with these ``rho`` and ``nu`` that is not learning.
+
+    From the grid of :data:`STALL`: nu >= 100, or rho <= nu / 100, stayed at or near chance.
+    A run that has rho and nu in the range that learned is not told to set them again.
+
+    Example:
+        >>> hint(1e-4, 1.0)
+        'on digits pdADMM learned with 0.01 <= nu <= 1 and rho >= nu; try --rho 1 --nu 1'
+    """
+    learned = "0.01 <= nu <= 1 and rho >= nu"
+    if 0.01 <= nu <= 1 and rho >= nu:
+        return (
+            f"rho and nu already lie where pdADMM learned on digits ({learned}): the "
+            "model, not the penalties, is what to change (its depth and width, --admm-init)"
+        )
+    return f"on digits pdADMM learned with {learned}; try --rho 1 --nu 1"
 
 
 def chance_accuracy(y: Tensor) -> float:

@@ -21,9 +21,9 @@ from deepjimu.strategies.admm.blocks import (
 )
 from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.health import (
-    HINT,
     Learning,
     chance_accuracy,
+    hint,
     readout_failed,
     solve_failed,
 )
@@ -459,7 +459,7 @@ class AdmmStrategy(Strategy):
         stuck = self.learning.check(done, loss, acc, whose)
         if stuck:
             rho, nu = self.block.params.rho, cfg.nu
-            raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {HINT}")
+            raise JimuError(f"admm is {stuck} (rho: {rho:g}, nu: {nu:g}); {hint(rho, nu)}")
         self.solver.schedule(residual)  # rho grows where the residual stalls (full batch)
 
     def _cg_counts(self) -> tuple[float, int]:
