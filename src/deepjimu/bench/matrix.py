@@ -285,9 +285,7 @@ def _own(options: Options, cfg: RunConfig, own: dict[str, object]) -> Options:
     strategy: ``jimu plan --replicas 1,2`` runs ddp as plain ddp (``jimu train`` refuses a
     ``--replicas 1`` given to ddp), and labels it so."""
     return tuple(
-        (k, v)
-        for k, v in options
-        if getattr(cfg, k) != own[k] or does_not_apply(k, cfg) is None
+        (k, v) for k, v in options if getattr(cfg, k) != own[k] or does_not_apply(k, cfg) is None
     )
 
 

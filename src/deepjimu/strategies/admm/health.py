@@ -16,7 +16,6 @@ __all__ = ["STALL", "Learning", "chance_accuracy", "hint", "readout_failed", "so
 STALL = 0.002
 
 
-
 def hint(rho: float, nu: float) -> str:
     """What to try for a run with these ``rho`` and ``nu`` that is not learning.
 
