@@ -25,10 +25,11 @@ def test_a_chains_replicas_each_step_on_their_part_then_all_reduce_each_stage() 
     one = predict(cfg("model-parallel", 2, balance="1,1"), lay, 20, compute, gpus(4))
     two = predict(cfg("model-parallel", 4, replicas=2, balance="1,1"), lay, 20, compute, gpus(4))
     # the same chain on half the rows of each batch (5 of 10), then each stage's ring all-reduce
-    # over its two replicas (one node: the intra link), the larger stage's setting the pace
+    # over its two replicas (one node: the intra link), one after the other: a stage's DDP
+    # all-reduces before the gradient of its input goes back to the stage before
     halves = dataclasses.replace(cfg("model-parallel", 2, balance="1,1"), batch_size=5)
     half = predict(halves, lay, 10, compute, gpus(4))
-    ring = 2 * 1e-3 + 4000 / 1e6
+    ring = (2 * 1e-3 + 4000 / 1e6) + (2 * 1e-3 + 2000 / 1e6)
     assert two.parts["replicas_s"] == pytest.approx(ring)
     assert two.step_s == pytest.approx(half.step_s + ring)
     assert two.samples_per_s == pytest.approx(20 / (2 * two.step_s))
@@ -45,7 +46,7 @@ def test_replicas_on_two_nodes_cross_the_slow_link_and_the_chain_does_not() -> N
     two = predict(
         cfg("model-parallel", 4, replicas=2, balance="1,1"), lay, 20, compute, two_nodes(2)
     )
-    assert two.parts["replicas_s"] == pytest.approx(2 * 1e-2 + 4000 / 1e5)
+    assert two.parts["replicas_s"] == pytest.approx(2 * (2 * 1e-2 + 4000 / 1e5))
 
 
 def test_admm_replicas_solve_on_their_samples_and_pool_the_statistics() -> None:
