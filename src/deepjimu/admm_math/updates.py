@@ -623,16 +623,20 @@ def by_rows(fn: Callable[..., Tensor], *ts: Tensor) -> Tensor:
     torch runs each elementwise operation over the whole tensor before the next: a chain of
     ten of them over [N, n] float32 tensors reads and writes memory ten times (no fusion
     without a compiler). On blocks whose temporaries stay in cache it reads its inputs
-    once: ``update_z_hidden`` on [10,000, 500] went from 42 ms to 18 ms on one core.
+    once: ``update_z_hidden`` on [10,000, 500] went from 42 ms to 18 ms on one CPU core.
 
     Args:
         fn: a function of tensors with the same number of rows, returning one of them.
         ts: its arguments, [N, ...] each.
 
     Returns:
-        ``fn(*ts)``, [N, ...], the same values (the work of a row depends on that row alone).
+        ``fn(*ts)``, [N, ...], the same values (the work of a row depends on that row alone);
+        on a GPU in one piece (there the blocks' many small kernels took an iteration of 10 x
+        1000, N = 55,000, from 0.148 to 0.22 s on an H200).
     """
     rows = ts[0].shape[0]
+    if ts[0].device.type != "cpu":  # a GPU's kernels are few and large or launch-bound
+        return fn(*ts)
     per_row = max(1, ts[0][:1].numel())
     block = max(1, _BLOCK_ELEMENTS * torch.get_num_threads() // per_row)
     if rows <= block:
