@@ -132,12 +132,12 @@ def staged_step(
 def _columns(
     cfg: RunConfig, layers: list[Layer], compute: Compute, cluster: Cluster,
     starts: list[tuple[int, int]], stage_rank: list[int], rows: int,
-) -> tuple[float, float]:  # fmt: skip
+) -> tuple[float, int]:  # fmt: skip
     """With ``--replicas``: the seconds a step waits for its stages' gradients all-reduced
     among their replicas, and the bytes one replica's ranks hand to those all-reduces
     (0, 0 without replicas)."""
     if cfg.replicas == 1:
-        return 0.0, 0.0
+        return 0.0, 0
     p, w = stages_of(cfg), workers_of(cfg)
     t = threads_per_rank(cluster, w)
     grads = [
@@ -157,7 +157,7 @@ def _columns(
     seconds = sum(
         cluster.all_reduce_over_s(g, column(cfg, r)) + extra * g for r, g in enumerate(grads)
     )
-    return seconds + cluster.ddp_sync_penalty_s(w), float(sum(grads))
+    return seconds + cluster.ddp_sync_penalty_s(w), sum(grads)
 
 
 def chain(
