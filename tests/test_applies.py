@@ -208,7 +208,7 @@ def test_only_given_options_are_checked_never_defaults() -> None:
 
 def test_a_value_out_of_range_where_the_option_does_not_apply_is_one_line() -> None:
     with pytest.raises(ConfigErrors) as e:
-        validate(_given({"strategy": "local"}, {"quantize": 4}))
+        validate(_given({"strategy": "local"}, {"quantize": 3}))
     assert e.value.problems == ["--quantize applies to strategy admm; strategy local is not one"]
 
 

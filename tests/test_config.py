@@ -34,7 +34,7 @@ def test_validate_fills_strategy_defaults() -> None:
         ({"epochs": 0}, "epochs must be >= 1"),
         ({"batch_size": 0}, "batch-size must be >= 1"),
         ({"model": "mlp:abc"}, "unknown model spec 'mlp:abc'"),
-        ({"strategy": "admm", "quantize": 4}, "quantize must be 0, 8 or 16"),
+        ({"strategy": "admm", "quantize": 3}, "quantize must be 0, 2, 4, 8 or 16 (quantize: 3)"),
         ({"strategy": "admm", "rho": 0.0}, "rho must be a positive number"),
         (
             {"strategy": "local", "workers": 2},

@@ -146,7 +146,7 @@ def test_refuses_labels_that_are_not_class_indices_of_the_model(
     [
         ({"rho": 0.0}, r"rho must be a positive number \(rho: 0.0\)"),
         ({"nu": float("nan")}, "nu must be a positive number"),
-        ({"bits": 4}, r"bits must be 0, 8 or 16 \(bits: 4\)"),
+        ({"bits": 3}, r"bits must be 0, 2, 4, 8 or 16 \(bits: 3\)"),
         ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
         ({"init": "zeros"}, r"init must be one of auto, forward, scaled, unit \(got 'zeros'\)"),
         ({"rho_growth": 0.5}, r"rho_growth must be >= 1 \(rho_growth: 0.5\)"),

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from deepjimu.admm_math.wire import wire_bytes
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster, Device, Link
 from deepjimu.cost.ddp import BUCKET, FIRST_BUCKET
@@ -182,6 +183,21 @@ def test_admm_quantized_exchange_sends_fewer_bytes() -> None:
     full = predict(cfg("admm", 2, eval_every=1000), lay, 100, compute, gpus(2))
     q8 = predict(cfg("admm", 2, eval_every=1000, quantize=8), lay, 100, compute, gpus(2))
     assert q8.bytes_per_sample < full.bytes_per_sample / 3
+
+
+@pytest.mark.parametrize("bits", [0, 2, 4, 8, 16])
+def test_admm_bytes_are_the_exchanges_messages(bits: int) -> None:
+    """Every message across the cut (p left, q right; each log the readout's two passes) as
+    the exchange sends it: ``wire.wire_bytes``, which the exchange's tests measure."""
+    compute = Fixed([], admm_s=[1.0, 1.0], widths=[99, 10])
+    lay = layers([1, 1], [99, 10])
+    p = predict(cfg("admm", 2, eval_every=2, quantize=bits), lay, 37, compute, gpus(2))
+    message = wire_bytes(37, 99, bits)
+    assert p.bytes_per_sample * 37 == pytest.approx(2 * message + 2 * message / 2)
+    # the p (or q) exchange and the readout's chain, each at the link's 1 ms + 1 us a byte
+    chain = 2 * (1e-3 + message / 1e6)
+    assert p.parts["exchange_s"] == pytest.approx(chain)
+    assert p.step_s == pytest.approx(1.0 + chain + chain / 2)
 
 
 def test_what_is_not_predicted_says_so() -> None:

@@ -152,8 +152,9 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> float:
         {},
         {"admm_batch": 500, "admm_aux": "restart", "admm_memory": 0.5},
         {"model": "cnn:8-8", "epochs": 3},
+        {"quantize": 4, "epochs": 5},  # per-sample grids: nothing to pool
     ],
-    ids=["full-batch", "restart-memory", "cnn"],
+    ids=["full-batch", "restart-memory", "cnn", "4-bits"],
 )
 def test_admm_on_two_replicas_runs_the_iterations_of_two_workers(tmp_path: Path, kw: dict) -> None:
     """2 blocks x 2 replicas: every iterate, the objective and the accuracies of the 2-worker
@@ -178,11 +179,13 @@ def test_admm_on_two_replicas_runs_the_iterations_of_two_workers(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_admm_replica_bytes_are_the_pooled_sums(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bits", [0, 4])
+def test_admm_replica_bytes_are_the_pooled_sums(tmp_path: Path, bits: int) -> None:
     """Bytes of the replicas' all-reduces, counted where they are sent, against their count:
     per iteration and layer, the (W, b) statistics (means, n, C_pp, C_zp; the data's mean,
-    n and C_pp once, then z's mean and C_zp), without the readout (``--admm-readout iterate``) or the sweeps."""
-    kw = {"replicas": 2, "admm_readout": "iterate", "admm_sweeps": 0, "epochs": 3}
+    n and C_pp once, then z's mean and C_zp), without the readout (``--admm-readout iterate``) or the sweeps.
+    At 4 bits as at full precision: each sample's grid is its own, no range is pooled."""
+    kw = {"replicas": 2, "admm_readout": "iterate", "admm_sweeps": 0, "epochs": 3, "quantize": bits}
     two = run_world(admm_world, 4, kw, str(tmp_path))
     dims = [64, 32, 32, 10]  # layer i maps dims[i] -> dims[i + 1]
 

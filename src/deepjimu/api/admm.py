@@ -92,7 +92,9 @@ class PdADMM:
             (:func:`admm_maps`), on the device the iterations run on.
         rho: penalty of the coupling p_{l+1} = q_l.
         nu: weight of the layer equations.
-        bits: 0 (float32), 8 or 16: every p and q on a quantization grid, exchanged as codes.
+        bits: 0 (float32), 8 or 16 (every p and q on a quantization grid, exchanged as
+            codes) or 4 or 2 (every change of p and q on a grid per sample, exchanged as
+            packed codes).
         tau: proximal weight of each (W, b) step (larger: slower W).
         ridge: relative ridge of each (W, b) step (``updates.ridge_weight``).
         sweeps: backward Gauss-Seidel sweeps after each start, run by the first iteration

@@ -30,7 +30,11 @@ class AdmmGroup(Group):
 
     rho: float = option(1.0, "penalty of the p = q coupling")
     nu: float = option(1.0, "weight of the layer equations")
-    quantize: int = option(0, "bits of exchanged activations (0 off, 8 or 16)")
+    quantize: int = option(
+        0,
+        "bits of exchanged activations: 0 (off), 8 or 16 (every p and q on a grid, sent as "
+        "codes), 4 or 2 (each change of p and q on a grid per sample, sent as packed codes)",
+    )
     admm_batch: int = option(0, "mini-batch size (0: full batch)")
     admm_inner: int = option(
         0,
@@ -51,7 +55,8 @@ class AdmmGroup(Group):
     )
     admm_momentum: float | None = option(
         None,
-        "extrapolate every variable but p by this fraction of its last change (0: off)",
+        "extrapolate every variable but p (and, at quantize 2 and 4, q and u) by this "
+        "fraction of its last change (0: off)",
         default_text="0.7 for MLPs, 0.5 for CNNs",
     )
     admm_sweeps: int | None = option(
@@ -105,8 +110,9 @@ class AdmmGroup(Group):
                 value > 0 and math.isfinite(value),
                 f"{name} must be a positive number ({name}: {value})",
             )
-        need(
-            self.quantize in (0, 8, 16), f"quantize must be 0, 8 or 16 (quantize: {self.quantize})"
+        need(  # admm_math.wire.BITS, which this layer sits below
+            self.quantize in (0, 2, 4, 8, 16),
+            f"quantize must be 0, 2, 4, 8 or 16 (quantize: {self.quantize})",
         )
         problems += minimums(self, {"admm_batch": 0, "admm_inner": 0, "rho_growth": 1})
         for name in ("admm_tau", "admm_ridge"):  # the ridge: None for the model kind's

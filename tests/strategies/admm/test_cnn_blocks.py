@@ -143,3 +143,13 @@ def test_cnn_three_workers_iterate_as_one_and_8_bits_send_3x_fewer_bytes() -> No
     for rank in range(3):
         # feature maps cross the boundaries: 1-byte codes (+ an 8-byte header per message)
         assert plain[rank][1][-1] >= 3 * quant[rank][1][-1] > 0
+
+
+@pytest.mark.slow
+def test_cnn_two_workers_iterate_as_one_at_4_bits() -> None:
+    """[N, C, H, W] maps change on one grid per sample, their codes packed two to a byte."""
+    quant = run_world(_distributed, 2, [2, 2], 4)
+    _check_equal(_serial(4)[0], quant, "[2, 2], 4 bits")
+    plain = run_world(_distributed, 2, [2, 2], 0)
+    for rank in range(2):
+        assert plain[rank][1][-1] >= 6 * quant[rank][1][-1] > 0

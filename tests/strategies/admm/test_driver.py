@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from deepjimu.admm_math.wire import wire_bytes
 from deepjimu.balance import partition
 from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.blocks import AdmmParams, LayerBlock
@@ -113,6 +114,9 @@ def _distributed(
         (8, 0.5, True, 0, 0.0),
         (0, 0.5, False, 2, 0.01),  # the defaults' kind: start-up sweeps and a ridge
         (8, 0.5, False, 1, 0.003),
+        (4, 0.5, False, 1, 0.003),  # changes on per-row grids, momentum, a sweep
+        (4, 0.0, True, 0, 0.0),
+        (2, 0.5, False, 2, 0.01),
     ],
 )
 def test_distributed_iterates_equal_serial(
@@ -150,3 +154,11 @@ def test_quantized_exchange_sends_four_times_fewer_bytes() -> None:
         assert per_iter_plain == N * 16 * 4
         assert per_iter_quant == N * 16 + 8
         assert per_iter_plain / per_iter_quant >= 3
+
+
+@pytest.mark.parametrize("bits", [0, 2, 4, 8, 16])
+def test_the_bytes_of_an_iteration_are_the_formula(bits: int) -> None:
+    """Each rank sends one message a iteration (p left, or q right) of N x 16 values, counted
+    by the byte counter exactly as ``wire.wire_bytes`` (which the planner uses) says."""
+    for sent in (r[1] for r in run_world(_distributed, 2, [2, 2], bits)):
+        assert sent == [wire_bytes(N, 16, bits)] * ITERS

@@ -126,7 +126,8 @@ def _distributed(rank: int, world: int, case: str, sizes: list[int], bits: int) 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("case", "sizes", "bits"), [("mlp", [2, 2], 0), ("mlp", [1, 2, 1], 8), ("cnn", [1, 2], 0)]
+    ("case", "sizes", "bits"),
+    [("mlp", [2, 2], 0), ("mlp", [1, 2, 1], 8), ("cnn", [1, 2], 0), ("mlp", [1, 2, 1], 4)],
 )
 def test_distributed_readout_equals_the_serial_one(case: str, sizes: list[int], bits: int) -> None:
     # one thread on both sides: with more, a conv layer's CG sums in another order and the

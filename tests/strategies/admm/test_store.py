@@ -105,7 +105,7 @@ def test_store_refuses_short_files_and_failed_writes_in_one_line(
     store.close()
 
 
-def _block(seed: int = 0) -> tuple[LayerBlock, torch.Tensor, torch.Tensor]:
+def _block(seed: int = 0, bits: int = 0) -> tuple[LayerBlock, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     widths = [5, 7, 6, 3]
     x = torch.rand(24, widths[0], generator=g, dtype=torch.float64)
@@ -115,7 +115,7 @@ def _block(seed: int = 0) -> tuple[LayerBlock, torch.Tensor, torch.Tensor]:
         for i, o in itertools.pairwise(widths)
     ]
     b = [torch.zeros(o, dtype=torch.float64) for o in widths[1:]]
-    params = AdmmParams(tau=0.5, ridge=0.01, momentum=0.5)
+    params = AdmmParams(tau=0.5, ridge=0.01, momentum=0.5, bits=bits)
     return LayerBlock(0, 3, 3, W, b, params), x, y
 
 
@@ -179,20 +179,22 @@ def test_one_kept_batch_of_every_sample_is_the_full_batch_iteration(tmp_path: Pa
         torch.testing.assert_close(one.b[l], full.b[l])
 
 
-@pytest.mark.parametrize("mode", ["auto", "all", "last"])
+@pytest.mark.parametrize(("mode", "bits"), [("auto", 0), ("all", 0), ("last", 0), ("auto", 4)])
 def test_kept_readout_is_the_full_batch_readout_of_the_stored_iterate(
-    tmp_path: Path, mode: str
+    tmp_path: Path, mode: str, bits: int
 ) -> None:
     """Streamed over three kept batches, the readout refits and chooses as the full-batch
-    readout does on every sample's stored variables at once."""
-    block, x, y = _block()
+    readout does on every sample's stored variables at once (at 4 bits each hidden output
+    is its sample's stored q plus the change, on the sample's own grid)."""
+    block, x, y = _block(bits=bits)
     kept = KeptBatches(24, 8, 0, block, str(tmp_path), "")
     _kept_epochs(block, kept, x, y, 2)
     order = torch.cat([torch.as_tensor(idx) for idx in kept.batches])
-    ref, _, _ = _block()  # the full batch: the same weights, every batch's stored z
+    ref, _, _ = _block(bits=bits)  # the full batch: the same weights, every batch's stored z, q
     ref.W, ref.b, ref.p = dict(block.W), dict(block.b), {0: x[order]}
     stored = [kept.store.load(k, CPU) for k in range(len(kept.batches))]
     ref.z = {l: torch.cat([s[f"z{l}"] for s in stored]) for l in ref.layers}
+    ref.q = {l: torch.cat([s[f"q{l}"] for s in stored]) for l in ref.layers if l < 2}
     plain, refit = ref.readout_forward(
         x[order] if mode != "all" else None, x[order] if mode != "last" else None
     )

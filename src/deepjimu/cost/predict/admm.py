@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from deepjimu.admm_math.wire import wire_bytes
 from deepjimu.balance import listed_balance, parse_balance, partition
 from deepjimu.config import RunConfig
 from deepjimu.cost.cluster import Cluster
@@ -140,21 +141,18 @@ def _admm_traffic(
     cfg: RunConfig, train_size: int, widths: list[int], sizes: list[int], cluster: Cluster
 ) -> tuple[float, float, float]:
     """Across the cuts between ranks: the seconds of one p (or q) exchange, of the readout's
-    forward chain, and the bytes sent per iteration (its share of the readout included)."""
+    forward chain, and the bytes sent per iteration (its share of the readout included).
+
+    Every message, the readout's too, is one tensor of ``train_size`` rows as the exchange
+    sends it (``wire.wire_bytes``: float32, or ``--quantize``'s codes and grid headers)."""
     rank_of = [r for r, s in enumerate(sizes) for _ in range(s)]
     cuts = cut_after(sizes)
-    word = cfg.quantize / 8 if cfg.quantize else FLOAT
+    message = {c: wire_bytes(train_size, widths[c], cfg.quantize) for c in cuts}
     exchange = max(
-        (
-            cluster.p2p_s(int(train_size * widths[c] * word), rank_of[c], rank_of[c + 1])
-            for c in cuts
-        ),
-        default=0.0,
+        (cluster.p2p_s(message[c], rank_of[c], rank_of[c + 1]) for c in cuts), default=0.0
     )
     # the readout's forward chain (the plain and the refitted activations) runs rank after rank
-    chain = sum(
-        2 * cluster.p2p_s(train_size * widths[c] * FLOAT, rank_of[c], rank_of[c + 1]) for c in cuts
-    )
-    sent = sum(2 * train_size * widths[c] * word for c in cuts)
-    sent += sum(2 * train_size * widths[c] * FLOAT for c in cuts) / cfg.eval_every
-    return exchange, chain, sent
+    chain = sum(2 * cluster.p2p_s(message[c], rank_of[c], rank_of[c + 1]) for c in cuts)
+    # p left and q right each iteration, the readout's two passes right at each log
+    sent = sum(2 * message[c] for c in cuts) * (1 + 1 / cfg.eval_every)
+    return exchange, chain, float(sent)

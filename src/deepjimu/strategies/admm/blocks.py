@@ -14,7 +14,8 @@ from torch import Tensor
 
 from deepjimu.admm_math import updates as U
 from deepjimu.admm_math.conv import PSolver
-from deepjimu.admm_math.quantize import project
+from deepjimu.admm_math.quantize import Change, change, project
+from deepjimu.admm_math.wire import per_row
 from deepjimu.strategies.admm.layers import ConvOp, DenseOp, LayerOp
 from deepjimu.strategies.admm.pooled import Pool
 from deepjimu.strategies.admm.pooled import mean as pooled_mean
@@ -115,7 +116,9 @@ class AdmmParams:
     """Hyper-parameters of one pdADMM iteration.
 
     ``bits`` (8 or 16) puts every p and q on a quantization grid (pdADMM-G-Q), so the
-    values that cross a worker boundary are exactly representable by their integer codes.
+    values that cross a worker boundary are exactly representable by their integer codes;
+    ``bits`` 2 or 4 puts every change of p and q on a grid of its own, one per sample
+    (``quantize.change``: the new value is the old one plus the change on that grid).
     ``tau`` is the proximal weight (tau/2)||W - W_old||^2 of every (W, b) step: it keeps the
     step well posed where p^T p is singular and acts as the step size of W (larger: slower).
     ``ridge`` is the relative ridge of every (W, b) step (``updates.ridge_weight``: the
@@ -216,15 +219,34 @@ class LayerBlock:
         self.readout_features: Tensor | None = None
         # --replicas: this block's replicas, that pool its sums over samples (pooled.py)
         self.pooled: Pool | None = None
+        # at 2 and 4 bits, the last change of what crosses a boundary, by what it is: "p"
+        # (p_lo), "q" (q_{hi-1}), "plain" and "refit" (the readout's outputs of layer hi-1)
+        self.sent: dict[str, Change] = {}
 
     @property
     def layers(self) -> range:
         return range(self.lo, self.hi)
 
     def _grid(self, t: Tensor) -> Tensor:
-        if not self.params.bits:
+        """t on its grid at 8 and 16 bits; as it is at 2 and 4 bits, where only the changes
+        that follow are put on grids (:meth:`_moved`), and unquantized."""
+        bits = self.params.bits
+        if not bits or per_row(bits):
             return t
-        return project(t, self.params.bits, pooled_span(t, self.pooled))
+        return project(t, bits, pooled_span(t, self.pooled, bits))
+
+    def _moved(self, new: Tensor, old: Tensor, crossing: str | None = None) -> Tensor:
+        """The new value of a variable that may cross a boundary, ``old`` its value there: on
+        its grid (8, 16 bits), or ``old`` plus the change on the change's grid (2, 4 bits,
+        ``quantize.change``), that change kept in :attr:`sent` under ``crossing`` where the
+        value crosses (the neighbour holds ``old`` and applies it)."""
+        bits = self.params.bits
+        if not bits or not per_row(bits):
+            return self._grid(new)
+        step = change(old, new, bits)
+        if crossing is not None:
+            self.sent[crossing] = step
+        return step.apply(old)
 
     def _a(self, l: int) -> Tensor:
         """a = A(P p_l) W + b of layer l (``p @ W.T + b`` for a dense layer)."""
@@ -294,6 +316,8 @@ class LayerBlock:
             out = self.q[l]
             if l + 1 < self.hi:
                 self.p[l + 1] = out
+        # the right neighbour's p_lo starts as this output, which it receives at full precision
+        self.p_right = out
         return out, scale
 
     # ---- one iteration: p -> (W, b) -> z -> q -> u ------------------------------------------
@@ -319,7 +343,7 @@ class LayerBlock:
             self.cg_solves += 1
             self.cg_iters += sol.iterations
             self.cg_hits += int(not sol.converged)
-        self.p[l] = self._grid(sol.p)
+        self.p[l] = self._moved(sol.p, self.p[l], "p" if l == self.lo else None)
 
     def _gram_of_data(self) -> Tensor:
         """The centred Gram of layer 0's input p_0, the data: the same every iteration, so cached."""
@@ -369,7 +393,8 @@ class LayerBlock:
         """q (then its grid projection) and u of layer l < L-1."""
         rho, nu = self.params.rho, self.params.nu
         p_next = self._p_next(l)
-        self.q[l] = self._grid(U.update_q(p_next, self.u[l], self.z[l], rho, nu))
+        q = U.update_q(p_next, self.u[l], self.z[l], rho, nu)
+        self.q[l] = self._moved(q, self.q[l], "q" if l == self.hi - 1 else None)
         self.u[l] = U.update_u(self.u[l], p_next, self.q[l], rho)
 
     def layer_updates(self, y: Tensor | None) -> list[tuple[int, Callable[[], None]]]:
@@ -479,10 +504,14 @@ class LayerBlock:
         q_left and u_left are extrapolated (both sides hold the same current and previous
         values, so they stay equal, and the distributed iterates equal the serial ones),
         p_right is not (it stays the p its owner holds). q is put back on the quantization
-        grid. The first call after an initialisation only records x.
+        grid. At 2 and 4 bits q and u (and their copies) are not extrapolated either: their
+        last change carries the rounding of q's change, which extrapolation would amplify (on
+        the MNIST subset at 2 bits, 89.3% test accuracy with, 92.9% without; BENCHMARKS.md
+        section 7). The first call after an initialisation only records x.
         """
         beta = self.params.momentum
-        current = {k: v for k, v in self._iterate_state().items() if k not in _NO_MOMENTUM}
+        skip = _NO_MOMENTUM + (_ROUNDED if per_row(self.params.bits) else ())
+        current = {k: v for k, v in self._iterate_state().items() if k not in skip}
         prev, self._prev = (
             self._prev,
             {
@@ -545,6 +574,8 @@ class LayerBlock:
         self.refit_Wb = {}
         for l in self.layers:
             op = self.ops[l]
+            # what the last owned layer outputs crosses to the next block
+            to_refit, to_plain = ("refit", "plain") if l == self.hi - 1 else (None, None)
             if l == self.L - 1:
                 self.readout_features = plain
             if refit is not None:
@@ -555,16 +586,25 @@ class LayerBlock:
                     ridge=ridge, gram=gram, data=l == 0,
                 )  # fmt: skip
                 self.refit_Wb[l] = (W, b)
-                refit = self.output(l, refit, W, b)
+                refit = self.output(l, refit, W, b, crossing=to_refit)
             if plain is not None:
-                plain = self.output(l, plain, self.W[l], self.b[l])
+                plain = self.output(l, plain, self.W[l], self.b[l], crossing=to_plain)
         return plain, refit
 
-    def output(self, l: int, p: Tensor, W: Tensor, b: Tensor) -> Tensor:
+    def output(
+        self, l: int, p: Tensor, W: Tensor, b: Tensor, q: Tensor | None = None,
+        crossing: str | None = None,
+    ) -> Tensor:  # fmt: skip
         """Layer l's forward output for input p under (W, b): the logits for the last layer,
-        else the ReLU of the pre-activation put on the quantization grid (as q is)."""
+        else the ReLU of the pre-activation put on the quantization grid as q is: at 2 and 4
+        bits q_l (the iterate's, or ``q``) plus the change on its grid, which the neighbour
+        applies to its copy of q_l (``crossing``: as :meth:`_moved`'s)."""
         a = self.ops[l].forward(p, W, b)
-        return a if l == self.L - 1 else self._grid(torch.relu(a))
+        if l == self.L - 1:
+            return a
+        if not per_row(self.params.bits):
+            return self._grid(torch.relu(a))
+        return self._moved(torch.relu(a), self.q[l] if q is None else q, crossing)
 
     @torch.no_grad()
     def readout_choice(
@@ -626,6 +666,11 @@ class LayerBlock:
         return out
 
     # ---- what crosses a boundary ------------------------------------------------------------
+    def message(self, name: str, value: Tensor) -> Tensor | Change:
+        """What goes to a neighbour for ``value`` (``name``: as :attr:`sent`'s): the value, or
+        at 2 and 4 bits the change that made it (taken: each change crosses once)."""
+        return self.sent.pop(name) if per_row(self.params.bits) else value
+
     def first_p(self) -> Tensor:
         """p_lo, sent to the left neighbour."""
         return self.p[self.lo]
@@ -721,6 +766,7 @@ class LayerBlock:
 
 _BOUNDARY_KEYS = ("q_left", "u_left", "p_right")  # the copies of the neighbours' variables
 _NO_MOMENTUM = ("p", "p_right")  # read only after the p step has overwritten them
+_ROUNDED = ("q", "q_left", "u", "u_left")  # at 2 and 4 bits: changes rounded to a coarse grid
 
 
 def sample_nbytes(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from deepjimu.admm_math.quantize import dequantize, quantize
+from deepjimu.admm_math.quantize import Change, dequantize, pack, quantize, unpack
+from deepjimu.admm_math.wire import per_row
 from deepjimu.comm import Comm, Pending
 from deepjimu.strategies.admm.blocks import LayerBlock
 from deepjimu.strategies.admm.pooled import Pool, span
@@ -27,6 +30,11 @@ class Exchange:
     With ``bits`` = 8 or 16 a tensor goes on the wire as its grid codes (uint8, or int16
     viewed as bytes, which every backend carries) plus an 8-byte (scale, offset) header; the
     tensors exchanged are already on the grid, so the receiver recovers them bit-exactly.
+    With 2 or 4, what goes is a tensor's change (``quantize.Change``, from
+    :attr:`LayerBlock.sent`): its codes packed 4 or 2 to a byte (``quantize.pack``) plus a
+    header of 8 bytes per row, one grid per sample; the receiver applies it to its copy of
+    the value the sender changed, and so holds what the sender holds, bit for bit. The bytes
+    are ``wire.wire_bytes``'s, which the planner counts.
     """
 
     def __init__(
@@ -40,31 +48,52 @@ class Exchange:
         self.comm, self.bits, self.device, self.pool = comm, bits, device, pool
         self.dtype = dtype  # of what goes unquantized (the blocks' variables)
 
-    def isend(self, t: Tensor, dst: int) -> list[Pending]:
-        """Start sending ``t`` (float32) to ``dst``; with ``--replicas``, its codes on the
-        grid of the whole tensor's range, pooled over the replicas, where ``t`` lies."""
+    def isend(self, t: Tensor | Change, dst: int) -> list[Pending]:
+        """Start sending ``t`` (float32; at 2 and 4 bits, a change) to ``dst``; at 8 or 16 bits
+        with ``--replicas``, its codes on the grid of the whole tensor's range, pooled over
+        the replicas, where ``t`` lies."""
         if not self.bits:
+            assert isinstance(t, Tensor)
             return [self.comm.isend(t.contiguous(), dst)]
-        codes, scale, offset = quantize(t, self.bits, span(t, self.pool))
-        header = torch.stack([scale, offset]).to(torch.float32)
-        return [
-            self.comm.isend(header, dst),
-            self.comm.isend(codes.contiguous().view(torch.uint8), dst),
-        ]
+        if per_row(self.bits):
+            if not isinstance(t, Change):
+                raise TypeError(f"at {self.bits} bits a change crosses, not a value")
+            header, payload = torch.stack([t.scale, t.offset], dim=1), pack(t.codes, self.bits)
+        else:
+            assert isinstance(t, Tensor)
+            codes, scale, offset = quantize(t, self.bits, span(t, self.pool, self.bits))
+            header = torch.stack([scale, offset]).to(torch.float32)
+            payload = codes.contiguous().view(torch.uint8)
+        return [self.comm.isend(header, dst), self.comm.isend(payload, dst)]
 
-    def irecv(self, shape: tuple[int, ...], src: int) -> _Incoming:
-        """Start receiving a float32 tensor of ``shape`` from ``src``."""
+    def irecv(self, shape: tuple[int, ...], src: int, ref: Tensor | None = None) -> _Incoming:
+        """Start receiving a float32 tensor of ``shape`` from ``src``; at 2 and 4 bits, a
+        change, applied to ``ref``: this rank's copy of the value the sender changed."""
         if not self.bits:
             buf = torch.empty(shape, dtype=self.dtype, device=self.device)
             return _Incoming([self.comm.irecv(buf, src)], lambda: buf)
-        header = torch.empty(2, device=self.device)
-        width = 1 if self.bits == 8 else 2
-        raw = torch.empty((*shape[:-1], shape[-1] * width), dtype=torch.uint8, device=self.device)
-        code_dtype = torch.uint8 if self.bits == 8 else torch.int16
-        return _Incoming(
-            [self.comm.irecv(header, src), self.comm.irecv(raw, src)],
-            lambda: dequantize(raw.view(code_dtype), header[0], header[1]),
-        )
+        bits, device = self.bits, self.device
+        if per_row(bits):
+            if ref is None:
+                raise TypeError(f"at {bits} bits a change arrives: it needs the value it changes")
+            base = ref  # not None, also inside finish()
+            header = torch.empty((shape[0], 2), device=device)
+            raw = torch.empty(-(-math.prod(shape) * bits // 8), dtype=torch.uint8, device=device)
+
+            def finish() -> Tensor:
+                codes = unpack(raw, bits, shape)
+                return Change(codes, header[:, 0], header[:, 1]).apply(base)
+        else:
+            header = torch.empty(2, device=device)
+            raw = torch.empty(
+                (*shape[:-1], shape[-1] * bits // 8), dtype=torch.uint8, device=device
+            )
+
+            def finish() -> Tensor:
+                code_dtype = torch.uint8 if bits == 8 else torch.int16
+                return dequantize(raw.view(code_dtype), header[0], header[1])
+
+        return _Incoming([self.comm.irecv(header, src), self.comm.irecv(raw, src)], finish)
 
 
 class _Incoming:
@@ -102,8 +131,10 @@ def distributed_iteration(
     sends: list[Pending] = []
     block.step_p()
     if left is not None:
-        sends += ex.isend(block.first_p(), left)
-    incoming_p = ex.irecv(tuple(block.last_q().shape), right) if right is not None else None
+        sends += ex.isend(block.message("p", block.first_p()), left)
+    incoming_p = (
+        ex.irecv(tuple(block.last_q().shape), right, block.p_right) if right is not None else None
+    )
     block.step_wbz(y)
     if incoming_p is not None:
         block.p_right = incoming_p.wait()
@@ -120,9 +151,9 @@ def _pass_q_right(
 ) -> None:
     """Send q_{hi-1} right, receive q_{lo-1} from the left and keep u_{lo-1} in step; finish ``sends``."""
     if right is not None:
-        sends += ex.isend(block.last_q(), right)
+        sends += ex.isend(block.message("q", block.last_q()), right)
     if left is not None:
-        block.q_left = ex.irecv(tuple(block.first_p().shape), left).wait()
+        block.q_left = ex.irecv(tuple(block.first_p().shape), left, block.q_left).wait()
         block.step_left_dual()
     for pending in sends:
         pending.wait()
@@ -145,9 +176,9 @@ def backward_sweep(
     assert ex is not None
     left, right = _neighbours(rank, world)
     if right is not None:
-        block.p_right = ex.irecv(tuple(block.last_q().shape), right).wait()
+        block.p_right = ex.irecv(tuple(block.last_q().shape), right, block.p_right).wait()
     block.sweep_backward(y)
-    sends = ex.isend(block.first_p(), left) if left is not None else []
+    sends = ex.isend(block.message("p", block.first_p()), left) if left is not None else []
     _pass_q_right(block, ex, left, right, sends)
 
 
@@ -218,12 +249,18 @@ def readout_chain(
         ins = tuple(x if w else None for w in wanted)
     else:
         shape = (n_samples, *block.ops[block.lo].in_shape)
-        incoming = [ex.irecv(shape, rank - 1) if w else None for w in wanted]
+        # at 2 and 4 bits each output is a change from q_{lo-1} (LayerBlock.output)
+        incoming = [ex.irecv(shape, rank - 1, block.q_left) if w else None for w in wanted]
         ins = tuple(i.wait() if i is not None else None for i in incoming)
     outs = block.readout_forward(*ins)
     if rank == world - 1:
         return outs
-    sends = [s for t in outs if t is not None for s in ex.isend(t, rank + 1)]
+    sends = [
+        s
+        for name, t in zip(("plain", "refit"), outs, strict=True)
+        if t is not None
+        for s in ex.isend(block.message(name, t), rank + 1)
+    ]
     for pending in sends:
         pending.wait()
     return None, None

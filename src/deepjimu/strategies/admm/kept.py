@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from deepjimu.admm_math import updates as U
+from deepjimu.admm_math.wire import per_row
 from deepjimu.strategies.admm.blocks import LayerBlock, sample_nbytes
 from deepjimu.strategies.admm.driver import Exchange
 from deepjimu.strategies.admm.layers import LayerOp
@@ -193,11 +194,7 @@ def kept_readout(
 
     try:
         if rank > 0:  # this block's inputs, from the previous one
-            acts = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
-            for k, idx in enumerate(batches):
-                shape = (len(idx), *block.ops[block.lo].in_shape)
-                incoming = {n: ex.irecv(shape, rank - 1) for n in wanted}
-                acts.save(k, {n: i.wait() for n, i in incoming.items()})
+            acts = _received(kept, ex, rank, wanted, device)
         for l in block.layers:
             last = l == block.L - 1
             fits = [n for n in wanted if n == "refit" or last]  # plain: the classifier alone
@@ -215,21 +212,64 @@ def kept_readout(
                     block.last_Wb = solved["plain"]
                 assert y is not None
                 return _choose(kept, inputs, y, mode, device)
-            out = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
-            for k in range(len(batches)):
-                a = inputs(k)
-                out.save(k, {n: block.output(l, a[n], *weights[n]) for n in wanted})
+            out = _pass_on(kept, l, inputs, weights, wanted, (ex, rank + 1), device)
             if acts is not None:
                 acts.close()
             acts = out
-        for k in range(len(batches)):  # the outputs go on to the next block
-            a = inputs(k)
-            for pending in [s for n in wanted for s in ex.isend(a[n], rank + 1)]:
-                pending.wait()
         return None
     finally:
         if acts is not None:
             acts.close()
+
+
+def _received(
+    kept: KeptBatches, ex: Exchange, rank: int, wanted: list[str], device: torch.device
+) -> SampleStore:
+    """Every batch's readout inputs from rank ``rank - 1`` (at 2 and 4 bits, changes from
+    the batch's q_{lo-1}: :meth:`LayerBlock.output`), in a temporary store."""
+    block = kept.block
+    acts = SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
+    for k, idx in enumerate(kept.batches):
+        shape = (len(idx), *block.ops[block.lo].in_shape)
+        ref = _stored(kept, k, "q_left", device)
+        incoming = {n: ex.irecv(shape, rank - 1, ref) for n in wanted}
+        acts.save(k, {n: i.wait() for n, i in incoming.items()})
+    return acts
+
+
+def _pass_on(
+    kept: KeptBatches,
+    l: int,
+    inputs: Callable[[int], dict[str, Tensor]],
+    weights: dict[str, tuple[Tensor, Tensor]],
+    wanted: list[str],
+    to: tuple[Exchange, int],
+    device: torch.device,
+) -> SampleStore | None:
+    """Layer l's readout outputs of every batch under each pass's ``weights``: kept in a
+    temporary store for the next owned layer, or, from the last owned layer, sent batch by
+    batch to the next block (``to``: the exchange and the rank; then None)."""
+    block = kept.block
+    edge = l == block.hi - 1
+    out = None if edge else SampleStore(kept.store.bounds, kept.directory, kept.tag + "-readout")
+    for k in range(len(kept.batches)):
+        a, q = inputs(k), _stored(kept, k, f"q{l}", device)
+        outs = {n: block.output(l, a[n], *weights[n], q, n if edge else None) for n in wanted}
+        if out is not None:
+            out.save(k, outs)
+            continue
+        ex, dst = to
+        for pending in [s for n in wanted for s in ex.isend(block.message(n, outs[n]), dst)]:
+            pending.wait()
+    return out
+
+
+def _stored(kept: KeptBatches, k: int, name: str, device: torch.device) -> Tensor | None:
+    """At 2 and 4 bits, batch k's variable ``name`` as stored (q_l, q_left: what the
+    readout's outputs are changes from); None at other widths, whose outputs need none."""
+    if not per_row(kept.block.params.bits):
+        return None
+    return kept.store.load(k, device, (name,))[name]
 
 
 def _refit(block: LayerBlock, l: int, stats: U.WbStats) -> tuple[Tensor, Tensor]:

@@ -2,9 +2,10 @@
 
 The p, z, q and u updates are per sample; everything else a block computes over its samples
 is a sum: the (W, b) step's statistics (``updates.pool_stats``), the start's RMS, the
-readout's losses and accuracies, and, quantizing, the range of the grid every exchanged
-tensor lies on. With a :class:`Pool` (all-reduces among the ranks that hold the same block,
-one per replica) each is taken over every replica's samples, so a block replicated R times
+readout's losses and accuracies, and, quantizing at 8 or 16 bits, the range of the grid
+every exchanged tensor lies on (at 2 and 4 bits each sample has its own grid: nothing to
+pool). With a :class:`Pool` (all-reduces among the ranks that hold the same block, one per
+replica) each is taken over every replica's samples, so a block replicated R times
 on N / R samples each runs the iteration of the 1-D run, up to the order of floating-point
 sums. Without one (a 1-D run) each is computed as before, on this block's samples alone,
 bit for bit.
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from deepjimu.admm_math import updates as U
+from deepjimu.admm_math.wire import per_row
 from deepjimu.comm import Comm, CommStats
 from deepjimu.strategies.admm.layers import LayerOp
 
@@ -123,10 +125,11 @@ def rms(t: Tensor, pool: Pool | None) -> float:
     return mean(t.square(), pool) ** 0.5
 
 
-def span(t: Tensor, pool: Pool | None) -> tuple[Tensor, Tensor] | None:
-    """The (min, max) of ``t`` over every replica's rows, float32 (None in a 1-D run: the
-    quantizer takes ``t``'s own)."""
-    if pool is None:
+def span(t: Tensor, pool: Pool | None, bits: int) -> tuple[Tensor, Tensor] | None:
+    """The (min, max) of ``t`` over every replica's rows, float32, for the grid over the whole
+    tensor at ``bits`` (8, 16). None in a 1-D run (the quantizer takes ``t``'s own) and for
+    per-row grids (2, 4 bits: a row is a sample, which no other replica holds)."""
+    if pool is None or per_row(bits):
         return None
     lo, hi = torch.aminmax(t.detach().to(torch.float32))
     both = pool.max(torch.stack([-lo, hi]))

@@ -49,7 +49,8 @@ class AdmmStrategy(Strategy):
     many layers as ``--balance N,N,...`` gives it), and exchanges only p (to the left) and q
     (to the right) with its neighbours each iteration; the duals u are kept in step on both
     sides. With ``--quantize 8|16`` every p and q lies on a grid (pdADMM-G-Q) and crosses the
-    wire as integer codes. ``--admm-batch B`` trains on mini-batches, kept on disk between
+    wire as integer codes; with ``--quantize 4|2`` every change of p and q does, on a grid
+    per sample. ``--admm-batch B`` trains on mini-batches, kept on disk between
     visits (:meth:`_kept_epoch`; by default for MLPs where the disk has room, :func:`~deepjimu.strategies.admm.settings.keeps`)
     or restarted at every visit (:meth:`_minibatch_epoch`); the default is the paper's full
     batch, where one epoch is one iteration over all N samples.
