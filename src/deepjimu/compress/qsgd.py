@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from deepjimu.admm_math.quantize import pack, unpack
 from deepjimu.comm import Comm
 from deepjimu.compress.base import HookState, counted_all_gather, counted_allreduce
 from deepjimu.compress.payload import CHUNK, qsgd_slot
@@ -48,8 +49,7 @@ def qsgd_encode(v: Tensor, bits: int, generator: torch.Generator) -> Tensor:
     codes = levels.copysign_(x).add_(s).to(torch.uint8).view(-1)
     slot = qsgd_slot(bits)
     if slot < 8:
-        shifts = torch.arange(0, 8, slot, dtype=torch.uint8, device=v.device)
-        codes = (codes.view(-1, 8 // slot) << shifts).sum(dim=1, dtype=torch.uint8)
+        codes = pack(codes, slot)
     return torch.cat([codes, norms.view(torch.uint8)])
 
 
@@ -60,8 +60,7 @@ def qsgd_decode(payload: Tensor, n: int, bits: int) -> Tensor:
     slot = qsgd_slot(bits)
     codes, norms = payload[: chunks * CHUNK * slot // 8], payload[chunks * CHUNK * slot // 8 :]
     if slot < 8:
-        shifts = torch.arange(0, 8, slot, dtype=torch.uint8, device=payload.device)
-        codes = (codes[:, None] >> shifts) & (2**slot - 1)
+        codes = unpack(codes, slot, (chunks * CHUNK,))
     levels = codes.view(-1, CHUNK).to(torch.float32) - s
     return (levels * (norms.view(torch.float32) / s)[:, None]).view(-1)[:n]
 
