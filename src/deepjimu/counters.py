@@ -63,24 +63,29 @@ class Counters:
         self._last_train_s = 0.0
         self._last_samples = 0
 
-    def elapsed(self) -> float:
-        """Seconds since the run started on this rank (a resumed run goes on from its checkpoint's)."""
-        return self._before_s + time.perf_counter() - self._t0
+    def elapsed(self, now: float | None = None) -> float:
+        """Seconds since the run started on this rank (a resumed run goes on from its
+        checkpoint's), at ``now`` (a ``time.perf_counter`` reading; default: now)."""
+        return self._before_s + (time.perf_counter() if now is None else now) - self._t0
 
     def begin_fit(self) -> None:
         """Start the fit clock (:meth:`fit_s`): called just before ``Strategy.fit``."""
         self._fit_t0 = time.perf_counter()
 
-    def fit_s(self) -> float:
-        """Seconds spent in ``Strategy.fit`` over the whole run, resumed segments included."""
-        now = time.perf_counter() - self._fit_t0 if self._fit_t0 is not None else 0.0
-        return self._before_fit_s + now
+    def fit_s(self, now: float | None = None) -> float:
+        """Seconds spent in ``Strategy.fit`` over the whole run, resumed segments included,
+        at ``now`` (as :meth:`elapsed`'s)."""
+        if self._fit_t0 is None:
+            return self._before_fit_s
+        return self._before_fit_s + (time.perf_counter() if now is None else now) - self._fit_t0
 
     def clocks(self) -> dict[str, float]:
-        """The readings of :data:`~deepjimu.clocks.CLOCKS` now."""
+        """The readings of :data:`~deepjimu.clocks.CLOCKS` now, from one reading of the timer
+        (two would put fit_s above time_s where the fit began within microseconds of the run)."""
+        now = time.perf_counter()
         return {
-            "time_s": self.elapsed(),
-            "fit_s": self.fit_s(),
+            "time_s": self.elapsed(now),
+            "fit_s": self.fit_s(now),
             "train_s": self.train_s,
             "eval_s": self.eval_s,
         }
