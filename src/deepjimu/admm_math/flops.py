@@ -26,12 +26,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deepjimu.admm_math.updates import samples_side
+from deepjimu.admm_math.updates import gram_strips, samples_side
 
 __all__ = ["FlopCount", "iteration_flops"]
-
-# ``updates._gram``: row strips of the upper triangle, from this many columns on
-_STRIPS, _STRIP_FROM = 4, 64 * 4
 
 
 @dataclass(frozen=True)
@@ -53,10 +50,8 @@ def _mm(name: str, layer: int, m: int, k: int, n: int) -> FlopCount:
 
 
 def _gram(name: str, layer: int, rows: int, cols: int) -> list[FlopCount]:
-    """The Gram x^T x of x [rows, cols] as ``updates._gram`` computes it."""
-    if cols < _STRIP_FROM:
-        return [_mm(name, layer, cols, rows, cols)]
-    edges = [cols * i // _STRIPS for i in range(_STRIPS + 1)]
+    """The Gram x^T x of x [rows, cols] as ``updates._gram`` computes it (its row strips)."""
+    edges = gram_strips(cols)
     return [_mm(name, layer, hi - lo, rows, cols - lo) for lo, hi in itertools.pairwise(edges)]
 
 

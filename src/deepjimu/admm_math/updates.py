@@ -44,6 +44,7 @@ __all__ = [
     "centred_gram",
     "combine_stats",
     "extrapolate",
+    "gram_strips",
     "last_layer_objective",
     "layer_lagrangian",
     "merge_stats",
@@ -156,12 +157,25 @@ def _gram(p: Tensor, ptp: Tensor | None = None, strips: int = 4) -> Tensor:
     return _chunked(lambda x, _: _gram_rows(x, strips), p, p)
 
 
+def gram_strips(n: int, strips: int = 4) -> list[int]:
+    """The column edges of the row strips in which :func:`_gram` computes the upper triangle
+    of an [n, n] Gram matrix: [0, n] (one product) below 64 columns a strip.
+
+    Example:
+        >>> gram_strips(100), gram_strips(256)
+        ([0, 100], [0, 64, 128, 192, 256])
+    """
+    if n < 64 * strips:
+        return [0, n]
+    return [n * i // strips for i in range(strips + 1)]
+
+
 def _gram_rows(p: Tensor, strips: int) -> Tensor:
     n = p.shape[1]
-    if n < 64 * strips:
+    edges = gram_strips(n, strips)
+    if len(edges) == 2:
         return p.T @ p
     G = torch.empty(n, n, dtype=p.dtype, device=p.device)
-    edges = [n * i // strips for i in range(strips + 1)]
     for lo, hi in itertools.pairwise(edges):
         torch.mm(p[:, lo:hi].T, p[:, lo:], out=G[lo:hi, lo:])
         G[hi:, lo:hi] = G[lo:hi, hi:].T
