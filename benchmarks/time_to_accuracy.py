@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deepjimu.record.read import read_events
+from deepjimu.record.read import first_reaching, read_events
 
 __all__ = ["main", "score"]
 
@@ -66,11 +66,10 @@ def timed_run(
     cmd += [*_data_flags(args), "--seed", str(seed), "--epochs", str(args.epochs)]
     cmd += ["--quiet", "--runs-dir", str(runs), "--name", name, *flags]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    events = read_events(runs / name)
-    for e in events:
-        if e.get("test_acc") is not None and e["test_acc"] >= args.target:
-            return float(e["time_s"]), float(e["train_s"]) + float(e["eval_s"])
-    return math.inf, math.inf
+    e = first_reaching(read_events(runs / name), args.target)
+    if e is None:
+        return math.inf, math.inf
+    return float(e["time_s"]), float(e["train_s"]) + float(e["eval_s"])
 
 
 def _shown(t: float) -> str:

@@ -17,6 +17,7 @@ __all__ = [
     "Metric",
     "best_validation",
     "finite_number",
+    "first_reaching",
     "read_config",
     "read_event_log",
     "read_events",
@@ -196,11 +197,22 @@ def train_time_to(
     Training seconds are that event's ``train_s``, the run's training clock: evaluation,
     logging and checkpoints are not counted.
     """
+    e = first_reaching(events, target, metric)
+    if e is None:
+        return None, None
+    return finite_number(e.get("train_s")), finite_number(e.get("time_s"))
+
+
+def first_reaching(
+    events: list[dict[str, Any]], target: float, metric: Metric = ACCURACY
+) -> dict[str, Any] | None:
+    """The first event whose ``metric`` (the test accuracy by default) reaches ``target``;
+    None if none does."""
     for e in events:
         value = finite_number(e.get(metric.key))
         if value is not None and metric.reached(value, target):
-            return finite_number(e.get("train_s")), finite_number(e.get("time_s"))
-    return None, None
+            return e
+    return None
 
 
 def finite_number(v: Any) -> float | None:
