@@ -30,8 +30,8 @@ class _Counted(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.seen[name] += 1
-        if func.overloadpacket in (aten.mm, aten.addmm):
-            a, b = args[-2], args[-1]
+        if func.overloadpacket in (aten.mm, aten.addmm, aten.addmm_):
+            a, b = (args[0], args[1]) if func.overloadpacket is aten.mm else (args[1], args[2])
             self.flops["matmul"] += 2 * a.shape[0] * a.shape[1] * b.shape[1]
         elif func.overloadpacket in (aten.linalg_cholesky_ex, aten.cholesky):
             self.flops["factor"] += args[0].shape[-1] ** 3 / 3

@@ -66,7 +66,7 @@ class DenseOp:
 
     def forward(self, p: Tensor, W: Tensor, b: Tensor) -> Tensor:
         """a = flatten(P p) W^T + b, [N, n_out]."""
-        return self._x(p) @ W.T + b
+        return U.linear(self._x(p), W, b)
 
     def gram(self, p: Tensor) -> Tensor:
         """The centred Gram matrix :meth:`solve_Wb` solves with (constant for the data: cache it)."""
