@@ -148,7 +148,10 @@ def test_refuses_labels_that_are_not_class_indices_of_the_model(
         ({"nu": float("nan")}, "nu must be a positive number"),
         ({"bits": 3}, r"bits must be 0, 2, 4, 8 or 16 \(bits: 3\)"),
         ({"momentum": 1.0}, r"momentum must be in \[0, 1\)"),
-        ({"init": "zeros"}, r"init must be one of auto, forward, scaled, unit \(got 'zeros'\)"),
+        (
+            {"init": "zeros"},
+            r"init must be one of auto, forward, scaled, unit, identity \(got 'zeros'\)",
+        ),
         ({"rho_growth": 0.5}, r"rho_growth must be >= 1 \(rho_growth: 0.5\)"),
         ({"inner": 0}, r"inner must be >= 1 \(inner: 0\)"),
         ({"memory": 1.0}, r"memory must be in \[0, 1\) \(memory: 1.0\)"),

@@ -102,8 +102,9 @@ class PdADMM:
         momentum: extrapolate every variable by this fraction of its last change (0: off).
         init: ``forward`` (the model's weights), ``scaled`` (first rescale each layer to
             the first layer's pre-activation RMS on ``x``), ``unit`` (every hidden layer to
-            unit-RMS activations, the function unchanged) or ``auto`` (unit for CNNs, scaled
-            from ``blocks.SCALED_FROM_DEPTH`` layers, else forward).
+            unit-RMS activations, the function unchanged), ``identity`` (every square
+            hidden-to-hidden dense layer the identity, then scaled) or ``auto`` (unit for
+            CNNs, identity from ``blocks.DEEP_MLP`` layers, else forward).
         readout: the weights each :meth:`step` writes into ``model`` (``--admm-readout``):
             ``iterate`` (the iterate's own), ``last`` (the classifier refitted by exact least
             squares on the features the iterate's layers produce), ``all`` (every layer
@@ -141,7 +142,7 @@ class PdADMM:
         ridge: float | None = None,
         sweeps: int | None = None,
         momentum: float | None = None,
-        init: Literal["auto", "forward", "scaled", "unit"] = "auto",
+        init: Literal["auto", "forward", "scaled", "unit", "identity"] = "auto",
         readout: Literal["auto", "iterate", "last", "all"] = "auto",
         rho_growth: float = _TRAIN.rho_growth,
         inner: int | None = None,

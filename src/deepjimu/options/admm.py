@@ -69,9 +69,10 @@ class AdmmGroup(Group):
         "auto",
         "start from a forward pass of the model's weights (forward), or first scale each "
         "layer to the first layer's pre-activation RMS on the data (scaled), or each hidden "
-        "layer to unit-RMS activations, same network function (unit); auto: unit for CNNs, "
-        "scaled for MLPs of 8 layers or more, else forward",
-        choices=("auto", "forward", "scaled", "unit"),
+        "layer to unit-RMS activations, same network function (unit), or make every square "
+        "hidden-to-hidden dense layer the identity, then scale (identity); auto: unit for "
+        "CNNs, identity for MLPs of 8 layers or more, else forward",
+        choices=("auto", "forward", "scaled", "unit", "identity"),
     )
     admm_memory: float | None = option(
         None,

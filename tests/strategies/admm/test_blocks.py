@@ -1,4 +1,4 @@
-"""LayerBlock: the scaled start, the backward sweep, momentum's bookkeeping and safe checkpoints."""
+"""LayerBlock: the scaled and identity starts, the backward sweep, momentum's bookkeeping and safe checkpoints."""
 
 from __future__ import annotations
 
@@ -43,6 +43,23 @@ def test_scaled_start_gives_every_layer_the_first_rms_and_keeps_the_predictions(
     assert torch.equal(after.argmax(1), before.argmax(1))
 
 
+def test_identity_start_makes_the_square_hidden_layers_pass_their_input_on() -> None:
+    g = torch.Generator().manual_seed(3)
+    widths = [8, 8, 8, 6, 6, 3]  # layer 0 is square but takes the data; layer 2 is 8 -> 6
+    W = [torch.randn(o, i, generator=g) for i, o in itertools.pairwise(widths)]
+    b = [torch.randn(o, generator=g) for o in widths[1:]]
+    block = LayerBlock(0, 5, 5, [w.clone() for w in W], [v.clone() for v in b], AdmmParams())
+    block.identity_start()
+    for l in (1, 3):
+        assert torch.equal(block.W[l], torch.eye(widths[l])) and not block.b[l].any()
+    for l in (0, 2, 4):
+        assert torch.equal(block.W[l], W[l]) and torch.equal(block.b[l], b[l])
+    x = torch.randn(20, 8, generator=g)
+    # ReLU outputs pass the identities unchanged: the net is layers 0, 2 and 4 alone
+    h = torch.relu(torch.relu(x @ W[0].T + b[0]) @ W[2].T + b[2])
+    torch.testing.assert_close(block.forward(x), h @ W[4].T + b[4])
+
+
 def test_backward_sweep_is_the_exact_updates_from_the_last_layer_to_the_first() -> None:
     """Independent path: the pure updates of updates.py in Gauss-Seidel order, layer 2 to 0."""
     params = AdmmParams(rho=0.7, nu=1.3, tau=0.5, ridge=0.01)
@@ -83,10 +100,10 @@ def test_one_sweep_carries_the_labels_to_the_first_layer_one_iteration_does_not(
     assert float((sweep.z[0] - z0).abs().max()) > 1e-4
 
 
-def test_auto_init_is_unit_for_cnns_scaled_for_deep_mlps() -> None:
+def test_auto_init_is_unit_for_cnns_identity_for_deep_mlps() -> None:
     dense = [DenseOp((8,), 8)] * 7
     assert auto_init(dense) == "forward"
-    assert auto_init([*dense, DenseOp((8,), 3)]) == "scaled"
+    assert auto_init([*dense, DenseOp((8,), 3)]) == "identity"
     assert auto_init([ConvOp((1, 8, 8), 4), DenseOp((4, 8, 8), 3)]) == "unit"
 
 

@@ -62,12 +62,14 @@ def _params(bits: int, momentum: float, ridge: float = 0.0) -> AdmmParams:
 
 
 def _serial(
-    bits: int, momentum: float = 0.0, scale: bool = False, sweeps: int = 0, ridge: float = 0.0
+    bits: int, momentum: float = 0.0, start: str = "forward", sweeps: int = 0, ridge: float = 0.0
 ) -> dict[str, torch.Tensor]:
     torch.set_num_threads(1)
     x, y, W, b = _problem()
     block = LayerBlock(0, 4, 4, W, b, _params(bits, momentum, ridge))
-    block.init_forward(x, (1.0, 0.0) if scale else None)
+    if start == "identity":
+        block.identity_start()
+    block.init_forward(x, None if start == "forward" else (1.0, 0.0))
     for _ in range(sweeps):
         backward_sweep(block, y)
     for _ in range(ITERS):
@@ -83,7 +85,7 @@ def _distributed(
     sizes: list[int],
     bits: int,
     momentum: float = 0.0,
-    scale: bool = False,
+    start: str = "forward",
     sweeps: int = 0,
     ridge: float = 0.0,
 ) -> tuple[dict[str, torch.Tensor], list[int]]:
@@ -93,7 +95,9 @@ def _distributed(
     block = LayerBlock(lo, hi, 4, W[lo:hi], b[lo:hi], _params(bits, momentum, ridge))
     stats = CommStats()
     ex = Exchange(Comm(stats), bits, torch.device("cpu"))
-    init_blocks_forward(block, x if rank == 0 else None, N, ex, rank, world, scale)
+    if start == "identity":  # layers 1 and 2, 16 x 16, wherever they are
+        block.identity_start()
+    init_blocks_forward(block, x if rank == 0 else None, N, ex, rank, world, start != "forward")
     for _ in range(sweeps):
         backward_sweep(block, y if hi == 4 else None, ex, rank, world)
     sent = []
@@ -107,27 +111,28 @@ def _distributed(
 
 
 @pytest.mark.parametrize(
-    "bits,momentum,scale,sweeps,ridge",
+    "bits,momentum,start,sweeps,ridge",
     [
-        (0, 0.0, False, 0, 0.0),
-        (8, 0.0, False, 0, 0.0),
-        (8, 0.5, True, 0, 0.0),
-        (0, 0.5, False, 2, 0.01),  # the defaults' kind: start-up sweeps and a ridge
-        (8, 0.5, False, 1, 0.003),
-        (4, 0.5, False, 1, 0.003),  # changes on per-row grids, momentum, a sweep
-        (4, 0.0, True, 0, 0.0),
-        (2, 0.5, False, 2, 0.01),
+        (0, 0.0, "forward", 0, 0.0),
+        (8, 0.0, "forward", 0, 0.0),
+        (8, 0.5, "scaled", 0, 0.0),
+        (0, 0.5, "forward", 2, 0.01),  # the defaults' kind: start-up sweeps and a ridge
+        (0, 0.7, "identity", 1, 0.01),  # a deep MLP's defaults
+        (8, 0.5, "forward", 1, 0.003),
+        (4, 0.5, "forward", 1, 0.003),  # changes on per-row grids, momentum, a sweep
+        (4, 0.0, "scaled", 0, 0.0),
+        (2, 0.5, "forward", 2, 0.01),
     ],
 )
 def test_distributed_iterates_equal_serial(
-    bits: int, momentum: float, scale: bool, sweeps: int, ridge: float
+    bits: int, momentum: float, start: str, sweeps: int, ridge: float
 ) -> None:
-    serial = _serial(bits, momentum, scale, sweeps, ridge)
+    serial = _serial(bits, momentum, start, sweeps, ridge)
     # the last: the split --balance speed makes for a second worker at 0.3 of the first's speed
     by_speed = partition([1.0] * 4, 2, speeds=[1.0, 0.3])
     assert by_speed == [3, 1]
     for sizes in ([2, 2], [1, 2, 1], by_speed):
-        results = run_world(_distributed, len(sizes), sizes, bits, momentum, scale, sweeps, ridge)
+        results = run_world(_distributed, len(sizes), sizes, bits, momentum, start, sweeps, ridge)
         merged: dict[str, torch.Tensor] = {}
         for snap, _, _ in results:
             merged.update(snap)

@@ -28,8 +28,8 @@ from deepjimu.strategies.admm.pooled import stats_all as pooled_stats_all
 
 __all__ = [
     "CNN_DEFAULTS",
+    "DEEP_MLP",
     "MLP_DEFAULTS",
-    "SCALED_FROM_DEPTH",
     "AdmmParams",
     "LayerBlock",
     "auto_defaults",
@@ -40,13 +40,16 @@ __all__ = [
 ]
 
 
-SCALED_FROM_DEPTH = 8
-"""Layers from which an MLP starts scaled (``--admm-init auto``). With torch's default
-initialisation a ReLU layer shrinks its activations' RMS by about 0.4, so a deep net's last
-layers start with activations too small for the absolute penalties to couple them. On the
-MNIST subset (BENCHMARKS.md section 5) the scaled start alone lifts mlp:500x10 (11 layers)
-from 62.9% to 80.0%, while on mlp:500x6 (7 layers) it was 0.8 points worse than the forward
-start in exploratory runs with the other defaults."""
+DEEP_MLP = 8
+"""Layers from which an MLP starts as the identity (``--admm-init auto``). With torch's
+default initialisation a ReLU layer shrinks its activations' RMS by about 0.4, so a deep
+net's last layers start with activations too small for the absolute penalties to couple
+them: the scaled start alone lifted mlp:500x10 (11 layers) on the MNIST subset from 62.9% to
+80.0%, and with the other defaults to 92.5%. But each of its random layers still scrambles
+what the labels' signal must cross to reach the first ones: at 21 layers the scaled start's
+iterate stayed at chance. Started as the identity, mlp:500x10 reaches 94.3% and mlp:500x20
+93.6% (BENCHMARKS.md section 5), while on mlp:500x6 (7 layers) the identity gave 94.0%
+against the forward start's 94.8%, and on mlp:256x3 92.4% against 94.4%."""
 
 
 # the smallest relative ridge of the readout's refits: without the iteration's proximal term
@@ -62,10 +65,10 @@ def has_conv(ops: Sequence[LayerOp]) -> bool:
 
 
 def auto_init(ops: Sequence[LayerOp]) -> str:
-    """The start ``--admm-init auto`` picks: unit for CNNs, scaled for deep MLPs, else forward."""
+    """The start ``--admm-init auto`` picks: unit for CNNs, identity for deep MLPs, else forward."""
     if has_conv(ops):
         return "unit"
-    return "scaled" if len(ops) >= SCALED_FROM_DEPTH else "forward"
+    return "identity" if len(ops) >= DEEP_MLP else "forward"
 
 
 def auto_inner(ops: Sequence[LayerOp]) -> int:
@@ -77,10 +80,10 @@ def auto_inner(ops: Sequence[LayerOp]) -> int:
     from 0.898 to 0.913 after 5 epochs and was ahead at equal time (0.905 after 2 epochs,
     111 s, against 0.898 after 5, 137 s); mlp:500x6 from 0.936 to 0.942 (at equal time about
     even: 0.935 at 38 s against 0.933 at 42 s); and cost mlp:256x3 0.4 points in twice the
-    time. So MLPs of :data:`SCALED_FROM_DEPTH` layers or more take 4, the others (and CNNs,
+    time. So MLPs of :data:`DEEP_MLP` layers or more take 4, the others (and CNNs,
     not measured) 2.
     """
-    deep_mlp = not has_conv(ops) and len(ops) >= SCALED_FROM_DEPTH
+    deep_mlp = not has_conv(ops) and len(ops) >= DEEP_MLP
     return (4 if deep_mlp else 2) * len(ops)
 
 
@@ -253,6 +256,24 @@ class LayerBlock:
         return self.ops[l].forward(self.p[l], self.W[l], self.b[l])
 
     # ---- initialisation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def identity_start(self) -> None:
+        """Every owned hidden-to-hidden dense layer (0 < l < L-1) with as many outputs as
+        inputs becomes the identity: W = I (``torch.nn.init.eye_``), b = 0 (``--admm-init
+        identity``). Its input is a ReLU output, never negative, so it passes it on
+        unchanged: the network starts as its first and last layers and what the other
+        layers keep of them, and the labels' signal reaches the first layers through
+        identities rather than random maps (the idea of Le et al., 2015, "A simple way to
+        initialize recurrent networks of rectified linear units", and of Zhao et al.,
+        2022, "ZerO initialization"). Local to the block: 1 and N workers start alike.
+        """
+        for l in self.layers:
+            W = self.W[l]
+            square = isinstance(self.ops[l], DenseOp) and W.shape[0] == W.shape[1]
+            if 0 < l < self.L - 1 and square:
+                self.W[l] = torch.nn.init.eye_(torch.empty_like(W))
+                self.b[l] = torch.zeros_like(self.b[l])
+
     @torch.no_grad()
     def init_forward(
         self, p_in: Tensor, scale: tuple[float, float] | None = None, *, unit: bool = False

@@ -50,7 +50,8 @@ class Solver:
             objective's shares).
         sweeps: backward Gauss-Seidel sweeps after every start.
         init: ``forward`` (the weights as they are), ``scaled`` or ``unit`` (rescaled once,
-            at the first start: :meth:`LayerBlock.init_forward`).
+            at the first start: :meth:`LayerBlock.init_forward`), or ``identity`` (the square
+            hidden layers made the identity, :meth:`LayerBlock.identity_start`, then scaled).
         rho_growth: the factor :meth:`schedule` grows rho by when the residual stalls (1: off).
     """
 
@@ -71,7 +72,8 @@ class Solver:
         )  # fmt: skip
         self.sweeps = sweeps
         self.rho_growth = rho_growth
-        self._rescale, self._unit = init in ("scaled", "unit"), init == "unit"
+        self._rescale, self._unit = init in ("scaled", "unit", "identity"), init == "unit"
+        self._identity = init == "identity"
         self._sweeps_due = 0
         self.iterations = 0
         self.history: list[float] = []  # the residuals at each schedule check since rho grew
@@ -83,13 +85,15 @@ class Solver:
 
     def start(self, x: Tensor | None, n_samples: int) -> None:
         """Collective: every variable from one forward pass on ``x`` (rank 0's; None elsewhere)
-        of ``n_samples`` rows; the first start rescales the weights if ``init`` asks. The
-        next :meth:`iterate` first runs the backward sweeps."""
+        of ``n_samples`` rows; the first start sets and rescales the weights if ``init`` asks.
+        The next :meth:`iterate` first runs the backward sweeps."""
+        if self._identity:
+            self.block.identity_start()
         init_blocks_forward(
             self.block, x, n_samples, self.exchange, self.rank, self.world, self._rescale,
             self._unit,
         )  # fmt: skip
-        self._rescale = False
+        self._rescale = self._identity = False
         self._sweeps_due = self.sweeps
 
     def iterate(self, y: Tensor | None) -> None:
@@ -181,4 +185,4 @@ class Solver:
         self.block.load_state_dict(state["block"], device)
         self.history = list(state.get("history", []))
         self.iterations = int(state.get("iterations", 0))
-        self._rescale = False
+        self._rescale = self._identity = False

@@ -118,9 +118,9 @@ class AdmmStrategy(Strategy):
             maps, ops, lo, hi, AdmmParams.of(cfg.rho, cfg.nu, cfg.quantize, cfg.admm_tau, chosen)
         )  # maps on run.device
         self.exchange = self._exchange(data, run)
-        # a scaled or unit start rescales the weights once, on the first (mini-)batch of the run;
-        # by default CNNs start with unit scales (they stall near 0.87 on digits without), MLPs
-        # of SCALED_FROM_DEPTH layers or more scaled (blocks.auto_init)
+        # a scaled, unit or identity start sets the weights once, on the first (mini-)batch of
+        # the run; by default CNNs start with unit scales (they stall near 0.87 on digits
+        # without), MLPs of DEEP_MLP layers or more as the identity (blocks.auto_init)
         init = auto_init(ops) if cfg.admm_init == "auto" else cfg.admm_init
         self.solver = Solver(
             self.block, self.exchange, run.rank, run.world, run.bookkeeping,
