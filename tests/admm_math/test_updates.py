@@ -20,6 +20,7 @@ from deepjimu.admm_math.updates import (
     extrapolate,
     last_layer_objective,
     layer_lagrangian,
+    layer_terms,
     merge_stats,
     primal_residual,
     remove_stats,
@@ -395,6 +396,26 @@ def test_update_z_hidden_on_many_rows_equals_it_row_block_by_row_block() -> None
     for lo, hi in ((0, 1), (1000, 1700), (2999, 3001)):
         assert torch.equal(whole[lo:hi], update_z_hidden(a[lo:hi], q[lo:hi], z_old[lo:hi]))
     assert torch.equal(by_rows(lambda t: t * 2, a), a * 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_layer_terms_summed_by_row_blocks_are_the_formulas(dtype: torch.dtype) -> None:
+    # more rows than one block of sum_by_rows, whose partial sums are added in float64
+    g = torch.Generator().manual_seed(9)
+    a, z, q, u, p_next = (torch.randn(3001, 40, generator=g, dtype=torch.float64) for _ in range(5))
+    rho, nu = 0.3, 1.7
+    r = p_next - q
+    want = (
+        (nu / 2) * ((z - a) ** 2).sum()
+        + (nu / 2) * ((q - torch.relu(z)) ** 2).sum()
+        + (u * r).sum()
+        + (rho / 2) * (r**2).sum()
+    )
+    obj, rr = layer_terms(*(t.to(dtype) for t in (a, z, q, u, p_next)), rho, nu)
+    assert obj.dtype == rr.dtype == dtype
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(obj.double(), want, rtol=tol, atol=0)
+    torch.testing.assert_close(rr.double(), (r**2).sum(), rtol=tol, atol=0)
 
 
 def test_update_z_hidden_beats_local_minimisation_from_many_starts() -> None:

@@ -716,9 +716,9 @@ class LayerBlock:
                 assert y is not None
                 obj += float(U.last_layer_objective(a, self.z[l], y, nu))
                 continue
-            p_next = self._p_next(l)
-            obj += float(U.layer_lagrangian(a, self.z[l], self.q[l], self.u[l], p_next, rho, nu))
-            res += float(((p_next - self.q[l]) ** 2).sum())
+            terms = U.layer_terms(a, self.z[l], self.q[l], self.u[l], self._p_next(l), rho, nu)
+            obj += float(terms[0])
+            res += float(terms[1])
         return obj, res
 
     @torch.no_grad()
