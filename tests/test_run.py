@@ -19,7 +19,15 @@ from deepjimu.launch import train
 from deepjimu.record.folder import latest_checkpoint
 from deepjimu.record.read import read_events
 from deepjimu.run import Run
-from processes import FAULT, descendants, events, fault_flags, params, start, wait_for_epochs
+from processes import (
+    descendants,
+    events,
+    fault_flags,
+    fault_options,
+    params,
+    start,
+    wait_for_epochs,
+)
 
 
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -176,7 +184,9 @@ def test_kill_9_then_resume_equals_the_uninterrupted_run(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert len(events(run)) < FAULT["epochs"], "the run ended before it was killed"
+    assert len(events(run)) < fault_options(strategy)["epochs"], (
+        "the run ended before it was killed"
+    )
     found = latest_checkpoint(run)
     assert found is not None
     if workers > 1:  # the launcher stops the others quickly, names the dead one and the way on

@@ -88,14 +88,10 @@ def _command(args: argparse.Namespace, place: Placement) -> int:
             print(result["text"])
         return 0
     if args.command == "report":
+        from deepjimu.record.read import check_targets
         from deepjimu.report import report
 
-        if not 0 < args.target_acc <= 1:
-            raise JimuError(
-                f"--target-acc must be a fraction in (0, 1] (target-acc: {args.target_acc})"
-            )
-        if args.target_loss is not None and not args.target_loss > 0:
-            raise JimuError(f"--target-loss must be > 0 (target-loss: {args.target_loss})")
+        check_targets(args.target_acc, args.target_loss)
         report(
             Path(args.run_dir),
             plots=not args.no_plots,

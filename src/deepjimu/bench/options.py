@@ -13,6 +13,7 @@ from typing import Any
 from deepjimu.bench.flags import MATRIX_DEFAULTS, option_argv, train_flags
 from deepjimu.bench.matrix import parse_list, parse_workers
 from deepjimu.errors import JimuError
+from deepjimu.record.read import check_targets
 
 __all__ = ["DEFAULTS", "BenchOptions", "bench_command", "bench_options", "option_text"]
 
@@ -87,12 +88,7 @@ def bench_options(args: argparse.Namespace, base: BenchOptions | None = None) ->
     given = {k: v for k in keys if (v := getattr(args, k, None)) is not None}
     if given.get("epochs", 1) < 1:
         raise JimuError(f"--epochs must be >= 1 (epochs: {given['epochs']})")
-    if not 0 < given.get("target_acc", 1) <= 1:
-        raise JimuError(
-            f"--target-acc must be a fraction in (0, 1] (target-acc: {given['target_acc']})"
-        )
-    if not given.get("target_loss", 1) > 0:
-        raise JimuError(f"--target-loss must be > 0 (target-loss: {given['target_loss']})")
+    check_targets(given.get("target_acc"), given.get("target_loss"))
     if "target_acc" in given and "target_loss" in given:
         raise JimuError("give one target: --target-acc or --target-loss, not both")
     if given.get("timeout", 1) <= 0:

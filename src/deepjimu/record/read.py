@@ -16,6 +16,7 @@ __all__ = [
     "VAL_LOSS",
     "Metric",
     "best_validation",
+    "check_targets",
     "finite_number",
     "first_reaching",
     "read_config",
@@ -201,6 +202,19 @@ def train_time_to(
     if e is None:
         return None, None
     return finite_number(e.get("train_s")), finite_number(e.get("time_s"))
+
+
+def check_targets(target_acc: float | None, target_loss: float | None) -> None:
+    """Refuse, in one line, a target accuracy outside (0, 1] or a target loss not above 0
+    (``jimu report`` and ``jimu bench`` both take them; None: not given).
+
+    Raises:
+        JimuError: a bad target.
+    """
+    if target_acc is not None and not 0 < target_acc <= 1:
+        raise JimuError(f"--target-acc must be a fraction in (0, 1] (target-acc: {target_acc})")
+    if target_loss is not None and not target_loss > 0:
+        raise JimuError(f"--target-loss must be > 0 (target-loss: {target_loss})")
 
 
 def first_reaching(
