@@ -1,4 +1,4 @@
-"""LayerBlock: the scaled and identity starts, the backward sweep, momentum's bookkeeping and safe checkpoints."""
+"""LayerBlock: the scaled and identity starts, the backward sweep, momentum, safe checkpoints."""
 
 from __future__ import annotations
 
