@@ -93,12 +93,10 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
                 if kinds[name] == "embedding":
                     ids = first if i == 0 else x
                     rows[name] = float(ids[0].numel() if ids.is_meta else len(torch.unique(ids[0])))
-            counter = FlopCounterMode(display=False) if flops else None
+            counter = FlopCounterMode(display=False, custom_mapping=_COUNTED) if flops else None
             with counter if counter is not None else nullcontext():
                 # a meta model's shapes alone: as zeros on the CPU (models.parts.shaped; the
-                # hooks travel with the copy); its FLOPs counted on the meta device, where
-                # torch's counter knows attention's kernels (on the CPU's it counts none of
-                # them: a real gpt model's attention FLOPs are 0 here, left as they were)
+                # hooks travel with the copy); its FLOPs counted on the meta device
                 y = shaped(block, x) if meta and counter is None else block(x)
             for h in hooks:
                 h.remove()
@@ -117,6 +115,20 @@ def layers_of(model: nn.Sequential, sample: Tensor, flops: bool = True) -> list[
             )
             x = y
     return out
+
+
+def _cpu_attention_flops(
+    query: list[int], key: list[int], value: list[int], *_: object, **__: object
+) -> int:
+    """FLOPs of the CPU's attention kernel on these shapes ([B, H, S, E]): Q K^T and the
+    weights times V, as torch counts its GPU kernels."""
+    b, h, s, e = query
+    return 2 * b * h * s * key[-2] * (e + value[-1])
+
+
+# torch's FlopCounterMode knows the attention kernels of GPUs (and of the meta device) but
+# not the CPU's, so a real gpt model measured here counted no attention at all
+_COUNTED = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
 
 
 def _rows_seen(rows: dict[str, float], name: str, width: int) -> Callable[..., None]:
