@@ -213,15 +213,19 @@ def test_kept_readout_is_the_full_batch_readout_of_the_stored_iterate(
     assert not any(tmp_path.iterdir())  # the readout's scratch store is gone too
 
 
-@pytest.mark.parametrize(("lo", "hi", "momentum"), [(0, 3, 0.5), (0, 3, 0.0), (1, 2, 0.5)])
+@pytest.mark.parametrize(
+    ("lo", "hi", "momentum", "bits"),
+    [(0, 3, 0.5, 0), (0, 3, 0.0, 0), (1, 2, 0.5, 0), (1, 2, 0.5, 4), (0, 3, 0.5, 2)],
+)
 def test_sample_nbytes_is_the_size_of_a_samples_stored_variables(
-    lo: int, hi: int, momentum: float
+    lo: int, hi: int, momentum: float, bits: int
 ) -> None:
-    """What the kept store writes per sample, known before the first batch (the disk check)."""
+    """What the kept store writes per sample, known before the first batch (the disk check);
+    at 2 and 4 bits momentum records z alone."""
     full, x, _ = _block()
     block = LayerBlock(
         lo, hi, 3, [full.W[l] for l in range(lo, hi)], [full.b[l] for l in range(lo, hi)],
-        AdmmParams(momentum=momentum),
+        AdmmParams(momentum=momentum, bits=bits),
     )  # fmt: skip
     block.init_forward(x if lo == 0 else torch.rand(24, 7, dtype=torch.float64))
     if hi < 3:  # the copy of the right neighbour's p, set by the driver
@@ -230,7 +234,7 @@ def test_sample_nbytes_is_the_size_of_a_samples_stored_variables(
         block.extrapolate()
     state = block.sample_state()
     stored = sum(t[0].numel() * t.element_size() for t in state.values())
-    assert stored == sample_nbytes(block.ops, lo, hi, 3, momentum, itemsize=8)
+    assert stored == sample_nbytes(block.ops, lo, hi, 3, momentum, itemsize=8, bits=bits)
 
 
 def test_mount_type_is_the_longest_mount_point_above_the_path() -> None:

@@ -791,24 +791,33 @@ _ROUNDED = ("q", "q_left", "u", "u_left")  # at 2 and 4 bits: changes rounded to
 
 
 def sample_nbytes(
-    ops: Mapping[int, LayerOp], lo: int, hi: int, L: int, momentum: float, itemsize: int = 4
+    ops: Mapping[int, LayerOp],
+    lo: int,
+    hi: int,
+    L: int,
+    momentum: float,
+    itemsize: int = 4,
+    bits: int = 0,
 ) -> int:
     """Bytes per sample of the per-sample variables of the block of layers lo..hi-1 of L
     (:meth:`LayerBlock.sample_state`), known from the layer shapes before any exist.
 
     p of every layer but the first, z, q and u of every layer below the top (z alone at the
-    top), the copies of the neighbours' boundary variables, and with momentum all of it
-    but p and its copy twice (the record of the previous iterate, :meth:`LayerBlock.extrapolate`).
+    top), the copies of the neighbours' boundary variables, and with momentum the record
+    of the previous iterate (:meth:`LayerBlock.extrapolate`): all of it but p and its copy,
+    and at 2 and 4 ``bits`` z alone (q, u and their copies are not extrapolated there).
     """
-    ps, others = [], []
+    ps, zs, qus = [], [], []
     for l in range(lo, hi):
         ps += [math.prod(ops[l].in_shape)] if l > 0 else []
-        others += [math.prod(ops[l].out_shape)] * (3 if l < L - 1 else 1)
+        zs.append(math.prod(ops[l].out_shape))
+        qus += [math.prod(ops[l].out_shape)] * (2 if l < L - 1 else 0)
     if lo > 0:  # q_left, u_left
-        others += [math.prod(ops[lo].in_shape)] * 2
+        qus += [math.prod(ops[lo].in_shape)] * 2
     if hi < L:  # p_right
         ps.append(math.prod(ops[hi - 1].out_shape))
-    return itemsize * (sum(ps) + sum(others) * (2 if momentum else 1))
+    recorded = (sum(zs) + (0 if per_row(bits) else sum(qus))) if momentum else 0
+    return itemsize * (sum(ps) + sum(zs) + sum(qus) + recorded)
 
 
 def _flat(state: dict[str, Any], prefix: str) -> dict[str, Tensor]:

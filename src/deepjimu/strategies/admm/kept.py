@@ -126,9 +126,11 @@ def kept_nbytes(
     n: int,
     batch: int,
     itemsize: int = 4,
+    bits: int = 0,
 ) -> int:
     """Bytes on disk that :class:`KeptBatches` of the dense block lo..hi-1 of L needs at most
-    for ``n`` samples in batches of ``batch``, ``itemsize`` bytes per number (float32: 4).
+    for ``n`` samples in batches of ``batch``, ``itemsize`` bytes per number (float32: 4),
+    exchanging at ``bits`` (``--quantize``).
 
     Every sample's variables (:func:`~deepjimu.strategies.admm.blocks.sample_nbytes`), each
     batch's (W, b) statistics (O(n_l n_{l-1}) per layer) and the two scratch stores that
@@ -141,7 +143,7 @@ def kept_nbytes(
         widest = max(widest, n_in, n_out)
     batches = max(1, math.ceil(n / batch))
     scratch = n * 4 * widest  # kept_readout: two stores of two passes' activations
-    return n * sample_nbytes(ops, lo, hi, L, momentum, itemsize) + itemsize * (
+    return n * sample_nbytes(ops, lo, hi, L, momentum, itemsize, bits) + itemsize * (
         batches * stats + scratch
     )
 

@@ -94,7 +94,9 @@ def keeps(
     if auto_restarts(cfg, cnn=has_conv(ops)):
         return False
     where = tempfile.gettempdir()
-    need = kept_nbytes(dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch)
+    need = kept_nbytes(
+        dict(enumerate(ops)), lo, hi, len(ops), momentum, n, cfg.admm_batch, bits=cfg.quantize
+    )
     shares = run.gather_objects((need, *room(where)))
     total = sum(s[0] for s in shares)
     limit, how = min((s[1], s[2]) for s in shares)
