@@ -890,10 +890,10 @@ def _link_sums(a: Tensor, z: Tensor, q: Tensor, u: Tensor, p_next: Tensor) -> Te
     r = p_next - q
     d = z - a
     e = torch.relu(z).sub_(q)  # (q - relu(z))^2, signed the other way
-    return torch.stack([_sq(d) + _sq(e), _sq(u, r), _sq(r)])
+    return torch.stack([_dot(d) + _dot(e), _dot(u, r), _dot(r)])
 
 
-def _sq(t: Tensor, other: Tensor | None = None) -> Tensor:
+def _dot(t: Tensor, other: Tensor | None = None) -> Tensor:
     """<t, other> (default ||t||^2) as one BLAS dot: no product is materialised."""
     flat = t.reshape(-1)
     return torch.dot(flat, flat if other is None else other.reshape(-1))
