@@ -18,6 +18,7 @@ from deepjimu.admm_math.updates import (
     centred_gram,
     combine_stats,
     extrapolate,
+    extrapolate_into,
     last_layer_objective,
     layer_lagrangian,
     layer_terms,
@@ -318,6 +319,16 @@ def test_extrapolation_keeps_fixed_points_and_is_linear() -> None:
     torch.testing.assert_close(extrapolate(x, x, 0.7), x)  # a fixed point stays one
     torch.testing.assert_close(extrapolate(x, x_prev, 0.0), x)
     torch.testing.assert_close(extrapolate(x, x_prev, 0.5), 1.5 * x - 0.5 * x_prev)
+
+
+def test_extrapolation_into_the_record_is_bit_for_bit_and_allocates_nothing() -> None:
+    g = torch.Generator().manual_seed(10)
+    x, x_prev = _randn(64, 33, generator=g), _randn(64, 33, generator=g)
+    want, record, x_before = extrapolate(x, x_prev, 0.7), x_prev.clone(), x.clone()
+    got = extrapolate_into(x, record, 0.7)
+    assert got.data_ptr() == record.data_ptr()  # written over the record
+    assert torch.equal(got, want)  # the same operations: equal bits, not just close
+    assert torch.equal(x, x_before)  # x itself untouched
 
 
 def test_update_Wb_keeps_its_accuracy_under_bf16_autocast() -> None:

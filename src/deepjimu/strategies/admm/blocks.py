@@ -532,26 +532,24 @@ class LayerBlock:
         """
         beta = self.params.momentum
         skip = _NO_MOMENTUM + (_ROUNDED if per_row(self.params.bits) else ())
-        current = {k: v for k, v in self._iterate_state().items() if k not in skip}
-        prev, self._prev = (
-            self._prev,
-            {
-                k: {l: t.clone() for l, t in v.items()} if isinstance(v, dict) else v.clone()
-                for k, v in current.items()
-                if v is not None
-            },
-        )
+        current = {
+            k: v for k, v in self._iterate_state().items() if k not in skip and v is not None
+        }
+        prev = self._prev
         if prev is None:
+            self._prev = {k: _cloned(v) for k, v in current.items()}
             return
+        # x becomes the record and the old record takes x + beta (x - x_prev) in place: the
+        # records are the block's own (copies at first, then iterates that the steps have
+        # since replaced by new tensors), so nothing else sees them change
+        self._prev = {k: dict(v) if isinstance(v, dict) else v for k, v in current.items()}
         for k, v in current.items():
-            if v is None:
-                continue
             grid = self._grid if k in ("p", "q", "q_left", "p_right") else (lambda t: t)
             if isinstance(v, dict):
                 for l in v:
-                    v[l] = grid(U.extrapolate(v[l], prev[k][l], beta))
+                    v[l] = grid(U.extrapolate_into(v[l], prev[k][l], beta))
             else:
-                setattr(self, k, grid(U.extrapolate(v, prev[k], beta)))
+                setattr(self, k, grid(U.extrapolate_into(v, prev[k], beta)))
 
     @torch.no_grad()
     def step_left_dual(self) -> None:
@@ -786,6 +784,10 @@ class LayerBlock:
 
 
 _BOUNDARY_KEYS = ("q_left", "u_left", "p_right")  # the copies of the neighbours' variables
+def _cloned(v: Tensor | dict[int, Tensor]) -> Tensor | dict[int, Tensor]:
+    return {l: t.clone() for l, t in v.items()} if isinstance(v, dict) else v.clone()
+
+
 _NO_MOMENTUM = ("p", "p_right")  # read only after the p step has overwritten them
 _ROUNDED = ("q", "q_left", "u", "u_left")  # at 2 and 4 bits: changes rounded to a coarse grid
 
