@@ -784,6 +784,8 @@ class LayerBlock:
 
 
 _BOUNDARY_KEYS = ("q_left", "u_left", "p_right")  # the copies of the neighbours' variables
+
+
 def _cloned(v: Tensor | dict[int, Tensor]) -> Tensor | dict[int, Tensor]:
     return {l: t.clone() for l, t in v.items()} if isinstance(v, dict) else v.clone()
 
