@@ -38,6 +38,23 @@ def test_training_time_splits_into_compute_and_wait() -> None:
     assert again.clocks["train_s"] == interval.clocks["train_s"] and again.samples_total == 7
 
 
+def test_time_set_aside_in_training_counts_as_evaluation() -> None:
+    c = Counters(torch.device("cpu"))
+    with c.training():
+        time.sleep(0.02)
+        with c.aside():
+            time.sleep(0.04)
+    clocks = c.clocks()
+    assert 0.02 <= clocks["train_s"] < 0.04 and clocks["eval_s"] >= 0.04
+    assert abs(c.stats.compute_s - clocks["train_s"]) < 1e-9  # compute is training's
+    with c.aside():  # outside training: an evaluation block
+        time.sleep(0.01)
+    assert c.clocks()["eval_s"] >= 0.05 and c.clocks()["train_s"] == clocks["train_s"]
+    with c.training():  # the next training block sets nothing aside from the last
+        time.sleep(0.01)
+    assert c.clocks()["train_s"] >= clocks["train_s"] + 0.01
+
+
 def test_clocks_never_count_a_second_twice() -> None:
     c = Counters(torch.device("cpu"))
     c.begin_fit()

@@ -58,6 +58,7 @@ class Counters:
         self._fit_t0: float | None = None
         self._before_s = self._before_fit_s = 0.0  # the clocks of the history this run continues
         self._block: str | None = None  # the timed block under way
+        self._aside_s = 0.0  # the time set aside (:meth:`aside`) in the training block under way
         self._last = [0.0, 0.0, 0.0, 0.0]
         self._last_kinds: dict[str, int] = {}
         self._last_train_s = 0.0
@@ -111,14 +112,34 @@ class Counters:
         the time blocked on messages counted by Comm is wait and the rest compute."""
         wait0 = self.stats.wait_s
         t0 = time.perf_counter()
+        self._aside_s = 0.0
         with self._timed("training"):
             try:
                 yield
             finally:
                 self.synchronize()
-                wall = time.perf_counter() - t0
+                wall = time.perf_counter() - t0 - self._aside_s
                 self.train_s += wall
+                self.eval_s += self._aside_s
                 self.stats.compute_s += wall - (self.stats.wait_s - wait0)
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Time bookkeeping inside a training block as evaluation: what measures an iterate
+        while the iteration still holds its operands (admm's objective, from each layer's
+        a = p W^T + b as its step computes it) leaves ``train_s`` for ``eval_s``. Outside a
+        training block, an evaluation block."""
+        if self._block != "training":
+            with self.evaluation():
+                yield
+            return
+        self.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self._aside_s += time.perf_counter() - t0
 
     @contextlib.contextmanager
     def evaluation(self) -> Iterator[None]:

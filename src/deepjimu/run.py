@@ -190,6 +190,10 @@ class Run:
         """Time a block as evaluation, apart from training (:meth:`Counters.evaluation`)."""
         return self.counters.evaluation()
 
+    def aside(self) -> contextlib.AbstractContextManager[None]:
+        """Time bookkeeping inside a training block as evaluation (:meth:`Counters.aside`)."""
+        return self.counters.aside()
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for training compute in the run's ``--precision`` (bf16: torch.autocast)."""
         return autocast(self.cfg.precision, self.device)

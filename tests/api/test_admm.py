@@ -185,10 +185,11 @@ def test_steps_are_the_strategy_iterations_and_write_the_weights_back() -> None:
     admm = PdADMM(model, rho=0.5, nu=2.0, readout="iterate")
     for i in range(4):
         serial_iteration(ref, y)
+        # a step reports the iterate its updates made, before momentum moves it
+        objective, residual = ref.objective_and_residual(y)
         ref.extrapolate()
         result = admm.step(x, y)  # the first call initialises from x
         assert result.iteration == i + 1
-    objective, residual = ref.objective_and_residual(y)
     assert result.objective == pytest.approx(objective, rel=1e-12)
     assert result.residual == pytest.approx(residual**0.5, rel=1e-12)
     for l, m in enumerate(linears):

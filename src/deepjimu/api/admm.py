@@ -56,8 +56,9 @@ class AdmmStep:
     sqrt(sum_l ||p_{l+1} - q_l||^2), which must fall to 0 as the layers agree; ``readout``
     is the readout whose weights the model now holds (``iterate``, ``last`` or ``all``);
     ``rho`` the penalty the step ran with (``rho_growth`` may grow it for the next, as
-    ``jimu train``'s events report it). After a mini-batch both figures are of that batch's
-    variables.
+    ``jimu train``'s events report it). After a full-batch step both figures are of the
+    iterate the step's own updates made, before momentum extrapolates it; after a mini-batch,
+    of that batch's variables as the visit left them.
     """
 
     iteration: int
@@ -240,7 +241,7 @@ class PdADMM:
         solver = self.solver
         assert solver is not None
         y = self._labels(y)
-        self._solving(lambda: solver.iterate(y))
+        self._solving(lambda: solver.iterate(y, measure=True))
         choice = self._readout(solver, y)
         self._write_back(choice)
         objective, residual = solver.objective_and_residual(y)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 
+import pytest
 import torch
 
 from deepjimu.bookkeeping import Bookkeeping
@@ -86,3 +87,33 @@ def test_state_dict_resumes_the_iterate_the_schedule_and_the_count() -> None:
         resumed.schedule(resumed.objective_and_residual(y)[1])
     assert resumed.iterations == 4
     assert resumed.objective_and_residual(y) == whole.objective_and_residual(y)
+
+
+def test_a_measured_iteration_reports_its_own_iterate_without_a_second_product(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """iterate(measure=True): the objective and residual of the iterate the updates made,
+    before momentum, equal to computing them there afresh; its (W, b, z) steps kept each
+    layer's terms of a = p W^T + b, so reporting multiplies nothing again."""
+    x, y = _data()
+    ref, block = _block(momentum=0.7), _block(momentum=0.7)
+    ref.init_forward(x)
+    ref.sweep_backward(y)
+    solver = _solver(block)
+    solver.start(x, len(x))
+    for measure in (False, True, False, True):
+        serial_iteration(ref, y)
+        want = ref.objective_and_residual(y)
+        ref.extrapolate()
+        solver.iterate(y, measure=measure)
+    products = []
+    monkeypatch.setattr(LayerBlock, "_a", lambda self, l: products.append(l))
+    objective, residual = solver.objective_and_residual(y)
+    assert products == []
+    assert objective == pytest.approx(want[0], rel=1e-12)
+    assert residual == pytest.approx(want[1] ** 0.5, rel=1e-12)
+    # once reported, or without measuring, the current (extrapolated) iterate
+    monkeypatch.undo()
+    moved = ref.objective_and_residual(y)
+    assert solver.objective_and_residual(y) == pytest.approx((moved[0], moved[1] ** 0.5))
+    assert moved[0] != pytest.approx(want[0], rel=1e-6)  # momentum did move it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -213,6 +214,11 @@ class LayerBlock:
         self.others: dict[int, U.WbStats | None] | None = None
         self.batch_part: dict[int, U.WbStats] = {}
         self._prev: dict[str, Any] | None = None  # the previous iterate, for momentum
+        # while recording (the clock to take them on), each (W, b, z) step keeps the layer's
+        # a-dependent terms of the objective (:meth:`objective_and_residual`), from the a it
+        # has just computed
+        self.recording: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+        self._terms: dict[int, Tensor] = {}
         # the readout's refitted weights and the last layer's plain input (readout_forward)
         self.refit_Wb: dict[int, tuple[Tensor, Tensor]] = {}
         self.last_Wb: tuple[Tensor, Tensor] | None = None
@@ -409,6 +415,13 @@ class LayerBlock:
             self.zlast_hits += int(not sol.converged)
         else:
             self.z[l] = U.update_z_hidden(a, self.q[l], self.z[l])
+        if self.recording is not None:
+            with self.recording():
+                self._terms[l] = (
+                    U.last_layer_objective(a, self.z[l], y, nu)
+                    if l == self.L - 1 and y is not None
+                    else U.fit_term(a, self.z[l])
+                )
 
     def _qu_layer(self, l: int) -> None:
         """q (then its grid projection) and u of layer l < L-1."""
@@ -704,17 +717,27 @@ class LayerBlock:
         """This block's share of the augmented Lagrangian and of ||p_{l+1} - q_l||^2.
 
         The link l -> l+1 is counted by the owner of layer l (it holds p_right for its last
-        layer), so the shares of all blocks sum to the whole objective.
+        layer), so the shares of all blocks sum to the whole objective. A layer's terms that
+        need its a = p W^T + b (a product as costly as the layer's share of an iteration) come
+        from its last (W, b, z) step where that step kept them (:attr:`recording`), which
+        holds while no variable of the layer has moved since (the caller's to ensure).
         """
         rho, nu = self.params.rho, self.params.nu
         obj, res = 0.0, 0.0
+        fits, self._terms = self._terms, {}
         for l in self.layers:
-            a = self._a(l)
+            fit = fits.get(l)
             if l == self.L - 1:
                 assert y is not None
-                obj += float(U.last_layer_objective(a, self.z[l], y, nu))
+                if fit is None:
+                    fit = U.last_layer_objective(self._a(l), self.z[l], y, nu)
+                obj += float(fit)
                 continue
-            terms = U.layer_terms(a, self.z[l], self.q[l], self.u[l], self._p_next(l), rho, nu)
+            if fit is None:
+                fit = U.fit_term(self._a(l), self.z[l])
+            terms = U.layer_terms(
+                None, self.z[l], self.q[l], self.u[l], self._p_next(l), rho, nu, fit=fit
+            )
             obj += float(terms[0])
             res += float(terms[1])
         return obj, res

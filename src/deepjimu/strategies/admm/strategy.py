@@ -127,6 +127,7 @@ class AdmmStrategy(Strategy):
             sweeps=int(chosen["sweeps"]), init=init,
             rho_growth=1.0 if cfg.admm_batch else cfg.rho_growth,  # full batch only
         )  # fmt: skip
+        self.solver.aside = run.aside  # the objective it measures is evaluation time
         x, y = self._samples(data, ops, hi == L)
         self.learning = Learning(chance_accuracy(data.train_y), patience=max(10, 2 * L))
         self._readout_state(keep, run)
@@ -302,6 +303,8 @@ class AdmmStrategy(Strategy):
         run.progress_at(start)
         for epoch in range(start, cfg.epochs):
             self._readout_stale, self._written = True, False  # the iterate moves
+            done = epoch + 1
+            logged = done % cfg.eval_every == 0 or done == cfg.epochs
             with run.training(), run.autocast():
                 try:
                     if self._kept is not None:
@@ -312,15 +315,14 @@ class AdmmStrategy(Strategy):
                         if fresh:  # in the try: the sweeps after it factorise too
                             self.solver.start(x if lo == 0 else None, len(x))
                             fresh = False
-                        self.solver.iterate(y)
+                        self.solver.iterate(y, measure=logged)  # the objective, when logged
                         steps += 1
                 except torch.linalg.LinAlgError as e:  # the p and W solves factorise
                     raise JimuError(
                         solve_failed(e, epoch + 1, self.block.params.rho, cfg.nu)
                     ) from None
             samples += len(data.train_y)
-            done = epoch + 1
-            if done % cfg.eval_every == 0 or done == cfg.epochs:
+            if logged:
                 self._log(steps, done, data, samples)
                 samples = 0
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.epochs:
