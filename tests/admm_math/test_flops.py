@@ -89,6 +89,6 @@ def test_a_hand_count_of_one_small_layer() -> None:
     }
     # a middle layer of a block adds its p-step (n_out = 2 <= n_in = 3: through K [2, 2])
     middle = iteration_flops([4, 3, 2], 5, layers=[1])
-    assert [c.name for c in middle][:5] == ["W W^T", "chol K", "K^-1 W", "v W^T", "s M"]
+    assert [c.name for c in middle][:5] == ["W W^T", "chol K", "K^-1 W", "v W^T", "r M"]
     with pytest.raises(ValueError, match=r"layers must lie in 0\.\.1"):
         iteration_flops([4, 3, 2], 5, layers=[2])

@@ -4,7 +4,8 @@ One :func:`deepjimu.strategies.admm.driver.serial_iteration` of an MLP block run
 layer l (n_in -> n_out inputs and outputs, N samples), what ``updates.py`` computes:
 
 - the p-step (l > 0), on the smaller side: with n_out <= n_in the products W W^T, v W^T and
-  s M and the Cholesky factor of K = nu W W^T + rho I [n_out, n_out] solved against W;
+  r M (r = v W^T + b - z) and the Cholesky factor of K = nu W W^T + rho I [n_out, n_out]
+  solved against W;
   else W^T W, (z - b) W, the factor of H [n_in, n_in], H^-1 from it (n_in right-hand
   sides) and rhs H^-1;
 - the (W, b)-step, on the smaller side (``updates.samples_side``): with N > n_in the Gram
@@ -70,7 +71,7 @@ def _p_step(l: int, n: int, n_in: int, n_out: int) -> list[FlopCount]:
             _factor("chol K", l, n_out),
             _solve("K^-1 W", l, n_out, n_in),
             _mm("v W^T", l, n, n_in, n_out),
-            _mm("s M", l, n, n_out, n_in),
+            _mm("r M", l, n, n_out, n_in),
         ]
     return [
         _mm("W^T W", l, n_in, n_out, n_in),
