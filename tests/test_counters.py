@@ -50,6 +50,9 @@ def test_time_set_aside_in_training_counts_as_evaluation() -> None:
     with c.aside():  # outside training: an evaluation block
         time.sleep(0.01)
     assert c.clocks()["eval_s"] >= 0.05 and c.clocks()["train_s"] == clocks["train_s"]
+    with c.evaluation(), c.aside():  # inside evaluation: part of it, counted once
+        time.sleep(0.01)
+    assert 0.06 <= c.clocks()["eval_s"] < 0.1
     with c.training():  # the next training block sets nothing aside from the last
         time.sleep(0.01)
     assert c.clocks()["train_s"] >= clocks["train_s"] + 0.01

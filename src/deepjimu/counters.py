@@ -127,9 +127,12 @@ class Counters:
     def aside(self) -> Iterator[None]:
         """Time bookkeeping inside a training block as evaluation: what measures an iterate
         while the iteration still holds its operands (admm's objective, from each layer's
-        a = p W^T + b as its step computes it) leaves ``train_s`` for ``eval_s``. Outside a
-        training block, an evaluation block."""
-        if self._block != "training":
+        a = p W^T + b as its step computes it) leaves ``train_s`` for ``eval_s``. Outside any
+        block, an evaluation block; inside one of evaluation, part of it."""
+        if self._block == "evaluation":
+            yield
+            return
+        if self._block is None:
             with self.evaluation():
                 yield
             return

@@ -419,7 +419,7 @@ class LayerBlock:
             with self.recording():
                 self._terms[l] = (
                     U.last_layer_objective(a, self.z[l], y, nu)
-                    if l == self.L - 1 and y is not None
+                    if y is not None and l == self.L - 1  # y: the last layer's, checked above
                     else U.fit_term(a, self.z[l])
                 )
 
