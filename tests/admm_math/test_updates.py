@@ -423,15 +423,14 @@ def test_layer_terms_summed_by_row_blocks_are_the_formulas(dtype: torch.dtype) -
         + (u * r).sum()
         + (rho / 2) * (r**2).sum()
     )
-    obj, rr = layer_terms(*(t.to(dtype) for t in (a, z, q, u, p_next)), rho, nu)
+    ts = [t.to(dtype) for t in (a, z, q, u, p_next)]
+    obj, rr = layer_terms(fit_term(ts[0], ts[1]), *ts[1:], rho, nu)
     assert obj.dtype == rr.dtype == dtype
     tol = 1e-12 if dtype == torch.float64 else 1e-6
     torch.testing.assert_close(obj.double(), want, rtol=tol, atol=0)
     torch.testing.assert_close(rr.double(), (r**2).sum(), rtol=tol, atol=0)
-    # the fit ||z - a||^2 kept by the caller instead of a: the same sums
-    ts = [t.to(dtype) for t in (a, z, q, u, p_next)]
-    kept = layer_terms(None, *ts[1:], rho, nu, fit=fit_term(ts[0], ts[1]))
-    assert torch.equal(kept[0], obj) and torch.equal(kept[1], rr)
+    # layer_lagrangian, from a: the same sums
+    assert torch.equal(layer_lagrangian(*ts, rho, nu), obj)
 
 
 def test_update_z_hidden_beats_local_minimisation_from_many_starts() -> None:

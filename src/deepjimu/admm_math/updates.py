@@ -879,30 +879,20 @@ def layer_lagrangian(
     Returns:
         A scalar tensor.
     """
-    return layer_terms(a, z, q, u, p_next, rho, nu)[0]
+    return layer_terms(fit_term(a, z), z, q, u, p_next, rho, nu)[0]
 
 
 def layer_terms(
-    a: Tensor | None,
-    z: Tensor,
-    q: Tensor,
-    u: Tensor,
-    p_next: Tensor,
-    rho: float,
-    nu: float,
-    fit: Tensor | None = None,
+    fit: Tensor, z: Tensor, q: Tensor, u: Tensor, p_next: Tensor, rho: float, nu: float
 ) -> tuple[Tensor, Tensor]:
-    """:func:`layer_lagrangian` and the squared residual ||p_next - q||^2 of the layer's link,
-    from one difference p_next - q; ``fit``: :func:`fit_term` where the caller has it already
-    (then ``a`` is not read and may be None).
+    """:func:`layer_lagrangian` from the layer's ``fit`` ||z - a||^2 (:func:`fit_term`, which
+    a caller that holds a = p W^T + b computes as it goes), and the squared residual
+    ||p_next - q||^2 of the layer's link, from one difference p_next - q.
 
     Summed over blocks of rows (:func:`sum_by_rows`), each squared norm one BLAS dot of a
     difference with itself: no squared copy, three temporaries instead of eight. In float32
     within 1e-6 of the float64 sums (tested).
     """
-    if fit is None:
-        assert a is not None, "layer_terms needs a or fit"
-        fit = fit_term(a, z)
     act, inner, rr = sum_by_rows(_link_sums, z, q, u, p_next).unbind()
     return (nu / 2) * (fit + act) + inner + (rho / 2) * rr, rr
 

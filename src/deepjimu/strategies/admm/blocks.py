@@ -417,11 +417,15 @@ class LayerBlock:
             self.z[l] = U.update_z_hidden(a, self.q[l], self.z[l])
         if self.recording is not None:
             with self.recording():
-                self._terms[l] = (
-                    U.last_layer_objective(a, self.z[l], y, nu)
-                    if y is not None and l == self.L - 1  # y: the last layer's, checked above
-                    else U.fit_term(a, self.z[l])
-                )
+                self._terms[l] = self._a_terms(l, a, y)
+
+    def _a_terms(self, l: int, a: Tensor, y: Tensor | None) -> Tensor:
+        """Layer l's terms of the objective that need its a = p W^T + b: the fit
+        ||z - a||^2, and for the last layer its whole share, the loss included."""
+        if l < self.L - 1:
+            return U.fit_term(a, self.z[l])
+        assert y is not None, "the last layer needs the labels"
+        return U.last_layer_objective(a, self.z[l], y, self.params.nu)
 
     def _qu_layer(self, l: int) -> None:
         """q (then its grid projection) and u of layer l < L-1."""
@@ -724,20 +728,13 @@ class LayerBlock:
         """
         rho, nu = self.params.rho, self.params.nu
         obj, res = 0.0, 0.0
-        fits, self._terms = self._terms, {}
+        kept, self._terms = self._terms, {}
         for l in self.layers:
-            fit = fits.get(l)
+            fit = kept[l] if l in kept else self._a_terms(l, self._a(l), y)
             if l == self.L - 1:
-                assert y is not None
-                if fit is None:
-                    fit = U.last_layer_objective(self._a(l), self.z[l], y, nu)
                 obj += float(fit)
                 continue
-            if fit is None:
-                fit = U.fit_term(self._a(l), self.z[l])
-            terms = U.layer_terms(
-                None, self.z[l], self.q[l], self.u[l], self._p_next(l), rho, nu, fit=fit
-            )
+            terms = U.layer_terms(fit, self.z[l], self.q[l], self.u[l], self._p_next(l), rho, nu)
             obj += float(terms[0])
             res += float(terms[1])
         return obj, res
